@@ -1,0 +1,61 @@
+"""geartrain: reinforcement-learning post-training for LLMs, with every backend a plugin.
+
+The public API for users and plugin authors. Plugins import only from here,
+:mod:`geartrain.hookspecs` and :mod:`geartrain.testing`.
+"""
+
+from geartrain.batch import Batch
+from geartrain.checkpoint import CheckpointManager
+from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, load_config
+from geartrain.engine import Engine
+from geartrain.errors import CheckpointError, ConfigError, DataError, GeartrainError, PluginError, PluginNotFoundError
+from geartrain.hookspecs import hookimpl
+from geartrain.plugins import list_plugins, register_engine, register_extension, register_rollout
+from geartrain.rollout import Rollout, WeightReceiver
+from geartrain.types import (
+    Capability,
+    DataParallelCoordinates,
+    EngineContext,
+    LossContext,
+    LossFn,
+    MemoryStats,
+    SamplingParams,
+    StepOutput,
+    SyncStats,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "Capability",
+    "CheckpointError",
+    "CheckpointManager",
+    "ConfigError",
+    "DataError",
+    "DataParallelCoordinates",
+    "Engine",
+    "EngineConfig",
+    "EngineContext",
+    "GeartrainError",
+    "LossContext",
+    "LossFn",
+    "MemoryStats",
+    "ModelConfig",
+    "OptimConfig",
+    "ParallelConfig",
+    "PluginError",
+    "PluginNotFoundError",
+    "Rollout",
+    "RolloutConfig",
+    "SamplingParams",
+    "StepOutput",
+    "SyncStats",
+    "WeightReceiver",
+    "hookimpl",
+    "list_plugins",
+    "load_config",
+    "register_engine",
+    "register_extension",
+    "register_rollout",
+]

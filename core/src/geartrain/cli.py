@@ -1,0 +1,86 @@
+"""The ``geartrain`` command: ``plugins``, ``check``, ``train``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from geartrain.errors import GeartrainError
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from geartrain.plugins import list_plugins
+
+    infos = list_plugins()
+    if args.json:
+        print(json.dumps([i.as_dict() for i in infos], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="geartrain plugins")
+    for col in ("name", "kind", "distribution", "version", "hooks", "capabilities", "status"):
+        table.add_column(col, overflow="fold")
+    for i in infos:
+        table.add_row(
+            i.name,
+            i.kind,
+            i.distribution or i.source,
+            i.version or "",
+            ", ".join(i.hooks),
+            ", ".join(i.capabilities),
+            "ok" if i.error is None else f"[red]{i.error}[/red]",
+        )
+    Console().print(table)
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from geartrain.trainer.config import load_train_config
+
+    config = load_train_config(args.config, args.overrides)
+    print(f"{args.config}: ok ({config.algorithm.name} with actor engine "
+          f"'{config.actor.engine.backend}' and rollout '{config.rollout.backend}')")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from geartrain.trainer.run import train_from_cli
+
+    return train_from_cli(args.config, args.overrides, resume=args.resume)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="geartrain", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plugins", help="list installed plugins (engines, rollouts, extensions)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_plugins)
+
+    p = sub.add_parser("check", help="validate a config file (and its backends' sections)")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.engine.optim.lr=1e-5")
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("train", help="run a training job from a config file")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.set_defaults(func=_cmd_train)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except GeartrainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

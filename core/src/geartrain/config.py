@@ -1,0 +1,311 @@
+"""Typed configuration: pydantic sections, loading from TOML/YAML, dotted overrides,
+and validation that reports every problem with its path.
+
+Each component owns a small section. A backend contributes the schema of its own
+``options`` table through the ``config_schema`` hook; :func:`load_config` validates those
+tables against the installed backend's schema, so ``actor.engine.options.sp_size = "x"``
+is reported with that full path.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from geartrain.errors import ConfigError, GeartrainError
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are checked on
+    assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    """Which model a role loads. Exactly one of ``path`` and ``tiny``."""
+
+    path: str | None = None
+    """Hugging Face hub id or local directory (config, weights, tokenizer)."""
+    tiny: Literal["qwen2", "llama"] | None = None
+    """Build a tiny randomly initialised model of this family (no download); see
+    :mod:`geartrain.testing.tiny`."""
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    """Fields set on the transformers config before building (``hidden_size``...)."""
+    tokenizer: str | None = None
+    """Tokenizer directory or id; default: ``path``, or the built-in character tokenizer for
+    tiny models."""
+    value_head: bool = False
+    """Build a value model (one scalar per token) instead of a causal LM (critics)."""
+    dtype: DType = "float32"
+    seed: int = 0
+    """Seed of the random initialisation of tiny models."""
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.tiny is None):
+            raise ValueError("set exactly one of 'path' (hub id or directory) and 'tiny' (qwen2 or llama)")
+        return self
+
+
+class OptimConfig(Section):
+    """Optimizer and LR schedule (AdamW)."""
+
+    lr: float = Field(1e-6, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    clip_grad: float = Field(1.0, gt=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    total_steps: int | None = Field(None, ge=1)
+    """Needed by the cosine and linear schedules."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _decay_needs_total(self) -> OptimConfig:
+        if self.lr_schedule != "constant" and self.total_steps is None:
+            raise ValueError(f"lr_schedule '{self.lr_schedule}' needs total_steps")
+        return self
+
+
+class ParallelConfig(Section):
+    """Parallel sizes of a role's worker group; their product is the number of ranks."""
+
+    dp: int = Field(1, ge=1)
+    sp: int = Field(1, ge=1)
+    """Ulysses sequence parallel (FSDP) / context parallel."""
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    vpp: int | None = Field(None, ge=1)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.sp * self.tp * self.pp
+
+
+class EngineConfig(Section):
+    """A training engine instance (actor, critic, reference)."""
+
+    backend: str = "fsdp"
+    """Engine plugin name from the ``geartrain.engines`` entry points."""
+    extensions: list[str] = Field(default_factory=list)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    max_tokens_per_micro_batch: int = Field(4096, ge=1)
+    """Token budget of one dynamic micro-batch (real tokens, padding not counted)."""
+    gradient_checkpointing: bool = False
+    param_dtype: DType = "float32"
+    """Dtype of parameters during compute (mixed precision); master weights stay fp32."""
+    options: Any = Field(default_factory=dict)
+    """The backend's own section, validated by its ``config_schema`` hook."""
+
+
+class RolloutConfig(Section):
+    """An inference engine instance."""
+
+    backend: str = "torch"
+    extensions: list[str] = Field(default_factory=list)
+    dtype: DType = "float32"
+    max_model_len: int = Field(512, ge=2)
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    kv_cache_bytes: int | None = Field(None, ge=1)
+    """KV-cache budget on CPU backends (vLLM needs one there)."""
+    weight_bucket_bytes: int = Field(64 << 20, ge=1)
+    """Bound of one weight-sync bucket: peak extra memory of ``reshard_for_rollout``."""
+    free_memory_between_steps: bool = False
+    """Hybrid engine: release the rollout's memory while training and the trainer's while
+    generating (costs a restart on backends without sleep mode)."""
+    options: Any = Field(default_factory=dict)
+    """The backend's own section, validated by its ``config_schema`` hook."""
+
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file into a dict."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError([("", f"file not found: {path}")])
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError([("", f"unknown config format '{path.suffix}' (use .toml, .yaml or .yml)")], str(path))
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError([("", f"cannot parse: {exc}")], str(path)) from exc
+    if not isinstance(data, dict):
+        raise ConfigError([("", "the top level must be a table/mapping")], str(path))
+    return data
+
+
+def parse_override_value(text: str) -> Any:
+    """``"3"`` -> 3, ``"1e-6"`` -> 1e-6, ``"true"`` -> True, ``"[1, 2]"`` -> [1, 2],
+    anything else the string itself."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return text if value is None and text.strip() not in ("null", "~") else value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict (creating tables as needed)."""
+    problems = []
+    for item in overrides:
+        if "=" not in item:
+            problems.append((item, "an override must look like key.path=value"))
+            continue
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.append((key, f"'{part}' is a value, not a table"))
+                break
+            node = child
+        else:
+            node[parts[-1]] = parse_override_value(raw.strip())
+    if problems:
+        raise ConfigError(problems, "command-line overrides")
+    return data
+
+
+def _format_loc(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def validation_problems(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+    problems = []
+    for err in exc.errors():
+        loc = _format_loc(err["loc"])
+        path = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        problems.append((path, err["msg"]))
+    return problems
+
+
+def validate_config(schema: type[ConfigT], data: Mapping[str, Any], source: str | None = None, *, check_plugins: bool = True) -> ConfigT:
+    """Validate ``data`` against ``schema`` and, if ``check_plugins``, every engine and
+    rollout section against its backend's ``config_schema``. Raises :class:`ConfigError`
+    listing all problems with their paths."""
+    try:
+        config = schema.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_problems(exc), source) from exc
+    if check_plugins:
+        problems = validate_backend_sections(config)
+        if problems:
+            raise ConfigError(problems, source)
+    return config
+
+
+def load_config(schema: type[ConfigT], path: str | Path | None = None, overrides: Sequence[str] = (), *, defaults: Mapping[str, Any] | None = None, check_plugins: bool = True) -> ConfigT:
+    """Read ``path`` (if given) over ``defaults``, apply ``overrides`` and validate."""
+    data: dict[str, Any] = _deep_merge(dict(defaults or {}), read_config_file(path) if path else {})
+    apply_overrides(data, overrides)
+    return validate_config(schema, data, str(path) if path else None, check_plugins=check_plugins)
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def iter_backend_sections(config: BaseModel, prefix: str = "") -> Iterator[tuple[str, EngineConfig | RolloutConfig]]:
+    """Every engine/rollout section in a config tree, with its dotted path."""
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        path = f"{prefix}.{name}" if prefix else name
+        if isinstance(value, (EngineConfig, RolloutConfig)):
+            yield path, value
+        elif isinstance(value, BaseModel):
+            yield from iter_backend_sections(value, path)
+
+
+def validate_backend_sections(config: BaseModel) -> list[tuple[str, str]]:
+    """Check each engine/rollout section: the backend exists and loads, its declared
+    capabilities cover what the section asks for, and ``options`` match its schema
+    (``options`` is replaced by the validated model). Returns the problems."""
+    from geartrain import plugins  # late: plugins imports nothing from here, but keep config light
+
+    problems: list[tuple[str, str]] = []
+    for path, section in iter_backend_sections(config):
+        kind = "engine" if isinstance(section, EngineConfig) else "rollout"
+        try:
+            pm = plugins.create_manager(kind, section.backend, section.extensions)
+            info = plugins.backend_info(kind, section.backend)
+        except GeartrainError as exc:
+            problems.append((f"{path}.backend", str(exc)))
+            continue
+        problems += [(f"{path}.{p}", m) for p, m in capability_problems(section, set(info.capabilities))]
+        schema = pm.hook.config_schema()
+        raw = section.options
+        if isinstance(raw, BaseModel):
+            raw = raw.model_dump()
+        if schema is None:
+            if raw:
+                problems.append((f"{path}.options", f"the '{section.backend}' {kind} takes no options, got {sorted(raw)}"))
+            continue
+        try:
+            object.__setattr__(section, "options", schema.model_validate(raw or {}))
+        except ValidationError as exc:
+            problems += validation_problems(exc, f"{path}.options")
+    return problems
+
+
+def capability_problems(section: EngineConfig | RolloutConfig, capabilities: set[str]) -> list[tuple[str, str]]:
+    """What ``section`` asks for that a backend with ``capabilities`` cannot do."""
+    problems = []
+    if isinstance(section, EngineConfig):
+        wanted = {
+            "parallel.sp": ("sequence_parallel", section.parallel.sp > 1),
+            "parallel.tp": ("tensor_parallel", section.parallel.tp > 1),
+            "parallel.pp": ("pipeline_parallel", section.parallel.pp > 1),
+        }
+        for field_path, (cap, asked) in wanted.items():
+            if asked and cap not in capabilities:
+                problems.append((field_path, f"the '{section.backend}' engine does not declare '{cap}'"))
+    return problems
+
+
+def options_of(section: EngineConfig | RolloutConfig, schema: type[ConfigT]) -> ConfigT:
+    """The section's ``options`` as the backend's validated model (validating on the fly
+    when the config was built in code)."""
+    if isinstance(section.options, schema):
+        return section.options
+    raw = section.options.model_dump() if isinstance(section.options, BaseModel) else (section.options or {})
+    return schema.model_validate(raw)

@@ -1,0 +1,91 @@
+"""The core's handle on one training-engine instance (on this rank)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from geartrain import plugins
+from geartrain.batch import Batch
+from geartrain.checkpoint import CheckpointManager
+from geartrain.config import EngineConfig, ModelConfig, capability_problems, options_of
+from geartrain.errors import ConfigError, GeartrainError
+from geartrain.rollout import WeightReceiver
+from geartrain.types import DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats
+
+
+class Engine:
+    """One engine backend instance: a plugin manager holding exactly that backend (plus the
+    enabled extensions) and the backend's model handle. Every method is one hook call;
+    all of them are collective over the role's ranks."""
+
+    def __init__(self, config: EngineConfig, model: ModelConfig, ctx: EngineContext) -> None:
+        self.config = config
+        self.model_config = model
+        self.ctx = ctx
+        self.pm = plugins.create_manager("engine", config.backend, config.extensions)
+        self.info = plugins.backend_info("engine", config.backend)
+        problems = capability_problems(config, set(self.info.capabilities))
+        if problems:
+            raise ConfigError(problems, f"engine '{config.backend}' for role {ctx.role}")
+        schema = self.pm.hook.config_schema()
+        if schema is not None:
+            config.options = options_of(config, schema)
+        module = self.pm.hook.build_model(config=model, ctx=ctx)
+        self.handle = self.pm.hook.shard(module=module, config=config, ctx=ctx)
+        self.dp: DataParallelCoordinates = self.pm.hook.data_parallel_coordinates(
+            model=self.handle
+        ) or DataParallelCoordinates(rank=ctx.rank, size=ctx.world_size)
+
+    @property
+    def name(self) -> str:
+        return self.config.backend
+
+    def _require(self, result: Any, hook: str) -> Any:
+        if result is None:
+            raise GeartrainError(f"engine '{self.name}' does not implement the '{hook}' hook")
+        return result
+
+    def forward_backward(self, batch: Batch, loss_fn: LossFn | None = None, *, forward_only: bool = False) -> StepOutput:
+        out = self.pm.hook.forward_backward(model=self.handle, batch=batch, loss_fn=loss_fn, forward_only=forward_only)
+        return self._require(out, "forward_backward")
+
+    def compute_log_probs(self, batch: Batch, *, entropy: bool = False) -> StepOutput:
+        """Forward-only per-token outputs (reference / old log-probs)."""
+        info_before = dict(batch.info)
+        batch.info["need_entropy"] = entropy
+        try:
+            return self.forward_backward(batch, None, forward_only=True)
+        finally:
+            batch.info.clear()
+            batch.info.update(info_before)
+
+    def optimizer_step(self) -> dict[str, float]:
+        return self._require(self.pm.hook.optimizer_step(model=self.handle), "optimizer_step")
+
+    def sync_weights(self, rollout: WeightReceiver | None) -> SyncStats:
+        """``reshard_for_rollout``: stream the current weights into ``rollout``."""
+        return self._require(self.pm.hook.reshard_for_rollout(model=self.handle, rollout=rollout), "reshard_for_rollout")
+
+    def save_checkpoint(self, manager: CheckpointManager, step: int, extra: dict[str, Any]) -> Path:
+        """Save atomically as checkpoint ``step`` under ``manager.root``."""
+        return manager.save(step, lambda tmp: self.pm.hook.save_checkpoint(model=self.handle, path=tmp, extra=extra))
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore a complete checkpoint; returns the ``extra`` dict saved with it."""
+        path = CheckpointManager.check_complete(path)
+        extra = self.pm.hook.load_checkpoint(model=self.handle, path=path)
+        return extra if extra is not None else {}
+
+    def export_hf(self, path: str | Path, tokenizer: Any | None = None) -> Path:
+        path = Path(path)
+        if not self.pm.hook.export_hf.get_hookimpls():
+            raise GeartrainError(f"engine '{self.name}' does not implement the 'export_hf' hook")
+        self.pm.hook.export_hf(model=self.handle, path=path, tokenizer=tokenizer)
+        return path
+
+    def offload(self, what: frozenset[str] = frozenset({"params", "grads", "optimizer"})) -> MemoryStats:
+        return self._require(self.pm.hook.offload(model=self.handle, what=what), "offload")
+
+    def onload(self) -> MemoryStats:
+        return self._require(self.pm.hook.onload(model=self.handle), "onload")

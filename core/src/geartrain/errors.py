@@ -1,0 +1,61 @@
+"""Exceptions geartrain raises for problems a user can fix. Each message says what is
+wrong, where, and how to fix it."""
+
+from __future__ import annotations
+
+
+class GeartrainError(Exception):
+    """Base class of geartrain's user-facing errors."""
+
+
+class PluginError(GeartrainError):
+    """A plugin could not be loaded or does not meet the hook contract.
+
+    ``name``, ``kind``, ``distribution`` and ``version`` identify the plugin; the message
+    ends with the fix.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        kind: str,
+        distribution: str | None = None,
+        version: str | None = None,
+        fix: str = "",
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.distribution = distribution
+        self.version = version
+        self.fix = fix
+        where = f"{kind} plugin '{name}'"
+        if distribution:
+            where += f" (distribution {distribution} {version or '?'})"
+        text = f"{where}: {message}"
+        if fix:
+            text += f"\n  fix: {fix}"
+        super().__init__(text)
+
+
+class PluginNotFoundError(GeartrainError):
+    """The configuration asks for a backend that is not installed (or not allowed)."""
+
+
+class ConfigError(GeartrainError):
+    """A configuration has one or more problems; ``problems`` lists ``(path, message)``."""
+
+    def __init__(self, problems: list[tuple[str, str]], source: str | None = None) -> None:
+        self.problems = problems
+        head = f"invalid configuration{f' in {source}' if source else ''}: {len(problems)} problem(s)"
+        lines = [head] + [f"  {path or '<root>'}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+class DataError(GeartrainError):
+    """A dataset row is malformed; the message names the file and the row number."""
+
+
+class CheckpointError(GeartrainError):
+    """A checkpoint is missing, incomplete or does not match the model."""

@@ -1,0 +1,73 @@
+"""The core's handle on one rollout (inference) instance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from geartrain import plugins
+from geartrain.batch import Batch
+from geartrain.config import ModelConfig, RolloutConfig, options_of
+from geartrain.errors import GeartrainError
+from geartrain.modeling import torch_dtype
+from geartrain.types import EngineContext, MemoryStats, SamplingParams
+
+
+@runtime_checkable
+class WeightReceiver(Protocol):
+    """What ``reshard_for_rollout`` streams weights into."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def bucket_bytes(self) -> int: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+
+class Rollout:
+    """One rollout backend instance: a plugin manager holding exactly that backend (plus
+    the enabled extensions) and the backend's handle. Every method is one hook call."""
+
+    def __init__(self, config: RolloutConfig, model: ModelConfig, ctx: EngineContext) -> None:
+        self.config = config
+        self.model_config = model
+        self.ctx = ctx
+        self.pm = plugins.create_manager("rollout", config.backend, config.extensions)
+        self.info = plugins.backend_info("rollout", config.backend)
+        schema = self.pm.hook.config_schema()
+        if schema is not None:
+            config.options = options_of(config, schema)
+        self.handle = self.pm.hook.build_rollout(config=config, model=model, ctx=ctx)
+        if self.handle is None:
+            raise GeartrainError(f"rollout '{config.backend}': build_rollout returned None")
+
+    @property
+    def name(self) -> str:
+        return self.config.backend
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.config.dtype)
+
+    @property
+    def bucket_bytes(self) -> int:
+        return self.config.weight_bucket_bytes
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
+        return self.pm.hook.generate(rollout=self.handle, prompts=prompts, sampling=sampling)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.pm.hook.update_weights(rollout=self.handle, named_tensors=named_tensors)
+
+    def release(self) -> MemoryStats:
+        return self.pm.hook.release(rollout=self.handle)
+
+    def resume(self) -> MemoryStats:
+        return self.pm.hook.resume(rollout=self.handle)
+
+    def shutdown(self) -> None:
+        self.pm.hook.shutdown(rollout=self.handle)
