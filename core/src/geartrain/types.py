@@ -9,7 +9,8 @@ Tensor layout convention (all backends follow it, see docs/architecture.md):
   response, with ``attention_mask`` ``[B, T]`` (1 on real tokens).
 * Every per-token tensor is aligned to ``input_ids``: position ``t`` holds the quantity for
   *predicting token t* from the tokens before it (``log_probs[:, t] = log p(x_t | x_<t)``,
-  ``values[:, t] = V(x_<t)``). Position 0 and padding hold 0.
+  ``values[:, t] = V(x_<t)``). Each sequence's first real token (it has no context) and
+  padding hold 0.
 * ``loss_mask`` / ``response_mask`` ``[B, T]`` select the tokens a loss is taken over.
 """
 
