@@ -1,0 +1,435 @@
+"""The reference rollout: batched sampling over a plain transformers causal LM.
+
+It is the embedded default (``rollout.backend = "torch"``) and the yardstick the other
+rollouts are compared with, so it favours exactness over speed:
+
+* the sampling loop is written out here (no ``model.generate``) over a ``DynamicCache``;
+  left-padded prompts get ``position_ids`` that start at 0 on each row's first real token;
+* ``rollout_log_probs`` are ``log_softmax`` of the *unscaled* logits (the model's own
+  distribution, as vLLM reports by default), whatever temperature / top-p / top-k sampled;
+* every row draws its random numbers from its own ``torch.Generator`` seeded from
+  ``(seed, row)``, so a seed gives the same samples however the rows are chunked;
+* finished rows leave the batch (and the KV cache), so a long tail costs only its rows.
+
+``release`` writes the weights to a safetensors file and empties every parameter, which on
+CPU returns their memory to the operating system; ``resume`` reads them back.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from geartrain.batch import Batch
+from geartrain.config import ModelConfig, RolloutConfig, options_of
+from geartrain.errors import GeartrainError
+from geartrain.hookspecs import hookimpl
+from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
+from geartrain.modeling import build_hf_model, torch_dtype
+from geartrain.types import Capability, EngineContext, MemoryStats, SamplingParams
+
+#: Below this temperature sampling is greedy (argmax), as in vLLM.
+GREEDY_TEMPERATURE = 1e-5
+
+
+class TorchRolloutOptions(BaseModel):
+    """``[rollout.options]`` of the torch rollout."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_size: int = Field(64, ge=1)
+    """Rows (prompts x samples) decoded together in one chunk; bounds the KV cache."""
+    offload_dir: str | None = None
+    """Directory ``release`` writes the weights into; default: the system temp directory."""
+
+
+@dataclass(kw_only=True)
+class TorchRolloutEngine:
+    """The torch rollout's handle (opaque to the core)."""
+
+    model: torch.nn.Module
+    config: RolloutConfig
+    options: TorchRolloutOptions
+    device: torch.device
+    dtype: torch.dtype
+    pad_token_id: int
+    released_to: Path | None = None
+    """Where the weights are while released; ``None`` while they are in the model."""
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Every state-dict name (tied aliases included) -> the live parameter or buffer."""
+
+    @property
+    def released(self) -> bool:
+        return self.released_to is not None
+
+
+# --------------------------------------------------------------------------- plugin info
+
+
+@hookimpl
+def capabilities() -> list[str]:
+    return [Capability.CPU, Capability.CUDA, Capability.RELEASE_MEMORY]
+
+
+@hookimpl
+def config_schema() -> type[BaseModel]:
+    return TorchRolloutOptions
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+@hookimpl
+def build_rollout(config: RolloutConfig, model: ModelConfig, ctx: EngineContext) -> TorchRolloutEngine:
+    if config.tensor_parallel_size != 1:
+        raise GeartrainError(
+            f"the torch rollout runs one model per rank; tensor_parallel_size={config.tensor_parallel_size} "
+            "is not supported (use the vllm or sglang rollout for tensor parallelism)"
+        )
+    options = options_of(config, TorchRolloutOptions)
+    device = torch.device(ctx.device, ctx.local_rank) if ctx.device != "cpu" else torch.device("cpu")
+    dtype = torch_dtype(config.dtype)
+    module = build_hf_model(model, device=device).to(dtype).eval()
+    module.requires_grad_(False)
+    pad = module.config.pad_token_id
+    engine = TorchRolloutEngine(
+        model=module,
+        config=config,
+        options=options,
+        device=device,
+        dtype=dtype,
+        pad_token_id=int(pad) if pad is not None else 0,
+    )
+    engine.params = _named_state(module)
+    return engine
+
+
+@hookimpl
+def shutdown(rollout: TorchRolloutEngine) -> None:
+    if rollout.released_to is not None:
+        rollout.released_to.unlink(missing_ok=True)
+        rollout.released_to = None
+    rollout.params = {}
+    rollout.model = None  # type: ignore[assignment]
+    collect_garbage(rollout.device.type)
+
+
+def _named_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # keep_vars: the live Parameters, so copying into them updates the model; tied weights
+    # appear under both names and point at the same tensor.
+    return dict(module.state_dict(keep_vars=True))
+
+
+def _check_live(rollout: TorchRolloutEngine, action: str) -> None:
+    if rollout.model is None:
+        raise GeartrainError(f"torch rollout: cannot {action} after shutdown")
+    if rollout.released:
+        raise GeartrainError(f"torch rollout: cannot {action} while released; call resume() first")
+
+
+# --------------------------------------------------------------------------- weights
+
+
+@hookimpl
+def update_weights(rollout: TorchRolloutEngine, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    _check_live(rollout, "update weights")
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            target = rollout.params.get(name)
+            if target is None:
+                known = ", ".join(sorted(rollout.params)[:6])
+                raise GeartrainError(
+                    f"torch rollout: update_weights got unknown tensor '{name}'; the model's tensors are "
+                    f"named like {known}, ... (transformers checkpoint names)"
+                )
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise GeartrainError(
+                    f"torch rollout: update_weights got '{name}' of shape {tuple(tensor.shape)}, "
+                    f"the model's is {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+
+
+@hookimpl
+def release(rollout: TorchRolloutEngine) -> MemoryStats:
+    _check_live(rollout, "release")
+    from safetensors.torch import save_file
+
+    kind = rollout.device.type
+    start = time.perf_counter()
+    collect_garbage(kind)
+    before = current_memory_bytes(kind)
+    unique = _unique_tensors(rollout.params)
+    weight_bytes = tensor_bytes(unique.values())
+    directory = rollout.options.offload_dir or tempfile.gettempdir()
+    fd, name = tempfile.mkstemp(prefix="geartrain-torch-rollout-", suffix=".safetensors", dir=directory)
+    os.close(fd)
+    path = Path(name)
+    save_file({k: v.detach().cpu().contiguous() for k, v in unique.items()}, str(path))
+    for tensor in unique.values():
+        # Replace the storage, not the Parameter: the module and the name map keep their objects.
+        tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    rollout.released_to = path
+    collect_garbage(kind)
+    _trim_heap()
+    after = current_memory_bytes(kind)
+    return MemoryStats(
+        before=before,
+        after=after,
+        seconds=time.perf_counter() - start,
+        detail={"weight_bytes": weight_bytes, "num_tensors": len(unique)},
+    )
+
+
+@hookimpl
+def resume(rollout: TorchRolloutEngine) -> MemoryStats:
+    if rollout.model is None:
+        raise GeartrainError("torch rollout: cannot resume after shutdown")
+    kind = rollout.device.type
+    start = time.perf_counter()
+    before = current_memory_bytes(kind)
+    path = rollout.released_to
+    if path is None:  # not released: nothing to do
+        return MemoryStats(before=before, after=before, seconds=0.0)
+    from safetensors.torch import load_file
+
+    saved = load_file(str(path), device=str(rollout.device))
+    unique = _unique_tensors(rollout.params)
+    for name, tensor in unique.items():
+        tensor.data = saved.pop(name)
+    path.unlink(missing_ok=True)
+    rollout.released_to = None
+    after = current_memory_bytes(kind)
+    return MemoryStats(
+        before=before,
+        after=after,
+        seconds=time.perf_counter() - start,
+        detail={"weight_bytes": tensor_bytes(unique.values())},
+    )
+
+
+def _unique_tensors(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One name per distinct tensor object (tied weights once)."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in params.items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out[name] = tensor
+    return out
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the OS (glibc keeps them otherwise), so the measured
+    resident set reflects the release."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@hookimpl
+def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
+    _check_live(rollout, "generate")
+    _validate(rollout, prompts, sampling)
+    if not prompts:
+        return _assemble([], [], [], [], [], rollout.pad_token_id)
+    n = sampling.n
+    rows = [(i, j) for i in range(len(prompts)) for j in range(n)]  # prompt-major
+    base_seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+    chunk = rollout.options.max_batch_size
+    responses: list[list[int]] = []
+    log_probs: list[list[float]] = []
+    reasons: list[str] = []
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        out = _decode_chunk(
+            rollout,
+            [prompts[i] for i, _ in part],
+            [_row_generator(base_seed, r, rollout.device) for r in range(start, start + len(part))],
+            sampling,
+        )
+        for toks, lps, reason in out:
+            responses.append(toks)
+            log_probs.append(lps)
+            reasons.append(reason)
+    return _assemble(
+        [prompts[i] for i, _ in rows], responses, log_probs, reasons, [i for i, _ in rows], rollout.pad_token_id
+    )
+
+
+def _validate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> None:
+    limit = rollout.config.max_model_len
+    vocab = rollout.model.config.vocab_size
+    if sampling.n < 1:
+        raise GeartrainError(f"torch rollout: sampling.n must be >= 1, got {sampling.n}")
+    if sampling.max_tokens < 1:
+        raise GeartrainError(f"torch rollout: sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise GeartrainError(f"torch rollout: sampling.top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.temperature < 0:
+        raise GeartrainError(f"torch rollout: sampling.temperature must be >= 0, got {sampling.temperature}")
+    for index, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise GeartrainError(f"torch rollout: prompt {index} is empty")
+        if len(prompt) >= limit:
+            raise GeartrainError(
+                f"torch rollout: prompt {index} has {len(prompt)} tokens, which leaves no room to generate "
+                f"within max_model_len={limit}; shorten the prompt or raise rollout.max_model_len"
+            )
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise GeartrainError(f"torch rollout: prompt {index} has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
+
+
+def _row_generator(seed: int, row: int, device: torch.device) -> torch.Generator:
+    # A distinct, reproducible stream per (seed, row), independent of how rows are chunked.
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + row * 7_919 + 12_345) % (2**63 - 1))
+    return g
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Logits ``[b, V]`` scaled by ``temperature`` with everything outside the top-k, then
+    outside the top-p nucleus (the smallest most-probable set whose mass reaches ``top_p``),
+    set to ``-inf``. Ties at the top-k boundary are all kept."""
+    scaled = logits / temperature
+    vocab = scaled.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        probs = torch.softmax(scaled, dim=-1)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # Keep a token when the mass strictly before it is below top_p (the first always stays).
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return scaled
+
+
+def _sample(logits: torch.Tensor, sampling: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``logits`` ``[b, V]`` (float32)."""
+    if sampling.temperature < GREEDY_TEMPERATURE:
+        return logits.argmax(dim=-1)
+    filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    probs = torch.softmax(filtered, dim=-1)
+    # Inverse-CDF sampling with one uniform per row from that row's own generator.
+    u = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generators])
+    cdf = torch.cumsum(probs, dim=-1)
+    u = u * cdf[:, -1]  # the cdf's last value is 1 up to rounding
+    tokens = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).squeeze(-1)
+    tokens = tokens.clamp_max(probs.shape[-1] - 1)
+    # searchsorted can land on a zero-probability token only through rounding at the end of
+    # the cdf; step back to the last token that has mass.
+    zero = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) <= 0
+    if zero.any():
+        last_nonzero = (probs > 0).cumsum(-1).argmax(-1)
+        tokens = torch.where(zero, last_nonzero, tokens)
+    return tokens
+
+
+@torch.no_grad()
+def _decode_chunk(
+    rollout: TorchRolloutEngine,
+    prompts: list[list[int]],
+    generators: list[torch.Generator],
+    sampling: SamplingParams,
+) -> list[tuple[list[int], list[float], str]]:
+    """Decode one chunk of rows; returns (response tokens, their log-probs, finish reason)."""
+    from transformers import DynamicCache
+
+    model, device = rollout.model, rollout.device
+    b = len(prompts)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((b, width), rollout.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        input_ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[r, width - len(p) :] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    budget = [min(sampling.max_tokens, rollout.config.max_model_len - len(p)) for p in prompts]
+    stop = torch.tensor(sorted(set(sampling.stop_token_ids)) or [-1], device=device)
+
+    tokens_out: list[list[int]] = [[] for _ in range(b)]
+    lps_out: list[list[float]] = [[] for _ in range(b)]
+    reasons: list[str] = ["length"] * b
+    active = list(range(b))  # original row of each live batch row
+    cache = DynamicCache(config=model.config)
+    step_ids, step_pos = input_ids, positions
+    while active:
+        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1, :].float()
+        cache = out.past_key_values
+        raw_lp = torch.log_softmax(logits, dim=-1)
+        new = _sample(logits, sampling, [generators[r] for r in active])
+        new_lp = raw_lp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        is_stop = torch.isin(new, stop)
+        keep: list[int] = []
+        for k, r in enumerate(active):
+            tokens_out[r].append(int(new[k]))
+            lps_out[r].append(float(new_lp[k]))
+            if bool(is_stop[k]):
+                reasons[r] = "stop"
+            elif len(tokens_out[r]) < budget[r]:
+                keep.append(k)
+        if not keep:
+            break
+        if len(keep) < len(active):
+            index = torch.tensor(keep, device=device)
+            cache.batch_select_indices(index)
+            mask, new, step_pos = mask[index], new[index], step_pos[index]
+            active = [active[k] for k in keep]
+        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
+        step_ids = new.unsqueeze(-1)
+        step_pos = step_pos[:, -1:] + 1
+    return list(zip(tokens_out, lps_out, reasons, strict=True))
+
+
+def _assemble(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    log_probs: list[list[float]],
+    reasons: list[str],
+    prompt_index: list[int],
+    pad: int,
+) -> Batch:
+    """The hookspec's layout: left-padded prompt then right-padded response, per-token
+    tensors aligned to ``input_ids``."""
+    b = len(prompts)
+    width = max((len(p) for p in prompts), default=0)
+    resp_width = max((len(r) for r in responses), default=0)
+    total = width + resp_width
+    input_ids = torch.full((b, total), pad, dtype=torch.long)
+    attention = torch.zeros((b, total), dtype=torch.long)
+    response_mask = torch.zeros((b, total), dtype=torch.long)
+    lp = torch.zeros((b, total), dtype=torch.float32)
+    for r, (p, toks, lps) in enumerate(zip(prompts, responses, log_probs, strict=True)):
+        input_ids[r, width - len(p) : width] = torch.tensor(p, dtype=torch.long)
+        attention[r, width - len(p) : width] = 1
+        end = width + len(toks)
+        input_ids[r, width:end] = torch.tensor(toks, dtype=torch.long)
+        attention[r, width:end] = 1
+        response_mask[r, width:end] = 1
+        lp[r, width:end] = torch.tensor(lps, dtype=torch.float32)
+    return Batch(
+        {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask, "rollout_log_probs": lp},
+        meta={"prompt_index": prompt_index, "finish_reason": reasons},
+        info={"prompt_length": width},
+    )
+
