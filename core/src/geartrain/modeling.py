@@ -39,6 +39,9 @@ def hf_config(config: ModelConfig) -> PretrainedConfig:
             setattr(hf, key, value)
     if config.value_head:
         hf.num_labels = 1
+        # Token-classification heads default to dropout 0.1; a value model must be a
+        # deterministic function of its weights (train and forward-only agree).
+        hf.classifier_dropout = 0.0
     return hf
 
 

@@ -1,0 +1,333 @@
+"""The engine conformance suite.
+
+A training-backend plugin proves it meets the hook contract by subclassing
+:class:`EngineConformance` in its tests and naming itself::
+
+    from geartrain.testing.engine_suite import EngineConformance
+
+    class TestMyEngine(EngineConformance):
+        backend = "my-engine"
+
+Every test compares numbers against a plain transformers model built from the same
+config: log-probs and entropy of a forward, a training step against ``torch.optim.AdamW``,
+micro-batching invariance, weight export names/shapes/values, checkpoint round trips, the HF
+export, and error behaviour. Tests run on one rank (the inline placement); multi-rank
+equivalence is each backend's own test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from geartrain.batch import Batch
+from geartrain.checkpoint import CheckpointManager
+from geartrain.config import EngineConfig, ModelConfig, OptimConfig
+from geartrain.engine import Engine
+from geartrain.modeling import build_hf_model
+from geartrain.testing.guard import StandardSuite
+from geartrain.testing.reference import (
+    make_batch,
+    reference_token_outputs,
+    reference_values,
+    token_mean_nll_loss,
+    token_valid_mask,
+)
+from geartrain.types import EngineContext, LossContext
+
+
+class RecordingReceiver:
+    """A :class:`~geartrain.rollout.WeightReceiver` that keeps what it is sent (a copy of
+    each tensor) and notes how the stream was consumed."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32, bucket_bytes: int = 1 << 16) -> None:
+        self.dtype = dtype
+        self.bucket_bytes = bucket_bytes
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.calls = 0
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.calls += 1
+        for name, tensor in named_tensors:
+            if name in self.tensors:
+                raise AssertionError(f"tensor {name} sent twice in one sync")
+            self.tensors[name] = tensor.detach().to("cpu", copy=True)
+
+
+def _batch(seed: int = 0) -> Batch:
+    # Ragged on both sides: left padding of different widths, responses of different lengths.
+    return make_batch([5, 3, 7, 4], [6, 9, 2, 5], seed=seed)
+
+
+class EngineConformance(StandardSuite):
+    """Standard tests for an engine backend. Subclasses set ``backend`` (and may set
+    ``options``, ``families`` and tolerances)."""
+
+    _standard_suite = True
+
+    backend: ClassVar[str]
+    options: ClassVar[dict[str, Any]] = {}
+    families: ClassVar[tuple[str, ...]] = ("qwen2", "llama")
+    logprob_atol: ClassVar[float] = 1e-5
+    param_atol: ClassVar[float] = 1e-4
+    #: Whether resuming from a checkpoint must reproduce the next step bit for bit.
+    checkpoint_bitwise: ClassVar[bool] = True
+
+    # ------------------------------------------------------------------ helpers
+    def engine_config(self, **overrides: Any) -> EngineConfig:
+        fields: dict[str, Any] = dict(
+            backend=self.backend,
+            options=dict(self.options),
+            optim=OptimConfig(lr=1e-3, weight_decay=0.01, clip_grad=1.0),
+        )
+        fields.update(overrides)
+        return EngineConfig(**fields)
+
+    def model_config(self, family: str, **overrides: Any) -> ModelConfig:
+        return ModelConfig(tiny=family, seed=overrides.pop("seed", 3), **overrides)
+
+    def make_engine(self, family: str, *, role: str = "actor", model: ModelConfig | None = None, **engine_overrides: Any) -> Engine:
+        return Engine(
+            self.engine_config(**engine_overrides),
+            model or self.model_config(family),
+            EngineContext(role=role, seed=0),
+        )
+
+    @staticmethod
+    def full_weights(engine: Engine) -> dict[str, torch.Tensor]:
+        receiver = RecordingReceiver()
+        engine.sync_weights(receiver)
+        return receiver.tensors
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Run each test once per model family in ``families``."""
+        if "family" in metafunc.fixturenames:
+            metafunc.parametrize("family", self.families)
+
+    # ------------------------------------------------------------------ forward
+    def test_forward_log_probs_match_transformers(self, family: str) -> None:
+        engine = self.make_engine(family)
+        batch = _batch()
+        out = engine.compute_log_probs(batch, entropy=True)
+        ref = reference_token_outputs(build_hf_model(self.model_config(family)), batch)
+        valid = token_valid_mask(batch["attention_mask"])
+        assert out.outputs["log_probs"].shape == batch["input_ids"].shape
+        torch.testing.assert_close(out.outputs["log_probs"][valid], ref["log_probs"][valid], atol=self.logprob_atol, rtol=0)
+        torch.testing.assert_close(out.outputs["entropy"][valid], ref["entropy"][valid], atol=self.logprob_atol * 10, rtol=0)
+        assert torch.all(out.outputs["log_probs"][~valid] == 0), "undefined positions (padding, first tokens) must hold 0"
+
+    def test_outputs_follow_the_batch_order(self, family: str) -> None:
+        engine = self.make_engine(family, max_tokens_per_micro_batch=16)
+        batch = _batch(seed=1)
+        order = [2, 0, 3, 1]
+        straight = engine.compute_log_probs(batch).outputs["log_probs"]
+        shuffled = engine.compute_log_probs(batch.index(order)).outputs["log_probs"]
+        torch.testing.assert_close(shuffled, straight[order], atol=self.logprob_atol, rtol=0)
+
+    # ------------------------------------------------------------------ training
+    def _reference_training(self, family: str, steps: int, optim: OptimConfig) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
+        model = build_hf_model(self.model_config(family)).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
+        losses, norms = [], []
+        for step in range(steps):
+            batch = _batch(seed=10 + step)
+            mask = batch["loss_mask"].float()
+            logits = model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+            ).logits.float()
+            logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+            loss = -(logp * mask[:, 1:]).sum() / mask.sum()
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_grad)))
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def _engine_training(self, engine: Engine, steps: int, first_seed: int = 10) -> tuple[list[float], list[float]]:
+        losses, norms = [], []
+        for step in range(steps):
+            out = engine.forward_backward(_batch(seed=first_seed + step), token_mean_nll_loss)
+            stats = engine.optimizer_step()
+            losses.append(out.metrics["loss"])
+            norms.append(stats["grad_norm"])
+        return losses, norms
+
+    def test_training_matches_plain_adamw(self, family: str) -> None:
+        engine = self.make_engine(family)
+        losses, norms = self._engine_training(engine, 3)
+        ref_losses, ref_norms, ref_params = self._reference_training(family, 3, engine.config.optim)
+        assert losses == pytest.approx(ref_losses, abs=1e-4)
+        assert norms == pytest.approx(ref_norms, abs=1e-4)
+        weights = self.full_weights(engine)
+        for name, tensor in weights.items():
+            torch.testing.assert_close(tensor, ref_params[name], atol=self.param_atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+    def test_micro_batching_does_not_change_the_step(self, family: str) -> None:
+        big = self.make_engine(family, max_tokens_per_micro_batch=4096)
+        small = self.make_engine(family, max_tokens_per_micro_batch=12)
+        out_big = big.forward_backward(_batch(seed=5), token_mean_nll_loss)
+        out_small = small.forward_backward(_batch(seed=5), token_mean_nll_loss)
+        assert out_small.metrics["loss"] == pytest.approx(out_big.metrics["loss"], abs=1e-5)
+        stats_big, stats_small = big.optimizer_step(), small.optimizer_step()
+        assert stats_small["grad_norm"] == pytest.approx(stats_big["grad_norm"], abs=1e-5)
+        w_big, w_small = self.full_weights(big), self.full_weights(small)
+        for name in w_big:
+            torch.testing.assert_close(w_small[name], w_big[name], atol=1e-5, rtol=0)
+
+    def test_loss_context_counts_are_global(self, family: str) -> None:
+        engine = self.make_engine(family, max_tokens_per_micro_batch=12)
+        batch = _batch(seed=6)
+        seen: list[LossContext] = []
+
+        def recording_loss(outputs: dict[str, torch.Tensor], micro: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+            seen.append(ctx)
+            return token_mean_nll_loss(outputs, micro, ctx)
+
+        engine.forward_backward(batch, recording_loss)
+        engine.optimizer_step()
+        assert seen, "loss_fn was never called"
+        assert {c.global_tokens for c in seen} == {int(batch["loss_mask"].sum())}
+        assert {c.global_sequences for c in seen} == {len(batch)}
+
+    def test_non_finite_loss_skips_the_step(self, family: str) -> None:
+        engine = self.make_engine(family)
+        before = self.full_weights(engine)
+
+        def nan_loss(outputs: dict[str, torch.Tensor], micro: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+            share, metrics = token_mean_nll_loss(outputs, micro, ctx)
+            return share * float("nan"), metrics
+
+        engine.forward_backward(_batch(), nan_loss)
+        stats = engine.optimizer_step()
+        assert stats["skipped"] == 1.0
+        assert not math.isfinite(stats["grad_norm"])
+        after = self.full_weights(engine)
+        for name in before:
+            assert torch.equal(before[name], after[name]), f"{name} changed on a skipped step"
+        # and the next good step trains normally
+        engine.forward_backward(_batch(), token_mean_nll_loss)
+        assert engine.optimizer_step()["skipped"] == 0.0
+
+    # ------------------------------------------------------------------ weights out
+    def test_weight_export_names_shapes_values(self, family: str) -> None:
+        engine = self.make_engine(family)
+        reference = build_hf_model(self.model_config(family)).state_dict()
+        receiver = RecordingReceiver(bucket_bytes=1 << 14)
+        stats = engine.sync_weights(receiver)
+        assert receiver.calls == 1
+        names = set(receiver.tensors)
+        untied = {n for n in reference if not _is_tied_duplicate(n, reference)}
+        assert untied <= names <= set(reference), f"unexpected names {sorted(names ^ untied)[:5]}"
+        for name, tensor in receiver.tensors.items():
+            assert tensor.shape == reference[name].shape, name
+            assert tensor.dtype == receiver.dtype, name
+            assert torch.equal(tensor, reference[name]), name
+        assert stats.num_tensors == len(names)
+        assert stats.bytes == sum(t.numel() * t.element_size() for t in receiver.tensors.values())
+        largest = max(t.numel() * t.element_size() for t in receiver.tensors.values())
+        assert stats.max_bucket_bytes <= max(receiver.bucket_bytes, largest)
+        assert stats.num_buckets > 1, "a bucket bound smaller than the model must give several buckets"
+
+    def test_weight_export_casts_to_the_rollout_dtype(self, family: str) -> None:
+        engine = self.make_engine(family)
+        receiver = RecordingReceiver(dtype=torch.bfloat16)
+        engine.sync_weights(receiver)
+        reference = build_hf_model(self.model_config(family)).state_dict()
+        for name, tensor in receiver.tensors.items():
+            assert tensor.dtype == torch.bfloat16
+            assert torch.equal(tensor, reference[name].to(torch.bfloat16)), name
+
+    # ------------------------------------------------------------------ checkpoints
+    def test_checkpoint_resume_reproduces_training(self, family: str, tmp_path: Path) -> None:
+        manager = CheckpointManager(tmp_path / "ckpt", keep_last=2)
+        straight = self.make_engine(family)
+        self._engine_training(straight, 1)
+        straight.save_checkpoint(manager, 1, {"dataloader": {"index": 7}})
+        losses_straight, _ = self._engine_training(straight, 2, first_seed=20)
+
+        resumed = self.make_engine(family)
+        extra = resumed.load_checkpoint(manager.latest())
+        assert extra["dataloader"] == {"index": 7}
+        losses_resumed, _ = self._engine_training(resumed, 2, first_seed=20)
+        w_straight, w_resumed = self.full_weights(straight), self.full_weights(resumed)
+        if self.checkpoint_bitwise:
+            assert losses_resumed == losses_straight
+            for name in w_straight:
+                assert torch.equal(w_straight[name], w_resumed[name]), name
+        else:
+            assert losses_resumed == pytest.approx(losses_straight, abs=1e-6)
+
+    def test_incomplete_checkpoint_is_refused(self, family: str, tmp_path: Path) -> None:
+        from geartrain.errors import CheckpointError
+
+        engine = self.make_engine(family)
+        (tmp_path / "step_00000001").mkdir()
+        with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+            engine.load_checkpoint(tmp_path / "step_00000001")
+
+    def test_hf_export_loads_in_transformers(self, family: str, tmp_path: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from geartrain.testing.tiny import tiny_tokenizer
+
+        engine = self.make_engine(family)
+        self._engine_training(engine, 1)
+        engine.export_hf(tmp_path / "hf", tokenizer=tiny_tokenizer())
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+        batch = _batch(seed=9)
+        ours = engine.compute_log_probs(batch).outputs["log_probs"]
+        theirs = reference_token_outputs(loaded, batch)["log_probs"]
+        torch.testing.assert_close(ours, theirs, atol=self.logprob_atol, rtol=0)
+        assert (tmp_path / "hf" / "tokenizer_config.json").exists() or (tmp_path / "hf" / "tokenizer.json").exists()
+
+    # ------------------------------------------------------------------ optional capabilities
+    def test_value_model_outputs_values(self, family: str) -> None:
+        engine_probe = self.make_engine(family)
+        if "value_head" not in engine_probe.info.capabilities:
+            pytest.skip(f"engine '{self.backend}' does not declare value_head")
+        model = self.model_config(family, value_head=True)
+        engine = self.make_engine(family, role="critic", model=model)
+        batch = _batch(seed=4)
+        out = engine.forward_backward(batch, None, forward_only=True)
+        ref = reference_values(build_hf_model(model), batch)
+        valid = token_valid_mask(batch["attention_mask"])
+        torch.testing.assert_close(out.outputs["values"][valid], ref[valid], atol=self.logprob_atol, rtol=0)
+
+    def test_offload_then_onload_keeps_training_identical(self, family: str) -> None:
+        plain = self.make_engine(family)
+        if "offload" not in plain.info.capabilities:
+            pytest.skip(f"engine '{self.backend}' does not declare offload")
+        moved = self.make_engine(family)
+        self._engine_training(plain, 1)
+        self._engine_training(moved, 1)
+        off = moved.offload()
+        on = moved.onload()
+        assert off.seconds >= 0 and on.seconds >= 0
+        losses_plain, _ = self._engine_training(plain, 1, first_seed=30)
+        losses_moved, _ = self._engine_training(moved, 1, first_seed=30)
+        assert losses_moved == losses_plain
+        w_plain, w_moved = self.full_weights(plain), self.full_weights(moved)
+        for name in w_plain:
+            assert torch.equal(w_plain[name], w_moved[name]), name
+
+    # ------------------------------------------------------------------ errors
+    def test_batch_without_input_ids_is_a_clear_error(self, family: str) -> None:
+        engine = self.make_engine(family)
+        batch = _batch()
+        broken = Batch({"attention_mask": batch["attention_mask"], "loss_mask": batch["loss_mask"]})
+        with pytest.raises(Exception, match="input_ids"):
+            engine.forward_backward(broken, token_mean_nll_loss)
+
+
+def _is_tied_duplicate(name: str, state: dict[str, torch.Tensor]) -> bool:
+    """``lm_head.weight`` when it is the embedding itself (tied embeddings)."""
+    if name != "lm_head.weight":
+        return False
+    emb = state.get("model.embed_tokens.weight")
+    return emb is not None and emb.data_ptr() == state[name].data_ptr()

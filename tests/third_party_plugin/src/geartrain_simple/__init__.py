@@ -1,0 +1,1 @@
+"""geartrain-simple-engine: a single-process, plain-PyTorch training engine for geartrain."""
