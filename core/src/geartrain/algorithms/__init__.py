@@ -1,0 +1,80 @@
+"""RL algorithms as pure tensor functions: advantage estimators, policy/value losses,
+loss aggregation, KL to the reference, and rollout-mismatch correction.
+
+Tensors are ``[B, T]`` aligned to ``input_ids`` with masks (see :mod:`geartrain.types`);
+every function works on any ``[B, L]`` with a mask. Numerical conventions follow verl 0.9
+(docs: ALGORITHMS.md). Estimators and policy losses live in registries users extend with
+:func:`register_advantage` / :func:`register_policy_loss`.
+"""
+
+from geartrain.algorithms.advantages import (
+    ADVANTAGES,
+    AdvantageConfig,
+    AdvantageEstimator,
+    compute_advantages,
+    get_advantage,
+    group_stats,
+    register_advantage,
+    sequence_scores,
+)
+from geartrain.algorithms.aggregation import AGG_MODES, AggMode, aggregate
+from geartrain.algorithms.correction import mismatch_metrics, truncated_is_weights
+from geartrain.algorithms.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    apply_kl_penalty,
+    kl_estimate,
+    make_kl_controller,
+)
+from geartrain.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from geartrain.algorithms.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLoss,
+    PolicyLossConfig,
+    PolicyLossOutput,
+    entropy_bonus,
+    get_policy_loss,
+    gspo_loss,
+    ppo_clip_loss,
+    register_policy_loss,
+    value_loss,
+)
+from geartrain.algorithms.registry import Registry
+
+__all__ = [
+    "ADVANTAGES",
+    "AGG_MODES",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "AdvantageConfig",
+    "AdvantageEstimator",
+    "AggMode",
+    "FixedKLController",
+    "KLController",
+    "PolicyLoss",
+    "PolicyLossConfig",
+    "PolicyLossOutput",
+    "Registry",
+    "aggregate",
+    "apply_kl_penalty",
+    "compute_advantages",
+    "entropy_bonus",
+    "get_advantage",
+    "get_policy_loss",
+    "group_stats",
+    "gspo_loss",
+    "kl_estimate",
+    "make_kl_controller",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "mismatch_metrics",
+    "ppo_clip_loss",
+    "register_advantage",
+    "register_policy_loss",
+    "sequence_scores",
+    "truncated_is_weights",
+    "value_loss",
+]
