@@ -191,3 +191,86 @@ def test_policy_loss_registry():
         POLICY_LOSSES._entries.pop("test_reinforce")
     with pytest.raises(KeyError, match="gspo, ppo"):
         get_policy_loss("vanilla2")
+
+
+# ------------------------------------------------------------------ ready-made LossFns
+def _tiny_log_probs(model, input_ids, attention_mask):
+    """log p(x_t | x_<t) aligned to input_ids (position 0 holds 0), straight from HF."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+    lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_actor_loss_fn_on_a_tiny_model_is_split_invariant(mode):
+    from geartrain import Batch
+    from geartrain.algorithms import ActorLossConfig, make_actor_loss
+    from geartrain.testing import tiny_model
+
+    model = tiny_model("qwen2", seed=0).float()
+    gen = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(4, 100, (4, 9), generator=gen)
+    attention = torch.ones_like(input_ids)
+    loss_mask = torch.zeros_like(input_ids)
+    for row, n in enumerate([5, 2, 4, 3]):
+        loss_mask[row, 4 : 4 + n] = 1
+    with torch.no_grad():
+        old = _tiny_log_probs(model, input_ids, attention) + 0.05 * torch.randn(4, 9, generator=gen)
+    batch = Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention,
+            "loss_mask": loss_mask,
+            "old_log_probs": old,
+            "advantages": torch.randn(4, 9, generator=gen),
+            "ref_log_probs": old - 0.1,
+        }
+    )
+    cfg = ActorLossConfig(loss_agg_mode=mode, kl_loss_coef=0.01, clip=CLIP_HIGHER)
+    loss_fn = make_actor_loss(cfg)
+
+    def run(pieces):
+        model.zero_grad()
+        ctx = LossContext(global_tokens=int(loss_mask.sum()), global_sequences=4)
+        total, metrics = 0.0, {}
+        for piece in pieces:
+            lp = _tiny_log_probs(model, piece["input_ids"], piece["attention_mask"])
+            loss, m = loss_fn({"log_probs": lp}, piece, ctx)
+            loss.backward()
+            total += loss.item()
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        return total, metrics, grads
+
+    whole, whole_metrics, whole_grad = run([batch])
+    split, split_metrics, split_grad = run(batch.split_by_sizes([1, 2, 1]))
+    assert split == pytest.approx(whole, rel=1e-5)
+    assert split_metrics == pytest.approx(whole_metrics, rel=1e-5, abs=1e-7)
+    assert torch.allclose(split_grad, whole_grad, rtol=1e-4, atol=1e-7)
+    assert whole_metrics["actor/pg_loss"] + 0.01 * whole_metrics["actor/kl_loss"] == pytest.approx(whole, rel=1e-6)
+    # old log-probs differ from the current ones by ~0.05 noise: ppo_kl is the token-mean of old - new
+    lp = _tiny_log_probs(model, input_ids, attention).detach()
+    expected_kl = ((old - lp) * loss_mask).sum() / loss_mask.sum()
+    assert whole_metrics["actor/ppo_kl"] == pytest.approx(float(expected_kl), rel=1e-4)
+
+
+def test_critic_loss_fn():
+    from geartrain import Batch
+    from geartrain.algorithms import CriticLossConfig, make_critic_loss
+
+    mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0]])
+    batch = Batch(
+        {
+            "loss_mask": mask,
+            "old_values": torch.tensor([[0.0, 0.8, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]]),
+            "returns": torch.tensor([[0.0, 1.5, 1.0, 3.0], [0.0, 0.0, 2.0, 0.0]]),
+        }
+    )
+    values = torch.tensor([[0.0, 1.0, 2.0, 2.0], [0.0, 0.0, 1.0, 0.0]])
+    loss, metrics = make_critic_loss(CriticLossConfig(clip_range=0.5))(
+        {"values": values}, batch, LossContext(global_tokens=4, global_sequences=2)
+    )
+    # per token: 0.125, 0.5, 1.125 (clipped), 0.5 -> token-mean over 4 tokens
+    assert loss.item() == pytest.approx((0.125 + 0.5 + 1.125 + 0.5) / 4)
+    assert metrics == pytest.approx({"critic/vf_loss": 2.25 / 4, "critic/vf_clipfrac": 0.25})

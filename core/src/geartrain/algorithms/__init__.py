@@ -27,6 +27,7 @@ from geartrain.algorithms.kl import (
     kl_estimate,
     make_kl_controller,
 )
+from geartrain.algorithms.losses import ActorLossConfig, CriticLossConfig, make_actor_loss, make_critic_loss
 from geartrain.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from geartrain.algorithms.policy_losses import (
     POLICY_LOSSES,
@@ -43,6 +44,10 @@ from geartrain.algorithms.policy_losses import (
 from geartrain.algorithms.registry import Registry
 
 __all__ = [
+    "ActorLossConfig",
+    "CriticLossConfig",
+    "make_actor_loss",
+    "make_critic_loss",
     "ADVANTAGES",
     "AGG_MODES",
     "POLICY_LOSSES",
