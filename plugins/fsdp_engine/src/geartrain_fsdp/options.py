@@ -1,0 +1,35 @@
+"""The FSDP engine's own options section (``[actor.engine.options]``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FSDPOptions(BaseModel):
+    """Options of the ``fsdp`` engine backend; validated by the core via ``config_schema``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reshard_after_forward: bool = True
+    """FSDP2: free each layer's gathered parameters after its forward (less memory, one
+    more all-gather in backward)."""
+    remove_padding: bool = True
+    """Pack each micro-batch's sequences into one row (position_ids restart per sequence,
+    no attention across sequence boundaries). ``False`` runs padded ``[b, T]`` micro-batches
+    (needs ``parallel.sp == 1``)."""
+    logits_chunk_tokens: int = Field(1024, ge=1)
+    """Tokens per chunk of the vocabulary projection: log-probs and entropy never
+    materialise more than ``chunk x vocab`` logits (recomputed in backward)."""
+    meta_init: bool = False
+    """Build the model on the meta device on ranks > 0 and broadcast rank 0's weights
+    while sharding (large models: one full copy in host memory instead of one per rank)."""
+    hsdp_replicate: int = Field(1, ge=1)
+    """Hybrid sharding: replicate over this many groups, shard inside each group. 1 = FSDP
+    over all ranks."""
+    cpu_offload: bool = False
+    """FSDP2 ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer state live in
+    host memory (pinned on GPU machines)."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the gradient reduce-scatter under mixed precision (``param_dtype``)."""

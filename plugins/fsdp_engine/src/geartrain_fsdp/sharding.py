@@ -1,0 +1,129 @@
+"""Applying FSDP2 to a transformers model and the engine's handle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.optim.lr_scheduler import LambdaLR
+
+from geartrain.config import EngineConfig
+from geartrain.modeling import torch_dtype
+from geartrain.types import EngineContext
+from geartrain_fsdp.mesh import Meshes, build_meshes
+from geartrain_fsdp.modeling import TokenOutputs, decoder_layers
+from geartrain_fsdp.optim import build_optimizer
+from geartrain_fsdp.options import FSDPOptions
+from geartrain_fsdp.ulysses import ATTENTION_NAME
+
+
+@dataclass(kw_only=True)
+class FSDPModel:
+    """The engine's handle (opaque to the core)."""
+
+    module: TokenOutputs
+    """FSDP root (or the plain module in a single non-distributed process)."""
+    config: EngineConfig
+    options: FSDPOptions
+    ctx: EngineContext
+    meshes: Meshes
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: LambdaLR | None = None
+    offloaded: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def hf(self) -> nn.Module:
+        return self.module.hf
+
+    @property
+    def value_head(self) -> bool:
+        return self.module.value_head
+
+    @property
+    def device(self) -> torch.device:
+        return self.meshes.device
+
+    def params(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+
+def shard_model(hf: nn.Module, config: EngineConfig, options: FSDPOptions, ctx: EngineContext) -> FSDPModel:
+    """Build the meshes, wrap ``hf`` (``fully_shard`` per decoder layer, then the root),
+    and create AdamW + LR scheduler (skipped when ``config.optim.lr == 0``)."""
+    meshes = build_meshes(config.parallel, ctx, options.hsdp_replicate)
+    if config.parallel.sp > 1 and not options.remove_padding:
+        raise ValueError("sequence parallel (parallel.sp > 1) needs options.remove_padding = true")
+    value_head = getattr(hf.config, "num_labels", None) == 1 and hasattr(hf, "score")
+    if options.remove_padding:
+        hf.config._attn_implementation = ATTENTION_NAME
+    if config.gradient_checkpointing:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    hf.train()
+    module = TokenOutputs(hf, value_head=value_head, chunk_tokens=options.logits_chunk_tokens)
+
+    if meshes.distributed:
+        broadcast = options.meta_init or _any_rank_on_meta(module, meshes)
+        rank0_state = _take_rank0_state(module) if broadcast else None
+        mp = None
+        if config.param_dtype != "float32":
+            mp = MixedPrecisionPolicy(param_dtype=torch_dtype(config.param_dtype), reduce_dtype=torch_dtype(options.reduce_dtype))
+        offload: OffloadPolicy = (
+            CPUOffloadPolicy(pin_memory=meshes.device.type == "cuda") if options.cpu_offload else OffloadPolicy()
+        )
+        kwargs = dict(mesh=meshes.fsdp_mesh, reshard_after_forward=options.reshard_after_forward, offload_policy=offload)
+        if mp is not None:
+            kwargs["mp_policy"] = mp
+        for layer in decoder_layers(hf):
+            fully_shard(layer, **kwargs)
+        fully_shard(module, **kwargs)
+        if broadcast:
+            _load_from_rank0(module, rank0_state, meshes.device, cpu_offload=options.cpu_offload)
+        elif not options.cpu_offload:
+            module.to(meshes.device)
+    else:
+        module.to(meshes.device)
+
+    handle = FSDPModel(module=module, config=config, options=options, ctx=ctx, meshes=meshes)
+    if config.optim.lr > 0:
+        handle.optimizer, handle.scheduler = build_optimizer(handle.params(), config.optim)
+    return handle
+
+
+def _any_rank_on_meta(module: nn.Module, meshes: Meshes) -> bool:
+    """True when some rank built its module on the meta device (``build_model`` does that
+    on ranks > 0 for checkpoint models): rank 0's weights are then broadcast."""
+    on_meta = torch.tensor([float(any(p.is_meta for p in module.parameters()))], device=meshes.device)
+    dist.all_reduce(on_meta, op=dist.ReduceOp.MAX, group=meshes.ctx_group)
+    return bool(on_meta.item())
+
+
+def _take_rank0_state(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+    """Rank 0's full weights and buffers (copies: the broadcast overwrites what it is
+    given); then every rank's module is moved to the meta device before sharding."""
+    state = None
+    if dist.get_rank() == 0:
+        state = (
+            {k: v.detach().clone() for k, v in module.state_dict().items()},
+            {k: b.detach().clone() for k, b in module.named_buffers()},
+        )
+    module.to_empty(device="meta")
+    return state
+
+
+def _load_from_rank0(module: nn.Module, state: tuple | None, device: torch.device, *, cpu_offload: bool) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    module.to_empty(device="cpu" if cpu_offload else device)
+    weights = state[0] if state is not None else {}
+    set_model_state_dict(
+        module, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+    )
+    # non-persistent buffers (rotary inv_freq...) are not in the state dict: broadcast them
+    src = state[1] if state is not None else {}
+    for name, buf in module.named_buffers():
+        if dist.get_rank() == 0:
+            buf.copy_(src[name].to(buf.device))
+        dist.broadcast(buf, src=0)

@@ -1,0 +1,166 @@
+"""``forward_backward``: dynamic micro-batches, packing, sequence parallel pre/post
+processing, the loss contract and gradient accumulation."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from geartrain.batch import Batch
+from geartrain.types import LossContext, LossFn, StepOutput
+from geartrain_fsdp.mesh import all_reduce_
+from geartrain_fsdp.packing import pack, padded_inputs, plan_micro_batches, scatter_shifted, shift_padded
+from geartrain_fsdp.sharding import FSDPModel
+from geartrain_fsdp.ulysses import PackedAttentionState, gather_sequence, local_slice, packed_attention_state
+
+
+def _micro_batch_plan(model: FSDPModel, attention_mask: torch.Tensor) -> list[list[int]]:
+    """Rows of each micro-batch; every rank of the engine runs the same number (FSDP's
+    collectives run once per micro-batch on every rank)."""
+    lengths = attention_mask.sum(1).tolist()
+    plan = plan_micro_batches(lengths, model.config.max_tokens_per_micro_batch)
+    count = torch.tensor([len(plan)], device=model.device)
+    if model.meshes.distributed:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=model.meshes.ctx_group)
+    if int(count) > len(plan):
+        plan = plan_micro_batches(lengths, model.config.max_tokens_per_micro_batch, min_count=int(count))
+    return plan
+
+
+def _forward_packed(model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per-token outputs ``[b, T]`` of one micro-batch run as one packed row (split over
+    the sp group), plus a scalar tied to the raw outputs (for empty micro-batches)."""
+    meshes = model.meshes
+    packed = pack(ids, mask, multiple=meshes.sp)
+    sl = local_slice(packed.input_ids.shape[1], meshes.sp, meshes.sp_rank)
+    dev = model.device
+    state = PackedAttentionState(cu_seqlens=packed.cu_seqlens.tolist(), sp_group=meshes.sp_group, sp_size=meshes.sp)
+    with packed_attention_state(state):
+        raw = model.module(
+            input_ids=packed.input_ids[:, sl].to(dev),
+            position_ids=packed.position_ids[:, sl].to(dev),
+            targets=packed.targets[sl].unsqueeze(0).to(dev),
+            need_entropy=need_entropy,
+        )
+    outputs = {}
+    anchor = None
+    for key, value in raw.items():
+        full = gather_sequence(value.squeeze(0), meshes.sp_group, meshes.sp, meshes.sp_rank)
+        anchor = full.sum() * 0.0 if anchor is None else anchor + full.sum() * 0.0
+        outputs[key] = scatter_shifted(full, packed)
+    assert anchor is not None
+    return outputs, anchor
+
+
+def _forward_padded(model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per-token outputs ``[b, T]`` of one micro-batch run as padded rows."""
+    dev = model.device
+    sub_ids, sub_mask, position_ids, cols = padded_inputs(ids, mask)
+    targets = torch.cat([sub_ids[:, 1:], sub_ids.new_zeros(sub_ids.shape[0], 1)], dim=1)
+    raw = model.module(
+        input_ids=sub_ids.to(dev),
+        position_ids=position_ids.to(dev),
+        attention_mask=sub_mask.to(dev),
+        targets=targets.to(dev),
+        need_entropy=need_entropy,
+    )
+    outputs = {k: shift_padded(v, sub_mask, cols, ids.shape[1]) for k, v in raw.items()}
+    anchor = sum(v.sum() * 0.0 for v in raw.values())
+    return outputs, anchor  # type: ignore[return-value]
+
+
+def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
+    """See :func:`geartrain.hookspecs.forward_backward`.
+
+    Gradient scaling: FSDP averages gradients over all ``world = dp * sp`` ranks, and
+    each sp rank back-propagates only its own tokens' part of the (identical) loss, so the
+    summed share is multiplied by ``world``: the result is the gradient of the sum of all
+    shares over micro-batches and dp ranks.
+    """
+    meshes = model.meshes
+    input_ids = batch["input_ids"]
+    attention_mask = batch["attention_mask"]
+    need_entropy = bool(batch.info.get("need_entropy", False))
+    train = not forward_only and loss_fn is not None
+
+    counts = torch.tensor(
+        [
+            float(batch["loss_mask"].sum()) if "loss_mask" in batch else 0.0,
+            float(len(batch)),
+            float(attention_mask.sum()),
+        ],
+        dtype=torch.float64,
+        device=model.device,
+    )
+    all_reduce_(counts, meshes.dp_group)
+    global_tokens, global_sequences, global_real_tokens = (int(x) for x in counts.tolist())
+
+    plan = _micro_batch_plan(model, attention_mask)
+    forward = _forward_packed if model.options.remove_padding else _forward_padded
+    scale = float(meshes.world)
+    metric_sums: dict[str, float] = {}
+    collected: dict[str, list[torch.Tensor]] = {}
+    order: list[int] = []
+    model.module.train(mode=train)
+    grad_ctx = contextlib.nullcontext() if train else torch.no_grad()
+    with grad_ctx:
+        for index, rows in enumerate(plan):
+            if rows:
+                mb = batch.index(rows)
+                ids, mask = mb["input_ids"], mb["attention_mask"]
+            else:  # this rank has no rows left: one filler token keeps the collectives in step
+                mb = None
+                ids = torch.zeros(1, 1, dtype=input_ids.dtype)
+                mask = torch.zeros(1, 1, dtype=attention_mask.dtype)
+            outputs, anchor = forward(model, ids, mask, need_entropy)
+            loss = anchor
+            if mb is not None and loss_fn is not None:
+                loss_ctx = LossContext(
+                    global_tokens=global_tokens,
+                    global_sequences=global_sequences,
+                    dp_size=meshes.dp,
+                    micro_batch_index=index,
+                    num_micro_batches=len(plan),
+                )
+                share, metrics = loss_fn(outputs, mb, loss_ctx)
+                loss = loss + share
+                for key, value in metrics.items():
+                    metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+            if train:
+                (loss * scale).backward()
+            if mb is not None:
+                order.extend(rows)
+                for key, value in outputs.items():
+                    collected.setdefault(key, []).append(value.detach().to("cpu"))
+
+    result: dict[str, torch.Tensor] = {}
+    if order:
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        result = {k: torch.cat(v, dim=0)[inverse] for k, v in collected.items()}
+    else:
+        width = input_ids.shape[1]
+        for key in ("values",) if model.value_head else ("log_probs",) + (("entropy",) if need_entropy else ()):
+            result[key] = torch.zeros(0, width)
+
+    metrics = _reduce_metrics(metric_sums, meshes)
+    metrics.update(tokens=float(global_real_tokens), sequences=float(global_sequences), micro_batches=float(len(plan)))
+    return StepOutput(outputs=result, metrics=metrics)
+
+
+def _reduce_metrics(sums: dict[str, float], meshes) -> dict[str, float]:  # noqa: ANN001
+    """Sum metric shares over dp ranks (every rank must report the same keys)."""
+    if not sums and not meshes.distributed:
+        return {}
+    keys = sorted(sums)
+    if meshes.distributed and meshes.dp > 1:
+        # ranks may differ in which keys they saw (a rank with only filler micro-batches)
+        names: list[list[str]] = [[] for _ in range(meshes.dp)]
+        dist.all_gather_object(names, keys, group=meshes.dp_group)
+        keys = sorted({k for ks in names for k in ks})
+        values = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64, device=meshes.device)
+        dist.all_reduce(values, group=meshes.dp_group)
+        return dict(zip(keys, values.tolist()))
+    return {k: sums[k] for k in keys}

@@ -1,0 +1,111 @@
+"""Functions run inside spawned gloo ranks (module level so that spawn can import them).
+Each returns plain CPU tensors / floats for the test process to compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from geartrain.checkpoint import CheckpointManager
+
+from .common import full_grads, full_params, make_batch, make_engine, token_mean_loss
+
+
+class Receiver:
+    """A weight receiver that keeps what it is sent (and the largest bucket it saw)."""
+
+    def __init__(self, dtype: torch.dtype, bucket_bytes: int) -> None:
+        self._dtype, self._bucket = dtype, bucket_bytes
+        self.received: dict[str, torch.Tensor] = {}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def bucket_bytes(self) -> int:
+        return self._bucket
+
+    def update_weights(self, named_tensors: Any) -> None:
+        for name, tensor in named_tensors:
+            self.received[name] = tensor.detach().cpu().clone()
+
+
+def train_steps(rank: int, world: int, family: str, steps: int, options: dict, budget: int, seed: int = 0) -> dict[str, Any]:
+    """dp=world training on ``make_batch(seed + step)``: per step the rank's log-probs,
+    summed loss metric, full grads (first step), optimizer metrics; then the final full
+    params, a weight sync into a receiver and an HF export (path in options['_export'])."""
+    export = options.pop("_export", None)
+    engine = make_engine(family, rank=rank, world=world, dp=world, budget=budget, options=options)
+    out: dict[str, Any] = {"log_probs": [], "entropy": [], "loss": [], "grad_norm": [], "micro_batches": []}
+    for step in range(steps):
+        batch = make_batch(seed + step).split(engine.dp.size)[engine.dp.rank]
+        if step == 0:
+            out["entropy"] = engine.compute_log_probs(batch, entropy=True).outputs["entropy"]
+        res = engine.forward_backward(batch, token_mean_loss)
+        out["log_probs"].append(res.outputs["log_probs"])
+        out["loss"].append(res.metrics["loss"])
+        out["micro_batches"].append(res.metrics["micro_batches"])
+        if step == 0:
+            out["grads"] = full_grads(engine)
+        out["grad_norm"].append(engine.optimizer_step()["grad_norm"])
+    out["params"] = full_params(engine)
+    receiver = Receiver(torch.float32, 20_000) if rank == 0 else None
+    stats = engine.sync_weights(receiver)
+    out["sync"] = (receiver.received if receiver else None, stats)
+    if export:
+        from geartrain.testing import tiny_tokenizer
+
+        engine.export_hf(export, tiny_tokenizer())
+    return out
+
+
+def sequence_parallel_step(rank: int, world: int, family: str, sp: int, overrides: dict, budget: int) -> dict[str, Any]:
+    """One forward/backward with dp = world / sp on a packed variable-length batch."""
+    from geartrain.config import ModelConfig
+    from geartrain.engine import Engine
+    from geartrain.types import EngineContext
+
+    from .common import engine_config
+
+    config = engine_config(dp=world // sp, sp=sp, budget=budget)
+    model = ModelConfig(tiny=family, config_overrides=overrides)
+    engine = Engine(config, model, EngineContext(role="actor", rank=rank, world_size=world))
+    batch = make_batch(3, rows=5, prompt_max=9, response_max=12).split(engine.dp.size)[engine.dp.rank]
+    res = engine.forward_backward(batch, token_mean_loss)
+    return {"log_probs": res.outputs["log_probs"], "loss": res.metrics["loss"], "grads": full_grads(engine)}
+
+
+def resume_run(rank: int, world: int, root: str, phase: str) -> dict[str, Any]:
+    """``phase='straight'``: 4 steps in one go, and 2 steps then a checkpoint;
+    ``phase='resume'``: load that checkpoint in a fresh process group and run 2 steps."""
+    losses: list[float] = []
+
+    def step(engine: Any, i: int) -> None:
+        batch = make_batch(10 + i).split(engine.dp.size)[engine.dp.rank]
+        losses.append(engine.forward_backward(batch, token_mean_loss).metrics["loss"])
+        engine.optimizer_step()
+
+    kw = dict(rank=rank, world=world, dp=world, budget=30, lr_schedule="cosine", warmup_steps=1, total_steps=4)
+    manager = CheckpointManager(Path(root), keep_last=2)
+    if phase == "straight":
+        engine = make_engine("qwen2", **kw)
+        for i in range(4):
+            step(engine, i)
+        straight = (list(losses), full_params(engine))
+        losses.clear()
+        del engine
+        engine = make_engine("qwen2", **kw)
+        for i in range(2):
+            step(engine, i)
+        engine.save_checkpoint(manager, 2, {"step": 2, "note": "two"})
+        return {"straight": straight, "first_half": list(losses)}
+    engine = make_engine("qwen2", **kw)
+    latest = manager.latest()
+    assert latest is not None
+    extra = engine.load_checkpoint(latest)
+    for i in range(2, 4):
+        step(engine, i)
+    return {"extra": extra, "losses": list(losses), "params": full_params(engine)}
