@@ -1,0 +1,145 @@
+"""Configuration: every problem reported with its path; overrides; backend sections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from geartrain.config import (
+    EngineConfig,
+    ModelConfig,
+    RolloutConfig,
+    apply_overrides,
+    load_config,
+    parse_override_value,
+)
+from geartrain.errors import ConfigError
+
+
+class Job(BaseModel):
+    """A small root config, the way a trainer composes sections."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(tiny="qwen2"))
+    actor: EngineConfig = Field(default_factory=lambda: EngineConfig(backend="simple-test"))
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    steps: int = 1
+
+
+@pytest.fixture(autouse=True)
+def simple_engine():
+    """Register a schema-bearing engine in code for the backend-section checks."""
+    import types
+
+    from geartrain import hookimpl, plugins, register_engine
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        chunk: int = Field(8, ge=1)
+
+    module = types.ModuleType("gt_config_engine")
+    # pluggy reads argument names from the function: give each stub the spec's signature
+    import inspect
+
+    from geartrain import hookspecs
+
+    for hook in ("build_model", "shard", "forward_backward", "optimizer_step", "reshard_for_rollout", "save_checkpoint", "load_checkpoint", "config_schema", "capabilities"):
+        params = list(inspect.signature(getattr(hookspecs, hook)).parameters)
+        ret = "Options" if hook == "config_schema" else ("['cpu']" if hook == "capabilities" else "None")
+        ns = {"Options": Options}
+        exec(f"def {hook}({', '.join(params)}):\n    return {ret}", ns)  # noqa: S102 - stub with the spec's argument names
+        setattr(module, hook, hookimpl(ns[hook]))
+    register_engine("simple-test", module)
+    yield
+    plugins.unregister("engine", "simple-test")
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_toml_and_yaml_give_the_same_config(tmp_path: Path) -> None:
+    toml = write(tmp_path, "a.toml", "steps = 3\n[actor]\nbackend = 'simple-test'\n[actor.optim]\nlr = 2e-5\n[rollout]\nmax_model_len = 64\n")
+    yaml = write(tmp_path, "a.yaml", "steps: 3\nactor:\n  backend: simple-test\n  optim:\n    lr: 2.0e-5\nrollout:\n  max_model_len: 64\n")
+    a, b = load_config(Job, toml), load_config(Job, yaml)
+    assert a == b
+    assert a.actor.optim.lr == 2e-5 and a.rollout.max_model_len == 64
+
+
+def test_every_problem_is_reported_with_its_path(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "bad.toml",
+        'steps = "many"\n[actor]\nbackend = "simple-test"\nmax_tokens_per_micro_batch = 0\n[actor.optim]\nlr = -1\nlr_schedule = "cosine"\n'
+        '[rollout]\ntemperatur = 1.0\n[model]\ntiny = "qwen2"\npath = "x"\n',
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(Job, path)
+    paths = {p for p, _ in err.value.problems}
+    assert {"steps", "actor.max_tokens_per_micro_batch", "actor.optim.lr", "rollout.temperatur", "model"} <= paths
+    assert str(path) in str(err.value)
+    assert "set exactly one of 'path'" in str(err.value)
+    # cross-field checks run once a section's fields are valid
+    with pytest.raises(ConfigError) as err:
+        load_config(Job, write(tmp_path, "cos.toml", '[actor]\nbackend = "simple-test"\n[actor.optim]\nlr_schedule = "cosine"\n'))
+    assert "needs total_steps" in dict(err.value.problems)["actor.optim"]
+
+
+def test_backend_options_are_validated_by_the_backend_schema(tmp_path: Path) -> None:
+    good = load_config(Job, write(tmp_path, "g.toml", "[actor]\nbackend = 'simple-test'\n[actor.options]\nchunk = 4\n"))
+    assert good.actor.options.chunk == 4
+    with pytest.raises(ConfigError) as err:
+        load_config(Job, write(tmp_path, "b.toml", "[actor]\nbackend = 'simple-test'\n[actor.options]\nchunk = 0\ncolour = 'red'\n"))
+    assert {p for p, _ in err.value.problems} == {"actor.options.chunk", "actor.options.colour"}
+
+
+def test_capabilities_a_backend_lacks_are_refused_up_front(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(Job, write(tmp_path, "sp.toml", "[actor]\nbackend = 'simple-test'\n[actor.parallel]\nsp = 2\ntp = 2\n"))
+    problems = dict(err.value.problems)
+    assert "does not declare 'sequence_parallel'" in problems["actor.parallel.sp"]
+    assert "does not declare 'tensor_parallel'" in problems["actor.parallel.tp"]
+
+
+def test_a_missing_backend_is_a_problem_at_its_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(Job, write(tmp_path, "m.toml", "[actor]\nbackend = 'megatron'\n"))
+    problems = dict(err.value.problems)
+    assert "pip install geartrain-megatron" in problems["actor.backend"]
+
+
+def test_dotted_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, "o.toml", "steps = 1\n")
+    cfg = load_config(Job, path, ["steps=5", "actor.optim.lr=1e-4", "rollout.backend=torch", "actor.optim.betas=[0.8, 0.9]"])
+    assert cfg.steps == 5 and cfg.actor.optim.lr == 1e-4 and cfg.actor.optim.betas == (0.8, 0.9)
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config(Job, path, ["steps"])
+    with pytest.raises(ConfigError) as err:
+        load_config(Job, path, ["actor.optim.lr=fast"])
+    assert dict(err.value.problems).keys() == {"actor.optim.lr"}
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("3", 3), ("1e-6", 1e-6), ("true", True), ("[1, 2]", [1, 2]), ("fsdp", "fsdp"), ('"a b"', "a b"), ("0.5", 0.5)],
+)
+def test_override_values_are_typed(text: str, value: object) -> None:
+    assert parse_override_value(text) == value
+
+
+def test_override_into_a_value_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="is a value, not a table"):
+        apply_overrides({"steps": 1}, ["steps.inner=2"])
+
+
+def test_unreadable_files_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(Job, tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config(Job, write(tmp_path, "x.toml", "steps = = 1\n"))
+    with pytest.raises(ConfigError, match="unknown config format"):
+        load_config(Job, write(tmp_path, "x.ini", "steps=1\n"))
