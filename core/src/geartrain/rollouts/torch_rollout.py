@@ -200,10 +200,12 @@ def resume(rollout: TorchRolloutEngine) -> MemoryStats:
         return MemoryStats(before=before, after=before, seconds=0.0)
     from safetensors.torch import load_file
 
+    # load_file maps the file; clone so the weights live in memory, not in a deleted file.
     saved = load_file(str(path), device=str(rollout.device))
     unique = _unique_tensors(rollout.params)
     for name, tensor in unique.items():
-        tensor.data = saved.pop(name)
+        tensor.data = saved.pop(name).clone()
+    del saved
     path.unlink(missing_ok=True)
     rollout.released_to = None
     after = current_memory_bytes(kind)

@@ -1,6 +1,17 @@
 """Tools for testing geartrain backends: tiny models and tokenizer built in code, and the
 conformance suites a plugin's tests subclass."""
 
+from typing import Any
+
 from geartrain.testing.tiny import tiny_config, tiny_model, tiny_tokenizer
 
-__all__ = ["tiny_config", "tiny_model", "tiny_tokenizer"]
+__all__ = ["RolloutConformance", "tiny_config", "tiny_model", "tiny_tokenizer"]
+
+
+def __getattr__(name: str) -> Any:
+    # The suites import pytest, which only test environments have: load them on first use.
+    if name == "RolloutConformance":
+        from geartrain.testing.rollout_suite import RolloutConformance
+
+        return RolloutConformance
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,389 @@
+"""The rollout conformance suite: the standard tests every rollout backend passes.
+
+A rollout plugin's tests subclass :class:`RolloutConformance` and say only how to build the
+backend::
+
+    from geartrain.testing import RolloutConformance
+
+    class TestMyRollout(RolloutConformance):
+        backend = "my-rollout"
+        options = {"max_num_batched_tokens": 256}
+
+Each standard test compares numbers with a reference computed here from a plain
+transformers model (the tiny models of :mod:`geartrain.testing.tiny`, fp32): teacher-forced
+log-probs, a cache-free greedy decode, top-k / top-p supports. The suite talks to the
+backend only through :class:`geartrain.Rollout`, so it holds for any backend.
+
+The rollout is built once per class and model family (a class-scoped fixture), because
+real engines take seconds to start. Tests that change its weights put the reference
+weights back before they finish.
+
+A subclass may replace a standard test only by listing it in ``overridden_tests`` with the
+reason (``{"test_greedy_matches_reference": "bf16 only: ties flip"}``); overriding one
+silently raises :class:`TypeError` when the class is created.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from geartrain.batch import Batch
+from geartrain.config import ModelConfig, RolloutConfig
+from geartrain.errors import GeartrainError
+from geartrain.rollout import Rollout
+from geartrain.testing.tiny import BOS, tiny_model, tiny_tokenizer
+from geartrain.types import EngineContext, SamplingParams
+
+#: Prompts of different lengths, so batches are really left-padded.
+PROMPT_TEXTS = ("Question: what is 2+2?", "hi", "The quick brown fox", "x = [1, 2,")
+
+
+def encode_prompts(texts: tuple[str, ...] = PROMPT_TEXTS) -> list[list[int]]:
+    """Token ids of ``texts`` under the tiny tokenizer, each starting with ``<s>``."""
+    tok = tiny_tokenizer()
+    bos = tok.convert_tokens_to_ids(BOS)
+    return [[bos, *tok.encode(text)] for text in texts]
+
+
+def named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """A model's weights as ``update_weights`` takes them, yielded one at a time."""
+    for name, tensor in model.state_dict().items():
+        yield name, tensor.detach().clone()
+
+
+def sequences(batch: Batch) -> list[torch.Tensor]:
+    """Each row's real tokens (prompt then response), padding removed."""
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    return [ids[r][mask[r]] for r in range(len(batch))]
+
+
+def responses(batch: Batch) -> list[list[int]]:
+    """Each row's response tokens."""
+    ids, mask = batch["input_ids"], batch["response_mask"].bool()
+    return [ids[r][mask[r]].tolist() for r in range(len(batch))]
+
+
+@torch.no_grad()
+def reference_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits ``[L, V]`` (fp32) of a plain forward over one unpadded sequence."""
+    return model(input_ids=tokens.unsqueeze(0)).logits[0].float()
+
+
+def teacher_forced_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """``log p(x_t | x_<t)`` of every response token under ``model``, laid out like
+    ``rollout_log_probs`` (aligned to ``input_ids``, 0 elsewhere)."""
+    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+    response_mask = batch["response_mask"].bool()
+    for r, seq in enumerate(sequences(batch)):
+        lp = torch.log_softmax(reference_logits(model, seq), dim=-1)
+        per_token = lp[:-1].gather(-1, seq[1:].unsqueeze(-1)).squeeze(-1)
+        n = int(response_mask[r].sum())
+        out[r][response_mask[r]] = per_token[-n:]
+    return out
+
+
+@torch.no_grad()
+def reference_greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int, stop: tuple[int, ...] = ()) -> list[int]:
+    """Greedy decode by full recomputation (no cache, no padding): the obvious reference."""
+    seq = list(prompt)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        token = int(reference_logits(model, torch.tensor(seq)).argmax(-1)[-1])
+        out.append(token)
+        seq.append(token)
+        if token in stop:
+            break
+    return out
+
+
+class RolloutConformance:
+    """Standard tests for a rollout backend; subclass and set ``backend``."""
+
+    backend: ClassVar[str] = ""
+    """The rollout plugin name (``geartrain.rollouts`` entry point or registered name)."""
+    options: ClassVar[dict[str, Any]] = {}
+    """The backend's ``[rollout.options]``."""
+    families: ClassVar[tuple[str, ...]] = ("qwen2", "llama")
+    """Tiny model families the suite runs on (qwen2 ties its embeddings, llama does not)."""
+    logprob_atol: ClassVar[float] = 1e-5
+    """Tolerance of log-probs against the fp32 transformers reference."""
+    max_model_len: ClassVar[int] = 64
+    rollout_extra: ClassVar[dict[str, Any]] = {}
+    """Other :class:`~geartrain.config.RolloutConfig` fields (``kv_cache_bytes``...)."""
+    overridden_tests: ClassVar[dict[str, str]] = {}
+    """Standard tests this subclass replaces, each with the reason."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        standard = {name for name in vars(RolloutConformance) if name.startswith("test_")}
+        unknown = sorted(set(cls.overridden_tests) - standard)
+        if unknown:
+            raise TypeError(f"{cls.__name__}.overridden_tests names {unknown}, which are not standard tests")
+        silent = sorted(
+            name
+            for name in standard
+            if getattr(cls, name) is not vars(RolloutConformance)[name] and name not in cls.overridden_tests
+        )
+        if silent:
+            raise TypeError(
+                f"{cls.__name__} overrides standard rollout test(s) {silent} without saying why: "
+                f"list them in overridden_tests = {{'{silent[0]}': '<reason>'}}"
+            )
+
+    # ------------------------------------------------------------------ fixtures
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "family" in metafunc.fixturenames:
+            metafunc.parametrize("family", list(self.families), scope="class")
+
+    def rollout_config(self) -> RolloutConfig:
+        """The configuration the suite builds the backend with."""
+        return RolloutConfig(
+            backend=self.backend, max_model_len=self.max_model_len, options=dict(self.options), **self.rollout_extra
+        )
+
+    @pytest.fixture(scope="class")
+    def reference(self, family: str) -> torch.nn.Module:
+        """The plain transformers model whose weights the rollout holds."""
+        return tiny_model(family, seed=0)
+
+    @pytest.fixture(scope="class")
+    def other_reference(self, family: str) -> torch.nn.Module:
+        """Different weights of the same architecture, for weight updates."""
+        return tiny_model(family, seed=1)
+
+    @pytest.fixture(scope="class")
+    def rollout(self, family: str, reference: torch.nn.Module) -> Iterator[Rollout]:
+        if not self.backend:
+            raise TypeError(f"{type(self).__name__} must set the class attribute 'backend'")
+        r = Rollout(self.rollout_config(), ModelConfig(tiny=family, seed=0), EngineContext(role="rollout"))
+        # The trainer always syncs before generating; doing it here also exercises update_weights.
+        r.update_weights(named_tensors(reference))
+        yield r
+        r.shutdown()
+
+    @pytest.fixture(scope="class")
+    def prompts(self) -> list[list[int]]:
+        return encode_prompts()
+
+    # ------------------------------------------------------------------ helpers
+
+    def assert_logprobs_match(self, batch: Batch, model: torch.nn.Module) -> float:
+        """Rollout log-probs equal the teacher-forced ones of ``model``; returns the max error."""
+        expected = teacher_forced_log_probs(model, batch)
+        got = batch["rollout_log_probs"].float()
+        err = float((got - expected).abs().max())
+        assert err <= self.logprob_atol, f"rollout log-probs differ from the transformers reference by {err:.3g}"
+        return err
+
+    # ------------------------------------------------------------------ layout
+
+    def test_batch_layout(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        n = 3
+        batch = rollout.generate(prompts, SamplingParams(n=n, temperature=1.0, max_tokens=8, seed=0))
+        rows = len(prompts) * n
+        assert len(batch) == rows
+        for key in ("input_ids", "attention_mask", "response_mask", "rollout_log_probs"):
+            assert key in batch, f"generate must return '{key}'"
+        shape = batch["input_ids"].shape
+        assert shape[0] == rows
+        for key in ("attention_mask", "response_mask", "rollout_log_probs"):
+            assert batch[key].shape == shape, f"'{key}' is {tuple(batch[key].shape)}, input_ids {tuple(shape)}"
+        assert batch["prompt_index"] == [i for i in range(len(prompts)) for _ in range(n)]
+        assert len(batch["finish_reason"]) == rows
+        assert set(batch["finish_reason"]) <= {"stop", "length"}
+
+        width = batch.info["prompt_length"]
+        assert width == max(len(p) for p in prompts)
+        ids, attn, resp = batch["input_ids"], batch["attention_mask"].bool(), batch["response_mask"].bool()
+        for r in range(rows):
+            prompt = prompts[r // n]
+            # Prompt: left-padded into the first `width` columns.
+            assert attn[r, :width].tolist() == [False] * (width - len(prompt)) + [True] * len(prompt)
+            assert ids[r, width - len(prompt) : width].tolist() == prompt
+            assert not resp[r, :width].any()
+            # Response: right-padded after the prompt, contiguous, inside the attention mask.
+            length = int(resp[r].sum())
+            assert 1 <= length <= 8
+            assert resp[r, width : width + length].all() and not resp[r, width + length :].any()
+            assert attn[r, width:].tolist() == resp[r, width:].tolist()
+        assert shape[1] == width + max(int(resp[r].sum()) for r in range(rows)), "no all-padding columns at the end"
+        lp = batch["rollout_log_probs"]
+        assert (lp[~resp] == 0).all(), "log-probs outside the response must be 0"
+        assert (lp[resp] <= 0).all() and torch.isfinite(lp[resp]).all()
+
+    # ------------------------------------------------------------------ numbers
+
+    def test_logprobs_match_reference(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+        # Temperature, top-k and top-p change what is sampled, never the reported log-probs.
+        for sampling in (
+            SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=1),
+            SamplingParams(n=2, temperature=0.7, top_k=20, top_p=0.9, max_tokens=12, seed=2),
+        ):
+            batch = rollout.generate(prompts, sampling)
+            self.assert_logprobs_match(batch, reference)
+
+    def test_greedy_matches_reference(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+        batch = rollout.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=10))
+        got = responses(batch)
+        for i, prompt in enumerate(prompts):
+            expected = reference_greedy(reference, prompt, 10)
+            assert got[2 * i] == expected, f"prompt {i}: greedy {got[2 * i]} != reference {expected}"
+            assert got[2 * i + 1] == expected, "greedy samples of one prompt must be identical"
+        assert batch["finish_reason"] == ["length"] * len(batch)
+        self.assert_logprobs_match(batch, reference)
+
+    def test_seed_reproducible(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        sampling = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=11)
+        first = rollout.generate(prompts, sampling)
+        rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=12))
+        again = rollout.generate(prompts, sampling)
+        assert torch.equal(first["input_ids"], again["input_ids"]), "the same seed must give the same samples"
+        assert torch.allclose(first["rollout_log_probs"], again["rollout_log_probs"], atol=self.logprob_atol, rtol=0)
+
+    def test_different_seeds_differ(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        a = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=21))
+        b = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=22))
+        assert responses(a) != responses(b), "different seeds gave identical samples"
+        # Samples of one prompt differ from each other too.
+        ra = responses(a)
+        assert any(ra[2 * i] != ra[2 * i + 1] for i in range(len(prompts)))
+
+    # ------------------------------------------------------------------ limits
+
+    def test_max_tokens(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        batch = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=5, seed=3))
+        assert [len(r) for r in responses(batch)] == [5] * len(batch)
+        assert batch["finish_reason"] == ["length"] * len(batch)
+
+    def test_max_model_len_caps_generation(self, rollout: Rollout) -> None:
+        room = 3
+        prompt = encode_prompts(("y" * (self.max_model_len - room - 1),))[0]
+        assert len(prompt) == self.max_model_len - room
+        batch = rollout.generate([prompt], SamplingParams(temperature=1.0, max_tokens=10, seed=4))
+        assert [len(r) for r in responses(batch)] == [room]
+        assert batch["finish_reason"] == ["length"]
+
+    def test_stop_token_greedy(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+        # Stop on a token whose first occurrence in a greedy continuation is as late as
+        # possible (tiny random models often repeat one token: then it is the first step).
+        candidates = []
+        for prompt in prompts:
+            free = reference_greedy(reference, prompt, 10)
+            k = max(i for i in range(len(free)) if free[i] not in free[:i])
+            candidates.append((k, prompt, free))
+        k, prompt, free = max(candidates, key=lambda c: c[0])
+        batch = rollout.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[free[k]]))
+        assert responses(batch) == [free[: k + 1]], "generation must stop after the stop token, keeping it"
+        assert batch["finish_reason"] == ["stop"]
+
+    def test_stop_tokens_sampled(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        stop = list(range(64, 128))  # half the vocabulary: most rows stop early
+        batch = rollout.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=12, stop_token_ids=stop, seed=5))
+        stopped = 0
+        for resp, reason in zip(responses(batch), batch["finish_reason"], strict=True):
+            assert not set(resp[:-1]) & set(stop), "a row went on after a stop token"
+            if reason == "stop":
+                assert resp[-1] in stop
+                stopped += 1
+            else:
+                assert len(resp) == 12 and resp[-1] not in stop
+        assert stopped > 0
+
+    def test_top_k_restricts_support(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+        k = 3
+        batch = rollout.generate(prompts, SamplingParams(n=8, temperature=1.0, top_k=k, max_tokens=4, seed=6))
+        first = self._check_support(batch, reference, lambda logits, token: int((logits > logits[token] + 1e-4).sum()) < k)
+        assert len(first) > 1, "top-k sampling collapsed to one token"
+
+    def test_top_p_restricts_support(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+        p = 0.3
+
+        def in_nucleus(logits: torch.Tensor, token: int) -> bool:
+            probs = torch.softmax(logits, dim=-1)
+            # The mass of the tokens more probable than this one must be below p.
+            return float(probs[probs > probs[token] * (1 + 1e-4)].sum()) < p + 1e-4
+
+        batch = rollout.generate(prompts, SamplingParams(n=8, temperature=1.0, top_p=p, max_tokens=4, seed=7))
+        first = self._check_support(batch, reference, in_nucleus)
+        assert len(first) > 1, "top-p sampling collapsed to one token"
+
+    def _check_support(self, batch: Batch, reference: torch.nn.Module, allowed: Any) -> set[tuple[int, int]]:
+        """Every sampled token passes ``allowed(reference logits, token)``; returns the
+        distinct (prompt, first token) pairs."""
+        width = batch.info["prompt_length"]
+        first: set[tuple[int, int]] = set()
+        for r, seq in enumerate(sequences(batch)):
+            logits = reference_logits(reference, seq)
+            n = int(batch["response_mask"][r].sum())
+            for t in range(len(seq) - n, len(seq)):
+                token = int(seq[t])
+                assert allowed(logits[t - 1], token), f"row {r}: token {token} at step {t} is outside the allowed support"
+            first.add((batch["prompt_index"][r], int(batch["input_ids"][r, width])))
+        return first
+
+    # ------------------------------------------------------------------ weights and memory
+
+    def test_update_weights_and_sync_back(
+        self, rollout: Rollout, reference: torch.nn.Module, other_reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
+        sampling = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=8)
+        before = rollout.generate(prompts, sampling)
+        try:
+            rollout.update_weights(named_tensors(other_reference))
+            changed = rollout.generate(prompts, sampling)
+            self.assert_logprobs_match(changed, other_reference)
+            old = teacher_forced_log_probs(reference, changed)
+            assert float((old - changed["rollout_log_probs"]).abs().max()) > 1e-3, "update_weights changed nothing"
+        finally:
+            rollout.update_weights(named_tensors(reference))
+        after = rollout.generate(prompts, sampling)
+        assert torch.equal(after["input_ids"], before["input_ids"]), "syncing the old weights back must reproduce the samples"
+        self.assert_logprobs_match(after, reference)
+
+    def test_partial_update_keeps_other_tensors(
+        self, rollout: Rollout, reference: torch.nn.Module, other_reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
+        # The input embedding (tied to the output layer in qwen2) and one MLP matrix.
+        names = ["model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"]
+        source = other_reference.state_dict()
+        hybrid = copy.deepcopy(reference)
+        hybrid.load_state_dict({n: source[n] for n in names}, strict=False)
+        try:
+            rollout.update_weights((n, source[n].clone()) for n in names)
+            batch = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=9))
+            self.assert_logprobs_match(batch, hybrid)
+        finally:
+            rollout.update_weights(named_tensors(reference))
+
+    def test_release_resume_keeps_weights(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+        sampling = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=10)
+        before = rollout.generate(prompts, sampling)
+        released = rollout.release()
+        resumed = rollout.resume()
+        for stats in (released, resumed):
+            assert stats.before > 0 and stats.after > 0 and stats.seconds >= 0
+        after = rollout.generate(prompts, sampling)
+        assert torch.equal(after["input_ids"], before["input_ids"]), "release/resume changed the samples"
+        self.assert_logprobs_match(after, reference)
+
+    # ------------------------------------------------------------------ errors
+
+    def test_unknown_tensor_name_raises(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+        bogus = "model.layers.99.not_a_weight"
+        with pytest.raises((GeartrainError, KeyError, ValueError)) as info:
+            rollout.update_weights(iter([(bogus, torch.zeros(4))]))
+        assert bogus in str(info.value), f"the error must name the unknown tensor: {info.value}"
+        batch = rollout.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4))
+        self.assert_logprobs_match(batch, reference)
+
+    def test_prompt_longer_than_max_model_len_raises(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        too_long = encode_prompts(("z" * (self.max_model_len + 5),))[0]
+        with pytest.raises((GeartrainError, ValueError)) as info:
+            rollout.generate([prompts[0], too_long], SamplingParams(max_tokens=4, seed=0))
+        assert str(self.max_model_len) in str(info.value), f"the error must give the limit: {info.value}"

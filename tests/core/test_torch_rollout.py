@@ -1,0 +1,230 @@
+"""The torch rollout: the conformance suite, plus checks of its own sampler, batching and
+memory release."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from geartrain import EngineContext, GeartrainError, ModelConfig, Rollout, RolloutConfig, SamplingParams
+from geartrain.rollouts import torch_rollout
+from geartrain.testing import RolloutConformance
+from geartrain.testing.rollout_suite import encode_prompts, named_tensors, teacher_forced_log_probs
+from geartrain.testing.tiny import tiny_model
+
+
+class TestTorchRollout(RolloutConformance):
+    backend = "torch"
+    # Small chunks, so the suite also runs through the chunking path.
+    options = {"max_batch_size": 16}
+
+
+def make_rollout(family: str = "qwen2", **options: object) -> Rollout:
+    return Rollout(
+        RolloutConfig(backend="torch", max_model_len=64, options=dict(options)),
+        ModelConfig(tiny=family, seed=0),
+        EngineContext(role="rollout"),
+    )
+
+
+@pytest.fixture(scope="module")
+def rollout() -> Rollout:
+    r = make_rollout(max_batch_size=1024)
+    yield r
+    r.shutdown()
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_logprobs_within_1e5_of_teacher_forced_fp32(family: str) -> None:
+    r = make_rollout(family)
+    try:
+        batch = r.generate(encode_prompts(), SamplingParams(n=4, temperature=0.8, max_tokens=16, seed=0))
+        expected = teacher_forced_log_probs(tiny_model(family, seed=0), batch)
+        err = float((batch["rollout_log_probs"] - expected).abs().max())
+        assert err < 1e-5, err
+        assert int(batch["response_mask"].sum()) == 4 * 4 * 16
+    finally:
+        r.shutdown()
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def _reference_filter(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The kept set, token by token: top-k by rank, then the nucleus of the renormalised rest."""
+    scaled = logits / temperature
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    for row in range(scaled.shape[0]):
+        order = sorted(range(scaled.shape[1]), key=lambda t: -float(scaled[row, t]))
+        if top_k > 0:
+            for t in order[top_k:]:
+                keep[row, t] = False
+        kept = [t for t in order if keep[row, t]]
+        probs = torch.softmax(scaled[row, kept], dim=-1)
+        mass = 0.0
+        for t, p in zip(kept, probs.tolist(), strict=True):
+            if mass >= top_p:
+                keep[row, t] = False
+            mass += p
+    return keep
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(5, 1.0), (-1, 0.4), (10, 0.6), (1, 1.0), (-1, 1.0)])
+def test_filter_logits_matches_reference(top_k: int, top_p: float) -> None:
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(0)) * 2
+    filtered = torch_rollout.filter_logits(logits, 0.7, top_k, top_p)
+    kept = torch.isfinite(filtered)
+    assert torch.equal(kept, _reference_filter(logits, 0.7, top_k, top_p))
+    assert torch.allclose(filtered[kept], (logits / 0.7)[kept])
+
+
+def test_sampled_frequencies_follow_filtered_distribution(rollout: Rollout) -> None:
+    """First tokens of many samples: empirical frequencies match the top-k renormalised
+    reference distribution (and nothing outside it appears)."""
+    prompt = encode_prompts()[0]
+    n, k, temperature = 1000, 4, 0.9
+    batch = rollout.generate([prompt], SamplingParams(n=n, temperature=temperature, top_k=k, max_tokens=1, seed=1))
+    width = batch.info["prompt_length"]
+    first = batch["input_ids"][:, width]
+    with torch.no_grad():
+        logits = tiny_model("qwen2", seed=0)(torch.tensor([prompt])).logits[0, -1]
+    top = torch.topk(logits, k)
+    expected = torch.softmax(top.values / temperature, dim=-1)
+    counts = torch.stack([(first == t).sum() for t in top.indices]).float()
+    assert int(counts.sum()) == n, "a token outside the top-k was sampled"
+    # 4 sigma of a binomial frequency with n=1000 is below 0.064.
+    assert (counts / n - expected).abs().max() < 0.064
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_chunking_does_not_change_results() -> None:
+    """Rows decoded one at a time, in chunks of 3, or all together: the same tokens
+    (each row has its own random stream) and the same log-probs."""
+    prompts = encode_prompts()[:3]
+    sampling = SamplingParams(n=2, temperature=1.0, max_tokens=10, stop_token_ids=[2, 50, 60, 70, 80], seed=4)
+    outs = []
+    for size in (1, 3, 64):
+        r = make_rollout(max_batch_size=size)
+        try:
+            outs.append(r.generate(prompts, sampling))
+        finally:
+            r.shutdown()
+    for other in outs[1:]:
+        assert torch.equal(other["input_ids"], outs[0]["input_ids"])
+        assert torch.equal(other["response_mask"], outs[0]["response_mask"])
+        assert other["finish_reason"] == outs[0]["finish_reason"]
+        assert torch.allclose(other["rollout_log_probs"], outs[0]["rollout_log_probs"], atol=1e-5, rtol=0)
+    assert "stop" in outs[0]["finish_reason"] and "length" in outs[0]["finish_reason"]
+
+
+def test_no_seed_still_samples(rollout: Rollout) -> None:
+    a = rollout.generate(encode_prompts()[:1], SamplingParams(n=2, temperature=1.0, max_tokens=8))
+    b = rollout.generate(encode_prompts()[:1], SamplingParams(n=2, temperature=1.0, max_tokens=8))
+    assert not torch.equal(a["input_ids"], b["input_ids"])
+
+
+def test_empty_prompt_list(rollout: Rollout) -> None:
+    batch = rollout.generate([], SamplingParams())
+    assert len(batch) == 0 and batch.info["prompt_length"] == 0
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def test_update_weights_consumes_the_iterator_lazily(rollout: Rollout) -> None:
+    """Each tensor is in the model before the next one is asked for."""
+    other = tiny_model("qwen2", seed=1).state_dict()
+    params = dict(rollout.handle.model.state_dict(keep_vars=True))
+    seen: list[str] = []
+
+    def stream():
+        for name, tensor in other.items():
+            if seen:
+                assert torch.equal(params[seen[-1]], other[seen[-1]]), f"{seen[-1]} not applied before the next tensor"
+            seen.append(name)
+            yield name, tensor
+
+    try:
+        rollout.update_weights(stream())
+        assert seen == list(other)
+    finally:
+        rollout.update_weights(named_tensors(tiny_model("qwen2", seed=0)))
+
+
+def test_tied_embeddings_follow_either_name(rollout: Rollout) -> None:
+    model = rollout.handle.model
+    assert model.config.tie_word_embeddings
+    new = torch.randn_like(model.lm_head.weight)
+    try:
+        rollout.update_weights([("lm_head.weight", new)])
+        assert torch.equal(model.model.embed_tokens.weight, new)
+    finally:
+        rollout.update_weights(named_tensors(tiny_model("qwen2", seed=0)))
+
+
+def test_update_weights_shape_mismatch_raises(rollout: Rollout) -> None:
+    with pytest.raises(GeartrainError, match="model.norm.weight.*shape"):
+        rollout.update_weights([("model.norm.weight", torch.ones(3))])
+
+
+def test_cannot_generate_while_released(rollout: Rollout) -> None:
+    rollout.release()
+    try:
+        with pytest.raises(GeartrainError, match="released"):
+            rollout.generate(encode_prompts()[:1], SamplingParams(max_tokens=2))
+        with pytest.raises(GeartrainError, match="released"):
+            rollout.update_weights(named_tensors(tiny_model("qwen2", seed=0)))
+    finally:
+        rollout.resume()
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_release_frees_the_weights_for_real(tmp_path) -> None:
+    """A model of ~40 MB of weights: release gives that memory back to the OS (resident
+    set), resume brings the same weights back."""
+    r = Rollout(
+        RolloutConfig(backend="torch", max_model_len=64, options={"offload_dir": str(tmp_path)}),
+        ModelConfig(tiny="llama", config_overrides={"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 3}),
+        EngineContext(role="rollout"),
+    )
+    try:
+        model = r.handle.model
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+        size = sum(v.numel() * v.element_size() for v in weights.values())
+        assert size > 30e6
+        released = r.release()
+        assert released.detail["weight_bytes"] == size
+        assert released.freed > 0.8 * size, f"freed {released.freed} of {size} bytes"
+        assert all(p.numel() == 0 for p in model.parameters())
+        assert len(list(tmp_path.iterdir())) == 1
+        resumed = r.resume()
+        assert resumed.after - resumed.before > 0.8 * size
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        r.shutdown()
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(Exception, match="max_batch_size"):
+        make_rollout(max_batch_size=0)
+    with pytest.raises(Exception, match="bogus"):
+        make_rollout(bogus=1)
+
+
+def test_registered_as_the_torch_entry_point() -> None:
+    from geartrain import plugins
+
+    plugin, info = plugins.load_plugin("rollout", "torch")
+    assert plugin is torch_rollout
+    assert set(info.capabilities) >= {"cpu", "release_memory"}
