@@ -254,9 +254,13 @@ def release(rollout: RolloutEngine) -> MemoryStats:  # type: ignore[empty-body]
 
 @hookspec(firstresult=True)
 def resume(rollout: RolloutEngine) -> MemoryStats:  # type: ignore[empty-body]
-    """Re-acquire what ``release`` freed, with the weights the engine had before."""
+    """Re-acquire what ``release`` freed, with the weights the engine had before, and
+    measure it. After ``resume`` the same prompts, seed and settings give the same samples as
+    before ``release``. Calling it when nothing is released does nothing."""
 
 
 @hookspec(firstresult=True)
 def shutdown(rollout: RolloutEngine) -> None:
-    """Stop the engine for good and free everything. Optional."""
+    """Stop the engine for good and free everything it holds (weights, KV cache, worker
+    processes); the handle is unusable afterwards. Called once, at the end of a run. Optional:
+    without it the handle is simply dropped."""

@@ -121,6 +121,10 @@ class EngineConformance(StandardSuite):
         torch.testing.assert_close(out.outputs["entropy"][valid], ref["entropy"][valid], atol=self.logprob_atol * 10, rtol=0)
         assert torch.all(out.outputs["log_probs"][~valid] == 0), "undefined positions (padding, first tokens) must hold 0"
 
+    def test_one_rank_consumes_the_whole_batch(self, family: str) -> None:
+        engine = self.make_engine(family)
+        assert (engine.dp.rank, engine.dp.size) == (0, 1)
+
     def test_outputs_follow_the_batch_order(self, family: str) -> None:
         engine = self.make_engine(family, max_tokens_per_micro_batch=16)
         batch = _batch(seed=1)
