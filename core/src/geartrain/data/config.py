@@ -1,0 +1,39 @@
+"""The ``data`` config section."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from geartrain.config import Section
+
+
+class DataConfig(Section):
+    """Where prompts come from and how they are batched.
+
+    Row schema (JSONL object, Parquet row or ``datasets.Dataset`` row): exactly one of
+    ``prompt`` (str) and ``messages`` (a list of ``{"role": str, "content": str}``), a
+    ``ground_truth`` (str or number), and any other fields, kept as the row's ``meta``.
+    The key names are configurable.
+    """
+
+    path: str | None = None
+    """A ``.jsonl`` or ``.parquet`` file (the trainer may pass a ``datasets.Dataset`` instead)."""
+    prompt_key: str = "prompt"
+    messages_key: str = "messages"
+    ground_truth_key: str = "ground_truth"
+    require_ground_truth: bool = True
+    """Rows without a ground truth are malformed (rule rewards need one)."""
+    apply_chat_template: bool | None = None
+    """``True``: every prompt goes through the tokenizer's chat template (a plain prompt
+    becomes one user message); ``False``: never (``messages`` rows are then errors);
+    ``None``: only ``messages`` rows."""
+    system_prompt: str | None = None
+    """Prepended as a system message when the chat template is applied."""
+    max_prompt_length: int = Field(512, ge=1)
+    """Prompts longer than this many tokens are dropped (counted and logged)."""
+    batch_size: int = Field(8, ge=1)
+    """Prompts per step."""
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = True
+    """Skip an epoch's last, incomplete batch."""

@@ -1,0 +1,149 @@
+"""Prompt datasets: validated rows, rendered through the chat template when configured,
+tokenized, and filtered by length."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from geartrain.data.config import DataConfig
+from geartrain.data.sources import DataSource, read_rows, source_name
+from geartrain.errors import DataError
+
+logger = logging.getLogger("geartrain.data")
+
+
+@dataclass(kw_only=True, slots=True)
+class PromptRow:
+    """One prompt, ready for the rollout."""
+
+    prompt_ids: list[int]
+    """Token ids fed to the rollout (chat template applied when configured)."""
+    prompt: str
+    """The text those ids encode."""
+    ground_truth: str | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The row's other fields, untouched."""
+    messages: list[dict[str, str]] | None = None
+    """The conversation, for ``messages`` rows."""
+    where: str = ""
+    """Source and row number (``"train.jsonl, line 7"``)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _Parsed:
+    where: str
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    ground_truth: str | None
+    meta: dict[str, Any]
+
+
+class PromptDataset:
+    """Prompts read from ``source`` (JSONL/Parquet path, ``datasets.Dataset`` or a list of
+    dicts) under ``config``'s schema, tokenized with ``tokenizer``.
+
+    A malformed row raises :class:`geartrain.DataError` naming the source and the row
+    (1-based; the line number for JSONL). Prompts longer than ``config.max_prompt_length``
+    tokens are dropped; ``num_filtered`` says how many, and the count is logged.
+    """
+
+    def __init__(self, source: DataSource, tokenizer: Any, config: DataConfig | None = None) -> None:
+        self.config = config or DataConfig()
+        self.source = source_name(source)
+        parsed = [self._parse(where, row) for where, row in read_rows(source)]
+        if not parsed:
+            raise DataError(f"{self.source}: no rows")
+        texts = [self._render(p, tokenizer) for p in parsed]
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        self.rows: list[PromptRow] = []
+        self.num_filtered = 0
+        for p, text, prompt_ids in zip(parsed, texts, ids, strict=True):
+            if len(prompt_ids) > self.config.max_prompt_length:
+                self.num_filtered += 1
+                continue
+            self.rows.append(
+                PromptRow(prompt_ids=list(prompt_ids), prompt=text, ground_truth=p.ground_truth, meta=p.meta,
+                          messages=p.messages, where=p.where)
+            )
+        if self.num_filtered:
+            logger.warning(
+                "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
+                self.source, self.num_filtered, len(parsed), self.config.max_prompt_length,
+            )
+        if not self.rows:
+            raise DataError(
+                f"{self.source}: every prompt is longer than max_prompt_length={self.config.max_prompt_length} "
+                "tokens; raise data.max_prompt_length"
+            )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> PromptRow:
+        return self.rows[index]
+
+    # ------------------------------------------------------------------ internals
+    def _parse(self, where: str, row: Any) -> _Parsed:
+        cfg = self.config
+        if not isinstance(row, Mapping):
+            raise DataError(f"{where}: a row must be an object with '{cfg.prompt_key}' or '{cfg.messages_key}', "
+                            f"got {type(row).__name__}")
+        prompt, messages = row.get(cfg.prompt_key), row.get(cfg.messages_key)
+        if (prompt is None) == (messages is None):
+            which = "both" if prompt is not None else "neither"
+            raise DataError(f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', "
+                            f"it has {which}")
+        if prompt is not None and (not isinstance(prompt, str) or not prompt):
+            raise DataError(f"{where}: '{cfg.prompt_key}' must be a non-empty string, got {prompt!r:.80}")
+        if messages is not None:
+            messages = self._check_messages(where, messages)
+        truth = row.get(cfg.ground_truth_key)
+        if truth is None:
+            if cfg.require_ground_truth:
+                raise DataError(f"{where}: missing '{cfg.ground_truth_key}' (or set data.require_ground_truth=false)")
+        elif isinstance(truth, bool) or not isinstance(truth, str | int | float):
+            raise DataError(f"{where}: '{cfg.ground_truth_key}' must be a string or a number, got "
+                            f"{type(truth).__name__}")
+        else:
+            truth = str(truth)
+        used = {cfg.prompt_key, cfg.messages_key, cfg.ground_truth_key}
+        meta = {k: v for k, v in row.items() if k not in used}
+        return _Parsed(where=where, prompt=prompt, messages=messages, ground_truth=truth, meta=meta)
+
+    def _check_messages(self, where: str, messages: Any) -> list[dict[str, str]]:
+        key = self.config.messages_key
+        if hasattr(messages, "tolist"):  # numpy arrays from some Parquet readers
+            messages = messages.tolist()
+        if not isinstance(messages, list) or not messages:
+            raise DataError(f"{where}: '{key}' must be a non-empty list of {{role, content}} objects")
+        checked = []
+        for i, message in enumerate(messages):
+            if (
+                not isinstance(message, Mapping)
+                or not isinstance(message.get("role"), str)
+                or not isinstance(message.get("content"), str)
+            ):
+                raise DataError(f"{where}: '{key}'[{i}] must be an object with string 'role' and 'content', "
+                                f"got {message!r:.80}")
+            checked.append({"role": message["role"], "content": message["content"]})
+        return checked
+
+    def _render(self, parsed: _Parsed, tokenizer: Any) -> str:
+        cfg = self.config
+        use_template = cfg.apply_chat_template if cfg.apply_chat_template is not None else parsed.messages is not None
+        if not use_template:
+            if parsed.messages is not None:
+                raise DataError(f"{parsed.where}: '{cfg.messages_key}' rows need data.apply_chat_template "
+                                "(true or unset)")
+            assert parsed.prompt is not None
+            return parsed.prompt
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise DataError(f"{parsed.where}: the chat template is to be applied but the tokenizer has none; "
+                            "set data.apply_chat_template=false and use plain prompts")
+        messages = parsed.messages or [{"role": "user", "content": parsed.prompt or ""}]
+        if cfg.system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

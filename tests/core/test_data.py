@@ -1,0 +1,193 @@
+"""Prompt datasets (JSONL, Parquet, datasets.Dataset), chat templates, filtering, errors
+with row numbers, and the deterministic resumable loader."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from geartrain import DataError
+from geartrain.data import DataConfig, PromptDataset, PromptLoader
+from geartrain.testing import tiny_tokenizer
+from geartrain.testing.tiny import CHARACTERS
+
+
+def char_ids(text: str) -> list[int]:
+    """The tiny tokenizer's ids by hand: 4 special tokens, then the printable characters."""
+    return [4 + CHARACTERS.index(c) for c in text]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def write_jsonl(path: Path, rows: list, blank_after: int | None = None) -> Path:
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
+    if blank_after is not None:
+        lines.insert(blank_after, "")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+ROWS = [
+    {"prompt": "12+7=", "ground_truth": "19", "level": 1},
+    {"messages": [{"role": "user", "content": "3+4="}], "ground_truth": 7, "source": "unit"},
+    {"prompt": "100+250=", "ground_truth": "350"},
+]
+
+
+def test_jsonl_rows_schema_meta_and_chat_template_for_messages(tmp_path, tok):
+    ds = PromptDataset(write_jsonl(tmp_path / "p.jsonl", ROWS, blank_after=1), tok)
+    assert len(ds) == 3 and ds.num_filtered == 0
+    first, second, third = ds.rows
+    assert (first.prompt, first.prompt_ids, first.ground_truth, first.meta) == ("12+7=", char_ids("12+7="), "19", {"level": 1})
+    # default apply_chat_template=None: messages rows go through the template, plain prompts do not
+    assert second.prompt == "user: 3+4=\nassistant: "
+    assert second.prompt_ids == char_ids("user: 3+4=\nassistant: ")
+    assert second.ground_truth == "7" and second.meta == {"source": "unit"}
+    assert second.where.endswith("p.jsonl, line 3")  # the blank line 2 is skipped but counted
+    assert third.where.endswith("p.jsonl, line 4")
+
+
+def test_chat_template_on_plain_prompts_with_system_prompt(tmp_path, tok):
+    cfg = DataConfig(apply_chat_template=True, system_prompt="be brief")
+    ds = PromptDataset(ROWS, tok, cfg)
+    assert ds[0].prompt == "system: be brief\nuser: 12+7=\nassistant: "
+    assert ds[0].prompt_ids == char_ids(ds[0].prompt)
+    with pytest.raises(DataError, match=r"row 2: 'messages' rows need data.apply_chat_template"):
+        PromptDataset(ROWS, tok, DataConfig(apply_chat_template=False))
+
+
+def test_long_prompts_are_filtered_counted_and_logged(tok, caplog):
+    rows = [{"prompt": "x" * n, "ground_truth": "1"} for n in (3, 8, 5, 6, 12)]
+    with caplog.at_level(logging.WARNING, logger="geartrain.data"):
+        ds = PromptDataset(rows, tok, DataConfig(max_prompt_length=5))
+    assert [len(r.prompt_ids) for r in ds.rows] == [3, 5]
+    assert ds.num_filtered == 3
+    assert any("dropped 3 of 5 prompts longer than max_prompt_length=5" in r.getMessage() for r in caplog.records)
+    with pytest.raises(DataError, match="every prompt is longer than max_prompt_length=2"):
+        PromptDataset(rows, tok, DataConfig(max_prompt_length=2))
+
+
+@pytest.mark.parametrize(
+    ("bad_row", "message"),
+    [
+        ('{"prompt": "1+1=", "ground_truth": "2"', "line 4: not valid JSON"),
+        ('["1+1=", "2"]', "line 4: a row must be an object"),
+        ({"ground_truth": "2"}, "line 4: a row needs exactly one of 'prompt' and 'messages', it has neither"),
+        ({"prompt": "a", "messages": [], "ground_truth": "2"}, "line 4: .* it has both"),
+        ({"prompt": "", "ground_truth": "2"}, "line 4: 'prompt' must be a non-empty string"),
+        ({"prompt": 12, "ground_truth": "2"}, "line 4: 'prompt' must be a non-empty string"),
+        ({"messages": [{"role": "user"}], "ground_truth": "2"}, r"line 4: 'messages'\[0\] must be an object"),
+        ({"messages": "hi", "ground_truth": "2"}, "line 4: 'messages' must be a non-empty list"),
+        ({"prompt": "1+1="}, "line 4: missing 'ground_truth'"),
+        ({"prompt": "1+1=", "ground_truth": ["2"]}, "line 4: 'ground_truth' must be a string or a number"),
+    ],
+)
+def test_malformed_jsonl_row_names_file_and_line(tmp_path, tok, bad_row, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [ROWS[0], ROWS[2], bad_row], blank_after=1)
+    with pytest.raises(DataError, match=f"bad.jsonl, {message}"):
+        PromptDataset(path, tok)
+
+
+def test_missing_ground_truth_allowed_when_not_required(tok):
+    ds = PromptDataset([{"prompt": "hi"}], tok, DataConfig(require_ground_truth=False))
+    assert ds[0].ground_truth is None
+
+
+def test_custom_keys(tok):
+    cfg = DataConfig(prompt_key="question", ground_truth_key="answer")
+    ds = PromptDataset([{"question": "q?", "answer": "a", "prompt": "kept as meta"}], tok, cfg)
+    assert (ds[0].prompt, ds[0].ground_truth, ds[0].meta) == ("q?", "a", {"prompt": "kept as meta"})
+
+
+def test_parquet_and_hf_dataset_sources(tmp_path, tok):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": "1+1=", "ground_truth": "2", "id": 0}, {"prompt": "2+2=", "ground_truth": "4", "id": 1}]
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    from_parquet = PromptDataset(path, tok)
+    from_hf = PromptDataset(datasets.Dataset.from_list(rows), tok)
+    for ds in (from_parquet, from_hf):
+        assert [r.prompt_ids for r in ds.rows] == [char_ids("1+1="), char_ids("2+2=")]
+        assert [r.meta for r in ds.rows] == [{"id": 0}, {"id": 1}]
+    assert from_parquet[1].where == f"{path}, row 2"
+    # a malformed Parquet row is named by its 1-based row number
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "ground_truth": "1"}, {"prompt": None, "ground_truth": "2"}]), bad)
+    with pytest.raises(DataError, match="bad.parquet, row 2: a row needs exactly one"):
+        PromptDataset(bad, tok)
+    with pytest.raises(DataError, match="row 2: a row needs exactly one"):
+        PromptDataset(datasets.Dataset.from_list([{"prompt": "a", "ground_truth": "1"}, {"prompt": None, "ground_truth": "2"}]), tok)
+
+
+def test_bad_paths(tmp_path, tok):
+    with pytest.raises(DataError, match="no such data file"):
+        PromptDataset(tmp_path / "missing.jsonl", tok)
+    (tmp_path / "p.csv").write_text("prompt\n")
+    with pytest.raises(DataError, match="unknown data format '.csv'"):
+        PromptDataset(tmp_path / "p.csv", tok)
+
+
+# ------------------------------------------------------------------ loader
+def numbers_dataset(tok, n: int = 10) -> PromptDataset:
+    return PromptDataset([{"prompt": f"{i}+0=", "ground_truth": str(i)} for i in range(n)], tok)
+
+
+def test_loader_order_is_pinned_by_seed_and_epoch(tok):
+    ds = numbers_dataset(tok)
+    loader = PromptLoader(ds, 4, seed=0)
+    assert len(loader) == 2
+    # numpy's PCG64 permutation seeded with (seed, epoch): pinned so a resumed run in a new
+    # version of geartrain still sees the same order
+    assert loader.order(0) == [4, 6, 2, 7, 3, 5, 9, 0, 8, 1]
+    assert loader.order(1) == [9, 1, 3, 8, 7, 6, 0, 4, 2, 5]
+    assert PromptLoader(ds, 4, seed=7).order(0) == [8, 0, 7, 1, 3, 6, 2, 4, 5, 9]
+    batches = [loader.next_batch() for _ in range(3)]
+    # drop_last: the tail (indices 8, 1) of epoch 0 is skipped
+    assert [b.indices for b in batches] == [[4, 6, 2, 7], [3, 5, 9, 0], [9, 1, 3, 8]]
+    assert [b.epoch for b in batches] == [0, 0, 1]
+    assert batches[0].ground_truths == ["4", "6", "2", "7"]
+    assert batches[0].prompt_ids[0] == char_ids("4+0=")
+
+
+def test_loader_without_shuffle_or_drop_last_and_epoch_iteration(tok):
+    loader = PromptLoader(numbers_dataset(tok), 4, shuffle=False, drop_last=False)
+    assert len(loader) == 3
+    assert [b.indices for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert (loader.epoch, loader.index) == (1, 0)
+    assert [b.epoch for b in loader] == [1, 1, 1]
+    with pytest.raises(DataError, match="batch_size 11 is larger than the 10 prompts"):
+        PromptLoader(numbers_dataset(tok), 11)
+
+
+def test_loader_resume_gives_exactly_the_same_next_batches(tmp_path, tok):
+    path = write_jsonl(tmp_path / "n.jsonl", [{"prompt": f"{i}*2=", "ground_truth": str(2 * i)} for i in range(7)])
+    cfg = DataConfig(batch_size=3, seed=123)
+    first = PromptLoader.from_config(PromptDataset(path, tok, cfg))
+    for _ in range(3):  # crosses into epoch 1
+        first.next_batch()
+    state = json.loads(json.dumps(first.state_dict()))  # as it would sit in a checkpoint
+    expected = [first.next_batch().indices for _ in range(5)]
+    resumed = PromptLoader.from_config(PromptDataset(path, tok, cfg))
+    resumed.load_state_dict(state)
+    assert [resumed.next_batch().indices for _ in range(5)] == expected
+    assert state == {"epoch": 1, "index": 3, "seed": 123, "shuffle": True, "num_prompts": 7}
+    other_seed = PromptLoader(PromptDataset(path, tok, cfg), 3, seed=5)
+    with pytest.raises(DataError, match="seed 123 .now 5."):
+        other_seed.load_state_dict(state)
+
+
+def test_sample_meta_is_prompt_major(tok):
+    batch = PromptLoader(numbers_dataset(tok, 4), 2, shuffle=False).next_batch()
+    meta = batch.sample_meta(3)
+    assert meta["ground_truth"] == ["0", "0", "0", "1", "1", "1"]
+    assert meta["uid"] == ["0:0", "0:0", "0:0", "0:1", "0:1", "0:1"]
+    assert meta["prompt"][3] == "1+0="
