@@ -69,14 +69,16 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group = group
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x.contiguous(), group=group)
+        x = x.contiguous()
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, x, group=group)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        out = torch.empty_like(grad)
-        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        grad = grad.contiguous()
+        out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, grad, group=ctx.group)
         return out, None
 
 
@@ -166,8 +168,9 @@ class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any, sp: int, rank: int) -> torch.Tensor:
         ctx.rank, ctx.n = rank, x.shape[0]
-        parts = [torch.empty_like(x) for _ in range(sp)]
-        dist.all_gather(parts, x.contiguous(), group=group)
+        x = x.contiguous()
+        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(sp)]
+        dist.all_gather(parts, x, group=group)
         return torch.cat(parts, dim=0)
 
     @staticmethod

@@ -1,0 +1,172 @@
+"""Single-process checks of the fsdp engine: packed vs padded micro-batches, token-budget
+invariance, chunked log-probs, value models, LR schedules, skipped steps, offload."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from geartrain.config import OptimConfig
+from geartrain.testing import tiny_model
+
+from .common import full_grads, full_params, make_batch, make_engine, reference_outputs, token_mean_loss, value_loss
+from geartrain_fsdp.logprobs import token_log_probs
+from geartrain_fsdp.optim import lr_factor
+from geartrain_fsdp.packing import pack, plan_micro_batches, scatter_shifted
+
+
+def _step(engine, batch, loss_fn=token_mean_loss):
+    res = engine.forward_backward(batch, loss_fn)
+    return res, full_grads(engine)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_packed_equals_padded(family: str) -> None:
+    batch = make_batch(1, rows=7)
+    packed = make_engine(family, budget=30)
+    padded = make_engine(family, budget=30, options={"remove_padding": False})
+    a, ga = _step(packed, batch)
+    b, gb = _step(padded, batch)
+    assert torch.allclose(a.outputs["log_probs"], b.outputs["log_probs"], atol=1e-5, rtol=0)
+    assert a.metrics["loss"] == pytest.approx(b.metrics["loss"], abs=1e-6)
+    for name in ga:
+        assert torch.allclose(ga[name], gb[name], atol=1e-6, rtol=1e-4), name
+    ref = reference_outputs(tiny_model(family), batch)
+    assert torch.allclose(b.outputs["log_probs"], ref["log_probs"].detach(), atol=1e-5, rtol=0)
+
+
+def test_micro_batch_budget_does_not_change_results() -> None:
+    batch = make_batch(2, rows=8)
+    one, g1 = _step(make_engine(budget=10_000), batch)
+    many, g2 = _step(make_engine(budget=12), batch)
+    assert one.metrics["micro_batches"] == 1 and many.metrics["micro_batches"] >= 6
+    assert torch.allclose(one.outputs["log_probs"], many.outputs["log_probs"], atol=1e-6, rtol=0)
+    assert one.metrics["loss"] == pytest.approx(many.metrics["loss"], abs=1e-6)
+    assert one.metrics["tokens"] == float(batch["attention_mask"].sum())
+    for name in g1:
+        assert torch.allclose(g1[name], g2[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_chunked_log_probs_and_entropy_match_full_logits() -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (37,))
+    lp, ent = token_log_probs(hidden, weight, targets, chunk_tokens=8, need_entropy=True)
+    (lp.sum() + 0.3 * ent.sum()).backward()
+    g = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    logits = hidden @ weight.t()
+    full = torch.log_softmax(logits, -1)
+    lp_ref = full.gather(-1, targets[:, None]).squeeze(-1)
+    ent_ref = -(full.exp() * full).sum(-1)
+    (lp_ref.sum() + 0.3 * ent_ref.sum()).backward()
+    assert torch.allclose(lp, lp_ref, atol=1e-5) and torch.allclose(ent, ent_ref, atol=1e-5)
+    assert torch.allclose(g[0], hidden.grad, atol=1e-5) and torch.allclose(g[1], weight.grad, atol=1e-5)
+
+
+def test_engine_chunked_vocab_matches_unchunked() -> None:
+    batch = make_batch(4)
+    batch.info["need_entropy"] = True
+    a, ga = _step(make_engine(options={"logits_chunk_tokens": 5}), batch)
+    b, gb = _step(make_engine(), batch)
+    for key in ("log_probs",):
+        assert torch.allclose(a.outputs[key], b.outputs[key], atol=1e-6, rtol=0)
+    for name in ga:
+        assert torch.allclose(ga[name], gb[name], atol=1e-6, rtol=1e-5), name
+    ent = make_engine(options={"logits_chunk_tokens": 5}).compute_log_probs(batch, entropy=True).outputs["entropy"]
+    ref = reference_outputs(tiny_model("qwen2"), batch)["entropy"].detach()
+    assert torch.allclose(ent, ref, atol=1e-5, rtol=0)
+
+
+def test_value_head_outputs_per_token_values() -> None:
+    from transformers import AutoModelForTokenClassification
+
+    from geartrain.testing import tiny_config
+
+    batch = make_batch(5)
+    engine = make_engine(value_head=True, budget=20)
+    res = engine.forward_backward(batch, value_loss)
+    values = res.outputs["values"]
+    # reference: the token-classification model's score at position t-1, in eval mode (no dropout)
+    cfg = tiny_config("qwen2")
+    cfg.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        ref_model = AutoModelForTokenClassification.from_config(cfg, attn_implementation="sdpa").eval()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        score = ref_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[..., 0]
+    keep = (mask[:, 1:] * mask[:, :-1]).bool()
+    expected = torch.cat([torch.zeros(len(batch), 1), torch.where(keep, score[:, :-1], 0.0)], 1)
+    assert torch.allclose(values, expected, atol=1e-5, rtol=0)
+    assert "vloss" in res.metrics and engine.optimizer_step()["skipped"] == 0.0
+
+
+def test_lr_schedules() -> None:
+    cos = OptimConfig(lr=1.0, lr_schedule="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
+    assert [lr_factor(s, cos) for s in range(2)] == [0.5, 1.0]
+    assert lr_factor(2, cos) == pytest.approx(1.0)
+    assert lr_factor(4, cos) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_factor(6, cos) == pytest.approx(0.1) and lr_factor(9, cos) == pytest.approx(0.1)
+    lin = OptimConfig(lr=1.0, lr_schedule="linear", total_steps=4)
+    assert [lr_factor(s, lin) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+    engine = make_engine(lr=0.1, lr_schedule="linear", total_steps=4)
+    lrs = []
+    for _ in range(3):
+        engine.forward_backward(make_batch(0), token_mean_loss)
+        lrs.append(engine.optimizer_step()["lr"])
+    assert lrs == pytest.approx([0.1, 0.075, 0.05])
+
+
+def test_non_finite_grad_norm_skips_the_step() -> None:
+    engine = make_engine()
+    before = full_params(engine)
+
+    def nan_loss(outputs, mb, ctx):
+        share, metrics = token_mean_loss(outputs, mb, ctx)
+        return share * float("nan"), metrics
+
+    engine.forward_backward(make_batch(0), nan_loss)
+    out = engine.optimizer_step()
+    assert out["skipped"] == 1.0 and not math.isfinite(out["grad_norm"])
+    after = full_params(engine)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in engine.handle.module.parameters())
+    engine.forward_backward(make_batch(0), token_mean_loss)
+    ok = engine.optimizer_step()
+    assert ok["skipped"] == 0.0 and ok["lr"] == pytest.approx(engine.config.optim.lr)
+
+
+def test_offload_onload_keeps_training_identical() -> None:
+    a, b = make_engine(), make_engine()
+    batch = make_batch(6)
+    for engine in (a, b):
+        engine.forward_backward(batch, token_mean_loss)
+        engine.optimizer_step()
+    stats = a.offload()
+    assert stats.detail["params_bytes"] > 0 and stats.detail["optimizer_bytes"] > 0
+    assert stats.before > 0 and stats.after > 0
+    a.onload()
+    for engine in (a, b):
+        engine.forward_backward(batch, token_mean_loss)
+        engine.optimizer_step()
+    pa, pb = full_params(a), full_params(b)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_plan_and_pack_roundtrip() -> None:
+    plan = plan_micro_batches([5, 9, 3, 7, 1], budget=10)
+    assert sorted(i for g in plan for i in g) == [0, 1, 2, 3, 4]
+    assert all(sum([5, 9, 3, 7, 1][i] for i in g) <= 10 for g in plan)
+    assert len(plan_micro_batches([5, 9], budget=100, min_count=4)) == 4  # empty filler groups
+    batch = make_batch(8, rows=4)
+    p = pack(batch["input_ids"], batch["attention_mask"], multiple=4)
+    assert p.input_ids.shape[1] % 4 == 0 and p.num_tokens == int(batch["attention_mask"].sum())
+    # scattering the packed "next token" targets reproduces the input ids where log-probs live
+    back = scatter_shifted(p.targets.float(), p).long()
+    keep = batch["attention_mask"].bool() & (batch["attention_mask"].cumsum(1) > 1)
+    assert torch.equal(back[keep], batch["input_ids"][keep]) and (back[~keep] == 0).all()
