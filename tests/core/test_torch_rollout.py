@@ -228,3 +228,65 @@ def test_registered_as_the_torch_entry_point() -> None:
     plugin, info = plugins.load_plugin("rollout", "torch")
     assert plugin is torch_rollout
     assert set(info.capabilities) >= {"cpu", "release_memory"}
+
+
+def test_bfloat16_rollout_tracks_the_fp32_reference() -> None:
+    r = Rollout(
+        RolloutConfig(backend="torch", max_model_len=64, dtype="bfloat16"),
+        ModelConfig(tiny="qwen2", seed=0),
+        EngineContext(role="rollout"),
+    )
+    try:
+        assert r.handle.model.model.embed_tokens.weight.dtype == torch.bfloat16
+        batch = r.generate(encode_prompts(), SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=0))
+        assert batch["rollout_log_probs"].dtype == torch.float32
+        expected = teacher_forced_log_probs(tiny_model("qwen2", seed=0), batch)
+        err = float((batch["rollout_log_probs"] - expected).abs().max())
+        assert 0 < err < 0.1, err
+    finally:
+        r.shutdown()
+
+
+# --------------------------------------------------------------------------- the suite's guard
+
+
+def test_silent_override_of_a_standard_test_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"test_max_tokens.*overridden_tests"):
+
+        class Silent(RolloutConformance):
+            backend = "torch"
+
+            def test_max_tokens(self) -> None:
+                pass
+
+
+def test_listed_override_is_accepted_and_inherited() -> None:
+    class Listed(RolloutConformance):
+        backend = "torch"
+        overridden_tests = {"test_max_tokens": "this backend counts tokens differently"}
+
+        def test_max_tokens(self) -> None:
+            pass
+
+    class Child(Listed):  # inherits both the override and its reason
+        pass
+
+    assert Child.test_max_tokens is Listed.test_max_tokens
+
+
+def test_override_listing_an_unknown_test_is_refused() -> None:
+    with pytest.raises(TypeError, match="test_does_not_exist"):
+
+        class Typo(RolloutConformance):
+            backend = "torch"
+            overridden_tests = {"test_does_not_exist": "typo"}
+
+
+def test_new_tests_in_a_subclass_need_no_listing() -> None:
+    class Extra(RolloutConformance):
+        backend = "torch"
+
+        def test_something_else(self) -> None:
+            pass
+
+    assert "test_something_else" in vars(Extra)
