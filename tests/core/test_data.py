@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 
 import pytest
-
 from geartrain import DataError
 from geartrain.data import DataConfig, PromptDataset, PromptLoader
 from geartrain.testing import tiny_tokenizer
@@ -44,7 +43,12 @@ def test_jsonl_rows_schema_meta_and_chat_template_for_messages(tmp_path, tok):
     ds = PromptDataset(write_jsonl(tmp_path / "p.jsonl", ROWS, blank_after=1), tok)
     assert len(ds) == 3 and ds.num_filtered == 0
     first, second, third = ds.rows
-    assert (first.prompt, first.prompt_ids, first.ground_truth, first.meta) == ("12+7=", char_ids("12+7="), "19", {"level": 1})
+    assert (first.prompt, first.prompt_ids, first.ground_truth, first.meta) == (
+        "12+7=",
+        char_ids("12+7="),
+        "19",
+        {"level": 1},
+    )
     # default apply_chat_template=None: messages rows go through the template, plain prompts do not
     assert second.prompt == "user: 3+4=\nassistant: "
     assert second.prompt_ids == char_ids("user: 3+4=\nassistant: ")
@@ -121,11 +125,16 @@ def test_parquet_and_hf_dataset_sources(tmp_path, tok):
     assert from_parquet[1].where == f"{path}, row 2"
     # a malformed Parquet row is named by its 1-based row number
     bad = tmp_path / "bad.parquet"
-    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "ground_truth": "1"}, {"prompt": None, "ground_truth": "2"}]), bad)
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": "a", "ground_truth": "1"}, {"prompt": None, "ground_truth": "2"}]), bad
+    )
     with pytest.raises(DataError, match="bad.parquet, row 2: a row needs exactly one"):
         PromptDataset(bad, tok)
     with pytest.raises(DataError, match="row 2: a row needs exactly one"):
-        PromptDataset(datasets.Dataset.from_list([{"prompt": "a", "ground_truth": "1"}, {"prompt": None, "ground_truth": "2"}]), tok)
+        PromptDataset(
+            datasets.Dataset.from_list([{"prompt": "a", "ground_truth": "1"}, {"prompt": None, "ground_truth": "2"}]),
+            tok,
+        )
 
 
 def test_bad_paths(tmp_path, tok):

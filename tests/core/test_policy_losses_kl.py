@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from geartrain.algorithms import (
     AdaptiveKLController,
     FixedKLController,

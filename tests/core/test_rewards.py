@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 import torch
-
 from geartrain import GeartrainError
 from geartrain.rewards import (
     REWARDS,

@@ -77,9 +77,7 @@ class AdvantageEstimator(Protocol):
 ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator")
 
 
-def register_advantage(
-    name: str, *, override: bool = False
-) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+def register_advantage(name: str, *, override: bool = False) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
     """Decorator registering an estimator under ``name`` (see the module docstring)."""
     return ADVANTAGES.register(name, override=override)
 
@@ -130,10 +128,14 @@ def group_stats(scores: torch.Tensor, group_ids: GroupIds) -> tuple[torch.Tensor
     """
     index, n_groups = group_index(group_ids, scores.shape[0])
     index = index.to(scores.device)
-    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, index, torch.ones_like(scores))
+    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
+        0, index, torch.ones_like(scores)
+    )
     total = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, index, scores)
     mean = total / count
-    sq = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, index, (scores - mean[index]) ** 2)
+    sq = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
+        0, index, (scores - mean[index]) ** 2
+    )
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
@@ -197,8 +199,15 @@ def gae(
     return advantages, returns
 
 
-def _grpo(token_rewards: torch.Tensor, mask: torch.Tensor, group_ids: GroupIds | None, *, norm_by_std: bool,
-          epsilon: float, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _grpo(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: GroupIds | None,
+    *,
+    norm_by_std: bool,
+    epsilon: float,
+    name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     _require("group_ids", group_ids, name)
     assert group_ids is not None
     scores = sequence_scores(_float(token_rewards), mask)

@@ -52,7 +52,9 @@ def make_actor_loss(config: ActorLossConfig | None = None) -> LossFn:
     cfg = config or ActorLossConfig()
     policy_loss = get_policy_loss(cfg.policy_loss)
 
-    def loss_fn(outputs: dict[str, torch.Tensor], batch: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(
+        outputs: dict[str, torch.Tensor], batch: Batch, ctx: LossContext
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch["loss_mask"]
         log_probs = outputs["log_probs"]
 
@@ -70,8 +72,12 @@ def make_actor_loss(config: ActorLossConfig | None = None) -> LossFn:
         if cfg.tis_cap is not None:
             weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=cfg.tis_cap)
         out = policy_loss(
-            log_probs, batch["old_log_probs"].to(log_probs), batch["advantages"].to(log_probs), mask,
-            config=cfg.clip, is_weights=weights,
+            log_probs,
+            batch["old_log_probs"].to(log_probs),
+            batch["advantages"].to(log_probs),
+            mask,
+            config=cfg.clip,
+            is_weights=weights,
         )
         pg_loss = agg(out.loss_mat)
         loss = pg_loss
@@ -101,15 +107,21 @@ def make_critic_loss(config: CriticLossConfig | None = None) -> LossFn:
     """The critic's clipped value loss. Metrics: ``critic/vf_loss``, ``critic/vf_clipfrac``."""
     cfg = config or CriticLossConfig()
 
-    def loss_fn(outputs: dict[str, torch.Tensor], batch: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(
+        outputs: dict[str, torch.Tensor], batch: Batch, ctx: LossContext
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch["loss_mask"]
         values = outputs["values"]
         loss_mat, stats = value_loss(
             values, batch["old_values"].to(values), batch["returns"].to(values), mask, clip_range=cfg.clip_range
         )
         loss = aggregate(
-            loss_mat, mask, cfg.loss_agg_mode,
-            global_tokens=ctx.global_tokens, global_sequences=ctx.global_sequences, norm_length=cfg.norm_length,
+            loss_mat,
+            mask,
+            cfg.loss_agg_mode,
+            global_tokens=ctx.global_tokens,
+            global_sequences=ctx.global_sequences,
+            norm_length=cfg.norm_length,
         )
         clipfrac = aggregate(stats["clipped"], mask, "token-mean", global_tokens=ctx.global_tokens)
         return loss, {"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac)}

@@ -66,10 +66,16 @@ class PolicyLossOutput:
         """Token-mean of every statistic under ``mask`` (``pg_clipfrac``,
         ``pg_clipfrac_lower``, ``ppo_kl``, ``ratio_mean``), as a share when
         ``global_tokens`` is given."""
-        names = {"clipped": "pg_clipfrac", "clipped_lower": "pg_clipfrac_lower", "approx_kl": "ppo_kl",
-                 "ratio": "ratio_mean"}
+        names = {
+            "clipped": "pg_clipfrac",
+            "clipped_lower": "pg_clipfrac_lower",
+            "approx_kl": "ppo_kl",
+            "ratio": "ratio_mean",
+        }
         return {
-            prefix + names.get(key, key): float(aggregate(value.detach(), mask, "token-mean", global_tokens=global_tokens))
+            prefix + names.get(key, key): float(
+                aggregate(value.detach(), mask, "token-mean", global_tokens=global_tokens)
+            )
             for key, value in self.token_stats.items()
         }
 

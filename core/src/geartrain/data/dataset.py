@@ -65,13 +65,22 @@ class PromptDataset:
                 self.num_filtered += 1
                 continue
             self.rows.append(
-                PromptRow(prompt_ids=list(prompt_ids), prompt=text, ground_truth=p.ground_truth, meta=p.meta,
-                          messages=p.messages, where=p.where)
+                PromptRow(
+                    prompt_ids=list(prompt_ids),
+                    prompt=text,
+                    ground_truth=p.ground_truth,
+                    meta=p.meta,
+                    messages=p.messages,
+                    where=p.where,
+                )
             )
         if self.num_filtered:
             logger.warning(
                 "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
-                self.source, self.num_filtered, len(parsed), self.config.max_prompt_length,
+                self.source,
+                self.num_filtered,
+                len(parsed),
+                self.config.max_prompt_length,
             )
         if not self.rows:
             raise DataError(
@@ -89,13 +98,16 @@ class PromptDataset:
     def _parse(self, where: str, row: Any) -> _Parsed:
         cfg = self.config
         if not isinstance(row, Mapping):
-            raise DataError(f"{where}: a row must be an object with '{cfg.prompt_key}' or '{cfg.messages_key}', "
-                            f"got {type(row).__name__}")
+            raise DataError(
+                f"{where}: a row must be an object with '{cfg.prompt_key}' or '{cfg.messages_key}', "
+                f"got {type(row).__name__}"
+            )
         prompt, messages = row.get(cfg.prompt_key), row.get(cfg.messages_key)
         if (prompt is None) == (messages is None):
             which = "both" if prompt is not None else "neither"
-            raise DataError(f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', "
-                            f"it has {which}")
+            raise DataError(
+                f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', it has {which}"
+            )
         if prompt is not None and (not isinstance(prompt, str) or not prompt):
             raise DataError(f"{where}: '{cfg.prompt_key}' must be a non-empty string, got {prompt!r:.80}")
         if messages is not None:
@@ -105,8 +117,9 @@ class PromptDataset:
             if cfg.require_ground_truth:
                 raise DataError(f"{where}: missing '{cfg.ground_truth_key}' (or set data.require_ground_truth=false)")
         elif isinstance(truth, bool) or not isinstance(truth, str | int | float):
-            raise DataError(f"{where}: '{cfg.ground_truth_key}' must be a string or a number, got "
-                            f"{type(truth).__name__}")
+            raise DataError(
+                f"{where}: '{cfg.ground_truth_key}' must be a string or a number, got {type(truth).__name__}"
+            )
         else:
             truth = str(truth)
         used = {cfg.prompt_key, cfg.messages_key, cfg.ground_truth_key}
@@ -126,8 +139,9 @@ class PromptDataset:
                 or not isinstance(message.get("role"), str)
                 or not isinstance(message.get("content"), str)
             ):
-                raise DataError(f"{where}: '{key}'[{i}] must be an object with string 'role' and 'content', "
-                                f"got {message!r:.80}")
+                raise DataError(
+                    f"{where}: '{key}'[{i}] must be an object with string 'role' and 'content', got {message!r:.80}"
+                )
             checked.append({"role": message["role"], "content": message["content"]})
         return checked
 
@@ -136,13 +150,16 @@ class PromptDataset:
         use_template = cfg.apply_chat_template if cfg.apply_chat_template is not None else parsed.messages is not None
         if not use_template:
             if parsed.messages is not None:
-                raise DataError(f"{parsed.where}: '{cfg.messages_key}' rows need data.apply_chat_template "
-                                "(true or unset)")
+                raise DataError(
+                    f"{parsed.where}: '{cfg.messages_key}' rows need data.apply_chat_template (true or unset)"
+                )
             assert parsed.prompt is not None
             return parsed.prompt
         if getattr(tokenizer, "chat_template", None) is None:
-            raise DataError(f"{parsed.where}: the chat template is to be applied but the tokenizer has none; "
-                            "set data.apply_chat_template=false and use plain prompts")
+            raise DataError(
+                f"{parsed.where}: the chat template is to be applied but the tokenizer has none; "
+                "set data.apply_chat_template=false and use plain prompts"
+            )
         messages = parsed.messages or [{"role": "user", "content": parsed.prompt or ""}]
         if cfg.system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": cfg.system_prompt}, *messages]

@@ -45,6 +45,7 @@ class PromptBatch:
         """Per-sample metadata for the ``n`` samples of each prompt, prompt-major (as
         ``SamplingParams.n`` lays out rollouts): ``prompt``, ``ground_truth``, ``data_meta``
         and ``uid`` (``"<epoch>:<index>"``, equal for samples of one prompt: a group id)."""
+
         def rep(values: list[Any]) -> list[Any]:
             return [v for v in values for _ in range(n)]
 

@@ -48,7 +48,9 @@ def read_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
         for row_no, row in enumerate(iter(source), start=1):
             yield f"{name}, row {row_no}", row
         return
-    raise DataError(f"cannot read prompts from {type(source).__name__}; give a .jsonl/.parquet path or a datasets.Dataset")
+    raise DataError(
+        f"cannot read prompts from {type(source).__name__}; give a .jsonl/.parquet path or a datasets.Dataset"
+    )
 
 
 def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:

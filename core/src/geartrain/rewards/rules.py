@@ -43,8 +43,9 @@ def arithmetic(response: str, ground_truth: str, *, prompt: str = "", meta: dict
     """Exact match of the integer the response starts with (the answer right after a
     prompt like ``"12+7="``) against the integer ``ground_truth``."""
     predicted = leading_integer(response)
-    return _result(predicted is not None and predicted == int(str(ground_truth).strip()), predicted is not None,
-                   meta or {})
+    return _result(
+        predicted is not None and predicted == int(str(ground_truth).strip()), predicted is not None, meta or {}
+    )
 
 
 # ------------------------------------------------------------------ GSM8K

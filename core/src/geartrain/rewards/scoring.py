@@ -96,7 +96,13 @@ def score_batch(
                 logger.warning(
                     "reward function %s failed on sample %d (reward 0; further failures of this batch are counted): "
                     "%s: %s\n  prompt=%r\n  response=%r\n  ground_truth=%r",
-                    name, i, type(exc).__name__, exc, prompts[i][:500], responses[i][:500], truth[:200],
+                    name,
+                    i,
+                    type(exc).__name__,
+                    exc,
+                    prompts[i][:500],
+                    responses[i][:500],
+                    truth[:200],
                     exc_info=not isinstance(exc, _BadOutput),
                 )
             errors.append(i)
