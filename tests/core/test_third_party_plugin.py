@@ -55,3 +55,18 @@ def test_install_list_build_conform_uninstall(tmp_path: Path) -> None:
         uninstall = run("-m", "pip", "uninstall", "--yes", "--quiet", DIST)
     assert uninstall.returncode == 0, uninstall.stderr
     assert "simple" not in listed_names()
+
+
+@pytest.mark.parametrize(("folder", "dist", "name"), [("megatron_engine", "geartrain-megatron", "megatron"), ("sglang_rollout", "geartrain-sglang", "sglang")])
+def test_skeleton_backends_say_they_are_not_built_yet(folder: str, dist: str, name: str) -> None:
+    path = PACKAGE.parents[1] / "plugins" / folder
+    install = run("-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(path))
+    assert install.returncode == 0, install.stdout + install.stderr
+    try:
+        rows = listed_names()
+        assert f"distribution {dist} 0.0.1" in rows[name]["error"]
+        assert "is a skeleton" in rows[name]["error"] and "not implemented yet" in rows[name]["error"]
+        assert rows["torch"]["error"] is None
+    finally:
+        run("-m", "pip", "uninstall", "--yes", "--quiet", dist)
+    assert name not in listed_names()
