@@ -123,6 +123,13 @@ def test_parquet_and_hf_dataset_sources(tmp_path, tok):
         assert [r.prompt_ids for r in ds.rows] == [char_ids("1+1="), char_ids("2+2=")]
         assert [r.meta for r in ds.rows] == [{"id": 0}, {"id": 1}]
     assert from_parquet[1].where == f"{path}, row 2"
+    chat = tmp_path / "chat.parquet"
+    pq.write_table(
+        pa.Table.from_pylist([{"messages": [{"role": "user", "content": "5+5="}], "ground_truth": "10"}]), chat
+    )
+    from_config = PromptDataset.from_config(DataConfig(path=str(chat)), tok)
+    assert from_config[0].prompt_ids == char_ids("user: 5+5=\nassistant: ")
+    assert from_config[0].messages == [{"role": "user", "content": "5+5="}]
     # a malformed Parquet row is named by its 1-based row number
     bad = tmp_path / "bad.parquet"
     pq.write_table(

@@ -88,6 +88,13 @@ class PromptDataset:
                 "tokens; raise data.max_prompt_length"
             )
 
+    @classmethod
+    def from_config(cls, config: DataConfig, tokenizer: Any) -> PromptDataset:
+        """The dataset at ``config.path``."""
+        if config.path is None:
+            raise DataError("data.path is not set; give a .jsonl or .parquet file")
+        return cls(config.path, tokenizer, config)
+
     def __len__(self) -> int:
         return len(self.rows)
 

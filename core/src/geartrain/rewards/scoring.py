@@ -128,5 +128,5 @@ def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> tor
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values
     rows = torch.nonzero(last >= 0).squeeze(-1)
-    out[rows, last[rows]] = scores.to(torch.float32)[rows]
+    out[rows, last[rows]] = scores.to(device=mask.device, dtype=torch.float32)[rows]
     return out
