@@ -113,6 +113,9 @@ class RolloutConformance:
     logprob_atol: ClassVar[float] = 1e-5
     """Tolerance of log-probs against the fp32 transformers reference."""
     max_model_len: ClassVar[int] = 64
+    model_overrides: ClassVar[dict[str, dict[str, Any]]] = {}
+    """Per family, transformers config fields changed in the tiny models (e.g. a head size
+    a backend's kernels support); the reference models get the same."""
     rollout_extra: ClassVar[dict[str, Any]] = {}
     """Other :class:`~geartrain.config.RolloutConfig` fields (``kv_cache_bytes``...)."""
     overridden_tests: ClassVar[dict[str, str]] = {}
@@ -150,18 +153,19 @@ class RolloutConformance:
     @pytest.fixture(scope="class")
     def reference(self, family: str) -> torch.nn.Module:
         """The plain transformers model whose weights the rollout holds."""
-        return tiny_model(family, seed=0)
+        return tiny_model(family, seed=0, **self.model_overrides.get(family, {}))
 
     @pytest.fixture(scope="class")
     def other_reference(self, family: str) -> torch.nn.Module:
         """Different weights of the same architecture, for weight updates."""
-        return tiny_model(family, seed=1)
+        return tiny_model(family, seed=1, **self.model_overrides.get(family, {}))
 
     @pytest.fixture(scope="class")
     def rollout(self, family: str, reference: torch.nn.Module) -> Iterator[Rollout]:
         if not self.backend:
             raise TypeError(f"{type(self).__name__} must set the class attribute 'backend'")
-        r = Rollout(self.rollout_config(), ModelConfig(tiny=family, seed=0), EngineContext(role="rollout"))
+        model = ModelConfig(tiny=family, seed=0, config_overrides=self.model_overrides.get(family, {}))
+        r = Rollout(self.rollout_config(), model, EngineContext(role="rollout"))
         # The trainer always syncs before generating; doing it here also exercises update_weights.
         r.update_weights(named_tensors(reference))
         yield r
