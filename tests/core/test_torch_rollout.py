@@ -134,6 +134,24 @@ def test_chunking_does_not_change_results() -> None:
     assert "stop" in outs[0]["finish_reason"] and "length" in outs[0]["finish_reason"]
 
 
+def test_chunk_size_follows_options_and_kv_cache_budget() -> None:
+    prompts = encode_prompts()
+    sampling = SamplingParams(max_tokens=16)
+    longest = max(len(p) for p in prompts) + 16
+    # qwen2 tiny: 2 layers, 2 KV heads of 16, fp32 -> 2 * 2 * 2 * 16 * 4 bytes per token.
+    per_row = 2 * 2 * 2 * 16 * 4 * longest
+    cases = [({}, {}, 256), ({}, {"max_num_seqs": 7}, 7), ({"max_batch_size": 5}, {}, 5),
+             ({}, {"kv_cache_bytes": 3 * per_row + 1}, 3), ({}, {"kv_cache_bytes": 1}, 1)]
+    for options, extra, expected in cases:
+        r = Rollout(
+            RolloutConfig(backend="torch", max_model_len=64, options=options, **extra),
+            ModelConfig(tiny="qwen2"),
+            EngineContext(role="rollout"),
+        )
+        assert torch_rollout.chunk_rows(r.handle, prompts, sampling) == expected, (options, extra)
+        r.shutdown()
+
+
 def test_no_seed_still_samples(rollout: Rollout) -> None:
     a = rollout.generate(encode_prompts()[:1], SamplingParams(n=2, temperature=1.0, max_tokens=8))
     b = rollout.generate(encode_prompts()[:1], SamplingParams(n=2, temperature=1.0, max_tokens=8))

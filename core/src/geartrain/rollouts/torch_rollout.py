@@ -7,8 +7,11 @@ rollouts are compared with, so it favours exactness over speed:
   left-padded prompts get ``position_ids`` that start at 0 on each row's first real token;
 * ``rollout_log_probs`` are ``log_softmax`` of the *unscaled* logits (the model's own
   distribution, as vLLM reports by default), whatever temperature / top-p / top-k sampled;
-* every row draws its random numbers from its own ``torch.Generator`` seeded from
-  ``(seed, row)``, so a seed gives the same samples however the rows are chunked;
+* every row draws its random numbers from its own CPU ``torch.Generator`` seeded from
+  ``(seed, row)``, so a seed gives the same samples however the rows are chunked, on any
+  device;
+* rows are decoded in chunks of at most ``max_batch_size`` (default: the config's
+  ``max_num_seqs``), fewer when ``kv_cache_bytes`` cannot hold that many full-length rows;
 * finished rows leave the batch (and the KV cache), so a long tail costs only its rows.
 
 ``release`` writes the weights to a safetensors file and empties every parameter, which on
@@ -44,8 +47,9 @@ class TorchRolloutOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_batch_size: int = Field(64, ge=1)
-    """Rows (prompts x samples) decoded together in one chunk; bounds the KV cache."""
+    max_batch_size: int | None = Field(None, ge=1)
+    """Rows (prompts x samples) decoded together in one chunk; default: the rollout
+    config's ``max_num_seqs``."""
     offload_dir: str | None = None
     """Directory ``release`` writes the weights into; default: the system temp directory."""
 
@@ -251,7 +255,7 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
     n = sampling.n
     rows = [(i, j) for i in range(len(prompts)) for j in range(n)]  # prompt-major
     base_seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-    chunk = rollout.options.max_batch_size
+    chunk = chunk_rows(rollout, prompts, sampling)
     responses: list[list[int]] = []
     log_probs: list[list[float]] = []
     reasons: list[str] = []
@@ -260,7 +264,7 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
         out = _decode_chunk(
             rollout,
             [prompts[i] for i, _ in part],
-            [_row_generator(base_seed, r, rollout.device) for r in range(start, start + len(part))],
+            [_row_generator(base_seed, r) for r in range(start, start + len(part))],
             sampling,
         )
         for toks, lps, reason in out:
@@ -296,9 +300,25 @@ def _validate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: S
             raise GeartrainError(f"torch rollout: prompt {index} has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
 
 
-def _row_generator(seed: int, row: int, device: torch.device) -> torch.Generator:
-    # A distinct, reproducible stream per (seed, row), independent of how rows are chunked.
-    g = torch.Generator(device=device)
+def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> int:
+    """How many rows one chunk decodes: ``max_batch_size`` (or ``max_num_seqs``), and no
+    more than ``kv_cache_bytes`` holds at the longest sequence this call can produce."""
+    rows = rollout.options.max_batch_size or rollout.config.max_num_seqs
+    budget = rollout.config.kv_cache_bytes
+    if budget is not None:
+        cfg = rollout.model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        longest = min(max(len(p) for p in prompts) + sampling.max_tokens, rollout.config.max_model_len)
+        per_row = 2 * cfg.num_hidden_layers * heads * head_dim * longest * rollout.dtype.itemsize
+        rows = min(rows, max(1, budget // per_row))
+    return rows
+
+
+def _row_generator(seed: int, row: int) -> torch.Generator:
+    # A distinct, reproducible stream per (seed, row), independent of how rows are chunked
+    # and of the device (the uniforms are drawn on CPU).
+    g = torch.Generator()
     g.manual_seed((seed * 1_000_003 + row * 7_919 + 12_345) % (2**63 - 1))
     return g
 
@@ -331,7 +351,7 @@ def _sample(logits: torch.Tensor, sampling: SamplingParams, generators: list[tor
     filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
     probs = torch.softmax(filtered, dim=-1)
     # Inverse-CDF sampling with one uniform per row from that row's own generator.
-    u = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generators])
+    u = torch.stack([torch.rand((), generator=g) for g in generators]).to(logits.device)
     cdf = torch.cumsum(probs, dim=-1)
     u = u * cdf[:, -1]  # the cdf's last value is 1 up to rounding
     tokens = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).squeeze(-1)
