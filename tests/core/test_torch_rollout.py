@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-
 from geartrain import EngineContext, GeartrainError, ModelConfig, Rollout, RolloutConfig, SamplingParams
 from geartrain.rollouts import torch_rollout
 from geartrain.testing import RolloutConformance
@@ -140,8 +139,13 @@ def test_chunk_size_follows_options_and_kv_cache_budget() -> None:
     longest = max(len(p) for p in prompts) + 16
     # qwen2 tiny: 2 layers, 2 KV heads of 16, fp32 -> 2 * 2 * 2 * 16 * 4 bytes per token.
     per_row = 2 * 2 * 2 * 16 * 4 * longest
-    cases = [({}, {}, 256), ({}, {"max_num_seqs": 7}, 7), ({"max_batch_size": 5}, {}, 5),
-             ({}, {"kv_cache_bytes": 3 * per_row + 1}, 3), ({}, {"kv_cache_bytes": 1}, 1)]
+    cases = [
+        ({}, {}, 256),
+        ({}, {"max_num_seqs": 7}, 7),
+        ({"max_batch_size": 5}, {}, 5),
+        ({}, {"kv_cache_bytes": 3 * per_row + 1}, 3),
+        ({}, {"kv_cache_bytes": 1}, 1),
+    ]
     for options, extra, expected in cases:
         r = Rollout(
             RolloutConfig(backend="torch", max_model_len=64, options=options, **extra),
@@ -221,7 +225,9 @@ def test_release_frees_the_weights_for_real(tmp_path) -> None:
     set), resume brings the same weights back."""
     r = Rollout(
         RolloutConfig(backend="torch", max_model_len=64, options={"offload_dir": str(tmp_path)}),
-        ModelConfig(tiny="llama", config_overrides={"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 3}),
+        ModelConfig(
+            tiny="llama", config_overrides={"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 3}
+        ),
         EngineContext(role="rollout"),
     )
     try:

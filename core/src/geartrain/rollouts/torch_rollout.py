@@ -297,7 +297,9 @@ def _validate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: S
             )
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
-            raise GeartrainError(f"torch rollout: prompt {index} has token ids outside the vocabulary (size {vocab}): {bad[:5]}")
+            raise GeartrainError(
+                f"torch rollout: prompt {index} has token ids outside the vocabulary (size {vocab}): {bad[:5]}"
+            )
 
 
 def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> int:
@@ -395,7 +397,9 @@ def _decode_chunk(
     cache = DynamicCache(config=model.config)
     step_ids, step_pos = input_ids, positions
     while active:
-        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True)
+        out = model(
+            input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True
+        )
         logits = out.logits[:, -1, :].float()
         cache = out.past_key_values
         raw_lp = torch.log_softmax(logits, dim=-1)
@@ -454,4 +458,3 @@ def _assemble(
         meta={"prompt_index": prompt_index, "finish_reason": reasons},
         info={"prompt_length": width},
     )
-

@@ -88,7 +88,9 @@ def teacher_forced_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tens
 
 
 @torch.no_grad()
-def reference_greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int, stop: tuple[int, ...] = ()) -> list[int]:
+def reference_greedy(
+    model: torch.nn.Module, prompt: list[int], max_tokens: int, stop: tuple[int, ...] = ()
+) -> list[int]:
     """Greedy decode by full recomputation (no cache, no padding): the obvious reference."""
     seq = list(prompt)
     out: list[int] = []
@@ -223,7 +225,9 @@ class RolloutConformance:
 
     # ------------------------------------------------------------------ numbers
 
-    def test_logprobs_match_reference(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+    def test_logprobs_match_reference(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
         # Temperature, top-k and top-p change what is sampled, never the reported log-probs.
         for sampling in (
             SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=1),
@@ -232,7 +236,9 @@ class RolloutConformance:
             batch = rollout.generate(prompts, sampling)
             self.assert_logprobs_match(batch, reference)
 
-    def test_greedy_matches_reference(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+    def test_greedy_matches_reference(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
         batch = rollout.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=10))
         got = responses(batch)
         for i, prompt in enumerate(prompts):
@@ -288,7 +294,9 @@ class RolloutConformance:
 
     def test_stop_tokens_sampled(self, rollout: Rollout, prompts: list[list[int]]) -> None:
         stop = list(range(64, 128))  # half the vocabulary: most rows stop early
-        batch = rollout.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=12, stop_token_ids=stop, seed=5))
+        batch = rollout.generate(
+            prompts, SamplingParams(n=4, temperature=1.0, max_tokens=12, stop_token_ids=stop, seed=5)
+        )
         stopped = 0
         for resp, reason in zip(responses(batch), batch["finish_reason"], strict=True):
             assert not set(resp[:-1]) & set(stop), "a row went on after a stop token"
@@ -299,13 +307,19 @@ class RolloutConformance:
                 assert len(resp) == 12 and resp[-1] not in stop
         assert stopped > 0
 
-    def test_top_k_restricts_support(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+    def test_top_k_restricts_support(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
         k = 3
         batch = rollout.generate(prompts, SamplingParams(n=8, temperature=1.0, top_k=k, max_tokens=4, seed=6))
-        first = self._check_support(batch, reference, lambda logits, token: int((logits > logits[token] + 1e-4).sum()) < k)
+        first = self._check_support(
+            batch, reference, lambda logits, token: int((logits > logits[token] + 1e-4).sum()) < k
+        )
         assert len(first) > 1, "top-k sampling collapsed to one token"
 
-    def test_top_p_restricts_support(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+    def test_top_p_restricts_support(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
         p = 0.3
 
         def in_nucleus(logits: torch.Tensor, token: int) -> bool:
@@ -327,7 +341,9 @@ class RolloutConformance:
             n = int(batch["response_mask"][r].sum())
             for t in range(len(seq) - n, len(seq)):
                 token = int(seq[t])
-                assert allowed(logits[t - 1], token), f"row {r}: token {token} at step {t} is outside the allowed support"
+                assert allowed(logits[t - 1], token), (
+                    f"row {r}: token {token} at step {t} is outside the allowed support"
+                )
             first.add((batch["prompt_index"][r], int(batch["input_ids"][r, width])))
         return first
 
@@ -347,7 +363,9 @@ class RolloutConformance:
         finally:
             rollout.update_weights(named_tensors(reference))
         after = rollout.generate(prompts, sampling)
-        assert torch.equal(after["input_ids"], before["input_ids"]), "syncing the old weights back must reproduce the samples"
+        assert torch.equal(after["input_ids"], before["input_ids"]), (
+            "syncing the old weights back must reproduce the samples"
+        )
         self.assert_logprobs_match(after, reference)
 
     def test_partial_update_keeps_other_tensors(
@@ -365,7 +383,9 @@ class RolloutConformance:
         finally:
             rollout.update_weights(named_tensors(reference))
 
-    def test_release_resume_keeps_weights(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+    def test_release_resume_keeps_weights(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
         sampling = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=10)
         before = rollout.generate(prompts, sampling)
         released = rollout.release()
@@ -378,7 +398,9 @@ class RolloutConformance:
 
     # ------------------------------------------------------------------ errors
 
-    def test_unknown_tensor_name_raises(self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]) -> None:
+    def test_unknown_tensor_name_raises(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
         bogus = "model.layers.99.not_a_weight"
         with pytest.raises((GeartrainError, KeyError, ValueError)) as info:
             rollout.update_weights(iter([(bogus, torch.zeros(4))]))
