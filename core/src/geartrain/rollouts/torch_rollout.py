@@ -21,6 +21,7 @@ CPU returns their memory to the operating system; ``resume`` reads them back.
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Iterable
@@ -254,7 +255,9 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
         return _assemble([], [], [], [], [], rollout.pad_token_id)
     n = sampling.n
     rows = [(i, j) for i in range(len(prompts)) for j in range(n)]  # prompt-major
-    base_seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+    # Without a seed, fresh OS entropy: drawing from torch's global RNG would shift the
+    # trainer's random stream.
+    base_seed = sampling.seed if sampling.seed is not None else secrets.randbits(62)
     chunk = chunk_rows(rollout, prompts, sampling)
     responses: list[list[int]] = []
     log_probs: list[list[float]] = []
@@ -407,10 +410,11 @@ def _decode_chunk(
         new_lp = raw_lp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         is_stop = torch.isin(new, stop)
         keep: list[int] = []
+        new_list, lp_list, stop_list = new.tolist(), new_lp.tolist(), is_stop.tolist()
         for k, r in enumerate(active):
-            tokens_out[r].append(int(new[k]))
-            lps_out[r].append(float(new_lp[k]))
-            if bool(is_stop[k]):
+            tokens_out[r].append(new_list[k])
+            lps_out[r].append(lp_list[k])
+            if stop_list[k]:
                 reasons[r] = "stop"
             elif len(tokens_out[r]) < budget[r]:
                 keep.append(k)

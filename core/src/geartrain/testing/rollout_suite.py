@@ -320,16 +320,33 @@ class RolloutConformance:
     def test_top_p_restricts_support(
         self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
     ) -> None:
-        p = 0.3
+        p, temperature = 0.3, 0.7
 
         def in_nucleus(logits: torch.Tensor, token: int) -> bool:
-            probs = torch.softmax(logits, dim=-1)
+            # The nucleus is taken after temperature scaling (as vLLM does).
+            probs = torch.softmax(logits / temperature, dim=-1)
             # The mass of the tokens more probable than this one must be below p.
             return float(probs[probs > probs[token] * (1 + 1e-4)].sum()) < p + 1e-4
 
-        batch = rollout.generate(prompts, SamplingParams(n=8, temperature=1.0, top_p=p, max_tokens=4, seed=7))
+        sampling = SamplingParams(n=8, temperature=temperature, top_p=p, max_tokens=4, seed=7)
+        batch = rollout.generate(prompts, sampling)
         first = self._check_support(batch, reference, in_nucleus)
         assert len(first) > 1, "top-p sampling collapsed to one token"
+
+    def test_sampling_frequencies_match_reference(self, rollout: Rollout, reference: torch.nn.Module) -> None:
+        """Many one-token samples: frequencies follow softmax(top-k logits / temperature)."""
+        prompt = encode_prompts()[0]
+        n, k, temperature = 1000, 4, 0.8
+        sampling = SamplingParams(n=n, temperature=temperature, top_k=k, max_tokens=1, seed=13)
+        batch = rollout.generate([prompt], sampling)
+        first = batch["input_ids"][:, batch.info["prompt_length"]]
+        top = torch.topk(reference_logits(reference, torch.tensor(prompt))[-1], k)
+        expected = torch.softmax(top.values / temperature, dim=-1)
+        counts = torch.stack([(first == t).sum() for t in top.indices]).float()
+        assert int(counts.sum()) == n, "a token outside the top-k was sampled"
+        # Four standard deviations of a frequency over 1000 draws are at most 0.064.
+        freq = counts / n
+        assert float((freq - expected).abs().max()) < 0.064, f"frequencies {freq.tolist()} vs {expected.tolist()}"
 
     def _check_support(self, batch: Batch, reference: torch.nn.Module, allowed: Any) -> set[tuple[int, int]]:
         """Every sampled token passes ``allowed(reference logits, token)``; returns the
