@@ -1,0 +1,163 @@
+"""Starting and stopping a ``vllm.LLM`` in this process.
+
+vLLM is imported here, inside functions, so the plugin loads (``capabilities``,
+``config_schema``) without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from geartrain.config import ModelConfig, RolloutConfig
+from geartrain.errors import GeartrainError
+from geartrain.modeling import hf_config
+
+from geartrain_vllm.options import VllmOptions
+
+#: Head sizes vLLM's CPU attention kernels support (vllm/v1/attention/backends/cpu_attn.py).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+#: ``ModelConfig.config_overrides`` that give geartrain's tiny models (64 wide, 4 heads of 16)
+#: a head size vLLM's CPU kernels support: 2 heads of 32.
+CPU_TINY_OVERRIDES: dict[str, dict[str, int]] = {
+    "qwen2": {"num_attention_heads": 2, "num_key_value_heads": 1},
+    "llama": {"num_attention_heads": 2, "num_key_value_heads": 2},
+}
+#: KV-cache budget on CPU when ``RolloutConfig.kv_cache_bytes`` is unset: what
+#: ``max_num_seqs`` full-length sequences need, clamped to this range.
+CPU_KV_CACHE_MIN_BYTES = 32 << 20
+CPU_KV_CACHE_MAX_BYTES = 2 << 30
+
+
+def configure_environment() -> None:
+    """Environment vLLM reads at start-up: keep the engine in this process (so weights can
+    be streamed to it without serialisation) unless the user chose otherwise."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def head_size(model: ModelConfig) -> int:
+    hf = hf_config(model)
+    text = getattr(hf, "text_config", None) or hf
+    explicit = getattr(text, "head_dim", None)
+    return int(explicit or text.hidden_size // text.num_attention_heads)
+
+
+def kv_cache_bytes_per_token(model: ModelConfig, dtype_bytes: int) -> int:
+    hf = hf_config(model)
+    text = getattr(hf, "text_config", None) or hf
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    return 2 * text.num_hidden_layers * kv_heads * head_size(model) * dtype_bytes
+
+
+def default_cpu_kv_cache_bytes(config: RolloutConfig, model: ModelConfig) -> int:
+    dtype_bytes = 4 if config.dtype == "float32" else 2
+    need = config.max_num_seqs * config.max_model_len * kv_cache_bytes_per_token(model, dtype_bytes)
+    return int(min(max(need, CPU_KV_CACHE_MIN_BYTES), CPU_KV_CACHE_MAX_BYTES))
+
+
+def check_supported(model: ModelConfig, device: str) -> None:
+    """Refuse, with the fix, a model vLLM's CPU kernels cannot run."""
+    if device != "cpu":
+        return
+    size = head_size(model)
+    if size not in CPU_HEAD_SIZES:
+        raise GeartrainError(
+            f"vLLM's CPU attention supports head sizes {list(CPU_HEAD_SIZES)}, this model has {size}. "
+            "For a tiny model, set model.config_overrides so hidden_size / num_attention_heads is one of "
+            "them (e.g. num_attention_heads=2, num_key_value_heads=1 for the 64-wide tiny qwen2)."
+        )
+
+
+def engine_kwargs(
+    config: RolloutConfig, model: ModelConfig, options: VllmOptions, model_dir: Path, device: str
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for this rollout."""
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir),
+        # token ids in, token ids out: no tokenizer, no detokenisation
+        skip_tokenizer_init=True,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        tensor_parallel_size=config.tensor_parallel_size,
+        enforce_eager=options.enforce_eager,
+        seed=options.seed,
+        enable_prefix_caching=options.enable_prefix_caching,
+        # sampling comes only from the request, never from the checkpoint's generation_config
+        generation_config="vllm",
+        trust_remote_code=model.trust_remote_code,
+    )
+    if options.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = options.max_num_batched_tokens
+    if device == "cpu":
+        kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes or default_cpu_kv_cache_bytes(config, model)
+    else:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = True
+        if config.kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes
+    kwargs.update(options.engine_kwargs)
+    return kwargs
+
+
+def start_engine(kwargs: dict[str, Any]) -> Any:
+    """A new ``vllm.LLM``."""
+    configure_environment()
+    from vllm import LLM
+
+    return LLM(**kwargs)
+
+
+def runs_in_process(llm: Any) -> bool:
+    """Whether the engine's worker lives in this process (so a Python iterator can be
+    handed to it as is)."""
+    from vllm.v1.engine.core_client import InprocClient
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    core = llm.llm_engine.engine_core
+    if not isinstance(core, InprocClient):
+        return False
+    return isinstance(core.engine_core.model_executor, UniProcExecutor)
+
+
+@contextlib.contextmanager
+def _keep_default_process_group(keep: bool) -> Iterator[None]:
+    """vLLM's in-process shutdown destroys torch.distributed's default group; when that
+    group belongs to someone else (the trainer in the same process), keep it alive."""
+    if not keep:
+        yield
+        return
+    import torch.distributed as dist
+
+    original = dist.destroy_process_group
+
+    def destroy_unless_default(group: Any = None) -> None:
+        if group is not None:
+            original(group)
+
+    dist.destroy_process_group = destroy_unless_default
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = original
+
+
+def stop_engine(llm: Any, *, keep_default_group: bool) -> None:
+    """Shut an in-process engine down and return its memory (weights, KV cache) to the OS."""
+    with _keep_default_process_group(keep_default_group):
+        llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Ask glibc to hand freed heap pages back to the OS, so the resident set (what the
+    CPU release measures) drops; a no-op elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -1,0 +1,44 @@
+"""The ``[rollout.options]`` section of the vLLM backend (returned by ``config_schema``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class VllmOptions(BaseModel):
+    """vLLM-specific settings. The generic limits (dtype, max length, KV-cache budget,
+    tensor-parallel size, max sequences, GPU memory share) live in ``RolloutConfig``."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile: fast start-up, and the only mode on CPU."""
+    seed: int = 0
+    """Engine seed (used by requests that carry no seed of their own)."""
+    enable_prefix_caching: bool = True
+    """Share the KV cache of common prompt prefixes (GRPO's n samples share their prompt)."""
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    """Scheduler token budget per engine step; ``None`` lets vLLM choose."""
+    sleep_level: Literal[1, 2] = 1
+    """GPU ``release``: level 1 offloads weights to host memory and drops the KV cache;
+    level 2 drops the weights too (``resume`` then reloads the last synced weights)."""
+    weight_sync: Literal["auto", "stream", "buckets"] = "auto"
+    """``stream``: one ``reload_weights`` call consuming the whole (name, tensor) iterator
+    in the engine's process (needs the in-process executor); ``buckets``: one call per
+    bucket of at most ``RolloutConfig.weight_bucket_bytes`` (works with worker processes);
+    ``auto``: ``stream`` when the engine runs in this process."""
+    keep_weights_copy: bool | None = None
+    """Keep a host copy of the last synced weights, so a released CPU engine (which has no
+    sleep mode and is shut down) restarts with them. ``None``: on CPU only."""
+    spill_weights_to_disk: bool = True
+    """On CPU ``release``, write that copy to a safetensors file in the work directory and
+    drop it from memory; ``resume`` streams it back from disk."""
+    work_dir: str | None = None
+    """Where the model directory of a tiny model and spilled weights go; default: a
+    temporary directory removed at ``shutdown``."""
+    pad_token_id: int | None = None
+    """Id written into padding positions; default: the model config's ``pad_token_id``, else 0."""
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` (they override the ones geartrain sets)."""

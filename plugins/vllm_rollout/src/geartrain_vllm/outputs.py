@@ -1,0 +1,78 @@
+"""Turning vLLM's request outputs into the core's rollout :class:`~geartrain.batch.Batch`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from geartrain.batch import Batch
+
+
+@dataclass(slots=True)
+class Sample:
+    """One generated response: its prompt, tokens, per-token log-probs, why it ended."""
+
+    prompt_index: int
+    prompt: Sequence[int]
+    tokens: Sequence[int]
+    log_probs: Sequence[float]
+    finish_reason: str
+
+
+def sampled_log_probs(tokens: Sequence[int], logprobs: object) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position log-probs (a
+    ``FlatLogprobs`` or a list of ``{token_id: Logprob}`` dicts)."""
+    if logprobs is None:
+        raise ValueError("vLLM returned no log-probs: the request must ask for logprobs=0")
+    starts = getattr(logprobs, "start_indices", None)
+    if starts is not None:  # FlatLogprobs: the sampled token comes first at each position
+        ids, values = logprobs.token_ids, logprobs.logprobs  # type: ignore[attr-defined]
+        out = []
+        for pos, token in enumerate(tokens):
+            start = starts[pos]
+            if ids[start] != token:
+                raise ValueError(f"vLLM log-prob entry {pos} is for token {ids[start]}, sampled {token}")
+            out.append(float(values[start]))
+        return out
+    return [float(position[token].logprob) for token, position in zip(tokens, logprobs)]  # type: ignore[attr-defined]
+
+
+def finish_reason(reason: str | None) -> str:
+    """vLLM's finish reason in the core's vocabulary (``stop`` or ``length``)."""
+    return "stop" if reason == "stop" else "length"
+
+
+def to_batch(samples: Sequence[Sample], pad_token_id: int) -> Batch:
+    """Lay ``samples`` out as the rollout batch the ``generate`` hook specifies: prompts
+    left-padded to the widest prompt, responses right-padded to the longest response,
+    per-token tensors aligned to ``input_ids``."""
+    prompt_width = max((len(s.prompt) for s in samples), default=0)
+    response_width = max((len(s.tokens) for s in samples), default=0)
+    rows, width = len(samples), prompt_width + response_width
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long)
+    response_mask = torch.zeros((rows, width), dtype=torch.long)
+    log_probs = torch.zeros((rows, width), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        p, r = len(s.prompt), len(s.tokens)
+        input_ids[row, prompt_width - p : prompt_width] = torch.as_tensor(s.prompt, dtype=torch.long)
+        attention_mask[row, prompt_width - p : prompt_width + r] = 1
+        if r:
+            input_ids[row, prompt_width : prompt_width + r] = torch.as_tensor(s.tokens, dtype=torch.long)
+            response_mask[row, prompt_width : prompt_width + r] = 1
+            log_probs[row, prompt_width : prompt_width + r] = torch.as_tensor(s.log_probs, dtype=torch.float32)
+    return Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs,
+        },
+        meta={
+            "prompt_index": [s.prompt_index for s in samples],
+            "finish_reason": [s.finish_reason for s in samples],
+        },
+        info={"prompt_length": prompt_width},
+        batch_size=rows,
+    )

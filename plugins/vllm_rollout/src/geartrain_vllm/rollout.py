@@ -1,0 +1,251 @@
+"""The vLLM rollout handle: one ``vllm.LLM`` plus what is needed to release and resume it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from geartrain.batch import Batch
+from geartrain.config import ModelConfig, RolloutConfig
+from geartrain.errors import GeartrainError
+from geartrain.memory import collect_garbage, current_memory_bytes
+from geartrain.modeling import build_hf_model
+from geartrain.types import EngineContext, MemoryStats, SamplingParams
+
+from geartrain_vllm import engine, weights
+from geartrain_vllm.model_dir import model_directory, pad_token_id
+from geartrain_vllm.options import VllmOptions
+from geartrain_vllm.outputs import Sample, finish_reason, sampled_log_probs, to_batch
+
+
+#: vLLM samples greedily below this temperature (its _SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+
+
+class VllmRollout:
+    """What ``build_rollout`` returns and the other hooks receive.
+
+    On GPU, ``release``/``resume`` are vLLM's sleep/wake-up. On CPU vLLM has no sleep mode,
+    so ``release`` shuts the engine down and ``resume`` starts a new one from the model
+    directory and streams the last synced weights (kept in :attr:`weight_copy`) into it.
+    """
+
+    def __init__(self, config: RolloutConfig, model: ModelConfig, ctx: EngineContext, options: VllmOptions) -> None:
+        self.config = config
+        self.model = model
+        self.ctx = ctx
+        self.options = options
+        self.device = "cuda" if ctx.device.startswith("cuda") else "cpu"
+        engine.check_supported(model, self.device)
+        self._owns_work_dir = options.work_dir is None
+        self.work_dir = Path(options.work_dir or tempfile.mkdtemp(prefix="geartrain-vllm-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.model_dir = model_directory(model, self.work_dir)
+        self.pad_token_id = pad_token_id(model, options.pad_token_id)
+        # The names update_weights accepts: the transformers state dict's (built on meta, free).
+        skeleton = build_hf_model(model, meta=True)
+        self.tensor_names = frozenset(skeleton.state_dict())
+        self.tied = weights.tied_aliases(skeleton)
+        del skeleton
+        self.engine_kwargs = engine.engine_kwargs(config, model, options, self.model_dir, self.device)
+        keep = options.keep_weights_copy
+        if keep is None:
+            keep = self.device == "cpu" or options.sleep_level == 2
+        self.weight_copy: weights.WeightCopy | None = (
+            weights.WeightCopy(self.work_dir / "synced_weights.safetensors") if keep else None
+        )
+        self.last_sync: weights.SyncCounter | None = None
+        self.released = False
+        # vLLM's in-process shutdown tears torch.distributed down; spare a group we did not create.
+        self._foreign_process_group = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.llm: Any = engine.start_engine(self.engine_kwargs)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
+        """``sampling.n`` samples per prompt, prompt-major, with vLLM's raw log-probs.
+
+        With a seed, sample ``j`` of prompt ``i`` uses seed ``seed + i * n + j``, so every row
+        has its own reproducible random stream.
+        """
+        self._require_running("generate")
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        greedy = sampling.temperature < GREEDY_TEMPERATURE
+        # vLLM refuses n > 1 for greedy requests: send n copies with n=1 instead.
+        copies, per_request = (sampling.n, 1) if greedy and sampling.n > 1 else (1, sampling.n)
+
+        def params(index: int) -> Any:
+            return VllmSamplingParams(
+                n=per_request,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                max_tokens=sampling.max_tokens,
+                stop_token_ids=list(sampling.stop_token_ids),
+                seed=None if sampling.seed is None else sampling.seed + index * sampling.n,
+                logprobs=0,  # the sampled token's own log-prob only
+                flat_logprobs=True,
+                ignore_eos=True,  # stop only on sampling.stop_token_ids, as the contract says
+                detokenize=False,
+            )
+
+        self._check_prompts(prompts)
+        owners = [i for i in range(len(prompts)) for _ in range(copies)]
+        requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
+        shared = params(0)
+        per_prompt = [params(i) for i in owners] if sampling.seed is not None else shared
+        outputs = self.llm.generate(requests, per_prompt, use_tqdm=False)
+        samples = []
+        for index, request in zip(owners, outputs, strict=True):
+            for completion in sorted(request.outputs, key=lambda c: c.index):
+                tokens = list(completion.token_ids)
+                samples.append(
+                    Sample(
+                        prompt_index=index,
+                        prompt=prompts[index],
+                        tokens=tokens,
+                        log_probs=sampled_log_probs(tokens, completion.logprobs),
+                        finish_reason=finish_reason(completion.finish_reason),
+                    )
+                )
+        return to_batch(samples, self.pad_token_id)
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.SyncCounter:
+        """Load the streamed tensors (consumed once, lazily) and reset the prefix cache.
+        While a CPU engine is released they only update the weight copy it restarts from."""
+        counter = weights.SyncCounter()
+        stream: Iterable[tuple[str, torch.Tensor]] = weights.timed_stream(named_tensors, counter)
+        stream = weights.checked(stream, self.tensor_names)
+        if self.weight_copy is not None:
+            stream = self.weight_copy.tee(stream)
+        if self.released:
+            if self.device != "cpu" or self.weight_copy is None:
+                raise GeartrainError("vllm rollout: update_weights while released; call resume() first")
+            for _ in stream:
+                pass
+        else:
+            self._load(stream)
+        self.last_sync = counter
+        return counter
+
+    def _load(self, stream: Iterable[tuple[str, torch.Tensor]]) -> None:
+        mode = self.options.weight_sync
+        if mode == "auto":
+            mode = "stream" if engine.runs_in_process(self.llm) else "buckets"
+        stream = weights.with_aliases(stream, self.tied)
+        try:
+            if mode == "stream":
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs=dict(weights_iterator=stream, is_checkpoint_format=True)
+                )
+            else:
+                self.llm.collective_rpc(weights.begin_reload)
+                for bucket in weights.buckets(stream, self.config.weight_bucket_bytes):
+                    self.llm.collective_rpc(weights.load_bucket, args=(bucket,))
+                self.llm.collective_rpc(weights.finish_reload)
+        except Exception as exc:
+            # Put back the tensors of layers that received nothing, so the engine stays usable.
+            self.llm.collective_rpc(weights.finish_reload)
+            self.llm.reset_prefix_cache()
+            unknown = _find_cause(exc, weights.UnknownTensorError)
+            if unknown is not None:
+                raise GeartrainError(
+                    f"vllm rollout: update_weights got tensor '{unknown.name}', which the model does not have "
+                    f"(expected transformers names such as '{min(self.tensor_names)}')"
+                ) from exc
+            raise
+        self.llm.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ memory
+    def release(self) -> MemoryStats:
+        """Free the engine's weights and KV cache (GPU: sleep; CPU: shutdown)."""
+        start = time.perf_counter()
+        if self.released:
+            now = current_memory_bytes(self.device)
+            return MemoryStats(before=now, after=now, seconds=0.0)
+        collect_garbage(self.device)
+        before = current_memory_bytes(self.device)
+        detail: dict[str, int] = {}
+        if self.device == "cpu":
+            llm, self.llm = self.llm, None
+            engine.stop_engine(llm, keep_default_group=self._foreign_process_group)
+            del llm
+            if self.weight_copy is not None:
+                detail["weight_copy_bytes"] = self.weight_copy.nbytes
+                if self.options.spill_weights_to_disk:
+                    self.weight_copy.spill()
+        else:
+            self.llm.sleep(level=self.options.sleep_level)
+        collect_garbage(self.device)
+        engine.trim_heap()
+        self.released = True
+        after = current_memory_bytes(self.device)
+        return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start, detail=detail)
+
+    def resume(self) -> MemoryStats:
+        """Re-acquire the memory with the weights the engine had before ``release``."""
+        start = time.perf_counter()
+        before = current_memory_bytes(self.device)
+        if not self.released:
+            return MemoryStats(before=before, after=before, seconds=0.0)
+        if self.device == "cpu":
+            self.llm = engine.start_engine(self.engine_kwargs)
+            if self.weight_copy is not None and len(self.weight_copy):
+                self.weight_copy.restore()
+                self._load(self.weight_copy.items())
+        else:
+            self.llm.wake_up()
+            if self.options.sleep_level == 2:
+                if self.weight_copy is not None and len(self.weight_copy):
+                    self._load(self.weight_copy.items())
+                else:
+                    self.llm.collective_rpc("reload_weights", kwargs=dict(is_checkpoint_format=True))
+            self.llm.reset_prefix_cache()
+        self.released = False
+        after = current_memory_bytes(self.device)
+        return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start)
+
+    def shutdown(self) -> None:
+        """Stop the engine for good; remove the temporary work directory."""
+        if self.llm is not None:
+            llm, self.llm = self.llm, None
+            engine.stop_engine(llm, keep_default_group=self._foreign_process_group)
+        if self.weight_copy is not None:
+            self.weight_copy.clear()
+        if self._owns_work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        """Refuse a batch before any of it reaches the engine (vLLM would keep the
+        requests it accepted before the bad one queued)."""
+        limit = self.config.max_model_len
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise GeartrainError(f"vllm rollout: prompt {i} is empty")
+            if len(prompt) >= limit:
+                raise GeartrainError(
+                    f"vllm rollout: prompt {i} has {len(prompt)} tokens, which leaves no room to generate "
+                    f"within max_model_len={limit}; raise rollout.max_model_len or shorten the prompt"
+                )
+
+    def _require_running(self, what: str) -> None:
+        if self.released or self.llm is None:
+            raise GeartrainError(f"vllm rollout: {what} while released; call resume() first")
+
+
+def _find_cause(exc: BaseException | None, kind: type[BaseException]) -> Any:
+    """``exc`` or the first exception in its cause/context chain that is a ``kind``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
