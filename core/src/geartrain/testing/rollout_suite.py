@@ -37,7 +37,7 @@ from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
 from geartrain.rollout import Rollout
 from geartrain.testing.tiny import BOS, tiny_model, tiny_tokenizer
-from geartrain.types import EngineContext, SamplingParams
+from geartrain.types import EngineContext, MemoryStats, SamplingParams
 
 #: Prompts of different lengths, so batches are really left-padded.
 PROMPT_TEXTS = ("Question: what is 2+2?", "hi", "The quick brown fox", "x = [1, 2,")
@@ -408,7 +408,8 @@ class RolloutConformance:
         released = rollout.release()
         resumed = rollout.resume()
         for stats in (released, resumed):
-            assert stats.before > 0 and stats.after > 0 and stats.seconds >= 0
+            assert isinstance(stats, MemoryStats)
+            assert stats.before >= 0 and stats.after >= 0 and stats.seconds >= 0
         after = rollout.generate(prompts, sampling)
         assert torch.equal(after["input_ids"], before["input_ids"]), "release/resume changed the samples"
         self.assert_logprobs_match(after, reference)
