@@ -308,3 +308,22 @@ def test_new_tests_in_a_subclass_need_no_listing() -> None:
             pass
 
     assert "test_something_else" in vars(Extra)
+
+
+def test_the_engine_suite_has_the_same_guard() -> None:
+    from geartrain.testing.engine_suite import EngineConformance
+
+    with pytest.raises(TypeError, match=r"test_training_matches_plain_adamw.*overridden_tests"):
+
+        class Silent(EngineConformance):
+            backend = "simple"
+
+            def test_training_matches_plain_adamw(self, family: str) -> None:
+                pass
+
+    class Said(EngineConformance):
+        backend = "simple"
+        overridden_tests = {"test_training_matches_plain_adamw": "this engine trains in bf16"}
+
+        def test_training_matches_plain_adamw(self, family: str) -> None:
+            pass

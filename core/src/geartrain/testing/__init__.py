@@ -5,7 +5,7 @@ from typing import Any
 
 from geartrain.testing.tiny import tiny_config, tiny_model, tiny_tokenizer
 
-__all__ = ["RolloutConformance", "tiny_config", "tiny_model", "tiny_tokenizer"]
+__all__ = ["EngineConformance", "RolloutConformance", "tiny_config", "tiny_model", "tiny_tokenizer"]
 
 
 def __getattr__(name: str) -> Any:
@@ -14,4 +14,8 @@ def __getattr__(name: str) -> Any:
         from geartrain.testing.rollout_suite import RolloutConformance
 
         return RolloutConformance
+    if name == "EngineConformance":
+        from geartrain.testing.engine_suite import EngineConformance
+
+        return EngineConformance
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,6 +36,7 @@ from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
 from geartrain.rollout import Rollout
+from geartrain.testing.guard import StandardSuite
 from geartrain.testing.tiny import BOS, tiny_model, tiny_tokenizer
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
 
@@ -103,8 +104,10 @@ def reference_greedy(
     return out
 
 
-class RolloutConformance:
+class RolloutConformance(StandardSuite):
     """Standard tests for a rollout backend; subclass and set ``backend``."""
+
+    _standard_suite = True
 
     backend: ClassVar[str] = ""
     """The rollout plugin name (``geartrain.rollouts`` entry point or registered name)."""
@@ -120,26 +123,6 @@ class RolloutConformance:
     a backend's kernels support); the reference models get the same."""
     rollout_extra: ClassVar[dict[str, Any]] = {}
     """Other :class:`~geartrain.config.RolloutConfig` fields (``kv_cache_bytes``...)."""
-    overridden_tests: ClassVar[dict[str, str]] = {}
-    """Standard tests this subclass replaces, each with the reason."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        standard = {name for name in vars(RolloutConformance) if name.startswith("test_")}
-        unknown = sorted(set(cls.overridden_tests) - standard)
-        if unknown:
-            raise TypeError(f"{cls.__name__}.overridden_tests names {unknown}, which are not standard tests")
-        silent = sorted(
-            name
-            for name in standard
-            if getattr(cls, name) is not vars(RolloutConformance)[name] and name not in cls.overridden_tests
-        )
-        if silent:
-            raise TypeError(
-                f"{cls.__name__} overrides standard rollout test(s) {silent} without saying why: "
-                f"list them in overridden_tests = {{'{silent[0]}': '<reason>'}}"
-            )
-
     # ------------------------------------------------------------------ fixtures
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
