@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,10 @@ def engine_kwargs(
         kwargs["max_num_batched_tokens"] = options.max_num_batched_tokens
     if device == "cpu":
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes or default_cpu_kv_cache_bytes(config, model)
+        # A prompt prefilled in chunks has its sampled token discarded and vLLM then rewinds
+        # the request's seeded generator by an offset, which CPU generators do not have
+        # ("CPU Generator does not use offset"): seeded sampling needs whole-prompt prefill.
+        kwargs["enable_chunked_prefill"] = False
     else:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         kwargs["enable_sleep_mode"] = True
@@ -154,6 +159,20 @@ def stop_engine(llm: Any, *, keep_default_group: bool) -> None:
     del llm
     gc.collect()
     trim_heap()
+
+
+@contextlib.contextmanager
+def quiet_partial_reload() -> Iterator[None]:
+    """vLLM warns once per layer that received no tensors in a reload ("Failed to load
+    weights"): expected for rotary embeddings and for partial syncs, noise in a training
+    log. Raise that one logger to ERROR for the duration."""
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def trim_heap() -> None:

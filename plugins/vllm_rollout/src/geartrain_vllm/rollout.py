@@ -140,27 +140,28 @@ class VllmRollout:
         if mode == "auto":
             mode = "stream" if engine.runs_in_process(self.llm) else "buckets"
         stream = weights.with_aliases(stream, self.tied)
-        try:
-            if mode == "stream":
-                self.llm.collective_rpc(
-                    "reload_weights", kwargs=dict(weights_iterator=stream, is_checkpoint_format=True)
-                )
-            else:
-                self.llm.collective_rpc(weights.begin_reload)
-                for bucket in weights.buckets(stream, self.config.weight_bucket_bytes):
-                    self.llm.collective_rpc(weights.load_bucket, args=(bucket,))
+        with engine.quiet_partial_reload():
+            try:
+                if mode == "stream":
+                    self.llm.collective_rpc(
+                        "reload_weights", kwargs=dict(weights_iterator=stream, is_checkpoint_format=True)
+                    )
+                else:
+                    self.llm.collective_rpc(weights.begin_reload)
+                    for bucket in weights.buckets(stream, self.config.weight_bucket_bytes):
+                        self.llm.collective_rpc(weights.load_bucket, args=(bucket,))
+                    self.llm.collective_rpc(weights.finish_reload)
+            except Exception as exc:
+                # Put back the tensors of layers that received nothing, so the engine stays usable.
                 self.llm.collective_rpc(weights.finish_reload)
-        except Exception as exc:
-            # Put back the tensors of layers that received nothing, so the engine stays usable.
-            self.llm.collective_rpc(weights.finish_reload)
-            self.llm.reset_prefix_cache()
-            unknown = _find_cause(exc, weights.UnknownTensorError)
-            if unknown is not None:
-                raise GeartrainError(
-                    f"vllm rollout: update_weights got tensor '{unknown.name}', which the model does not have "
-                    f"(expected transformers names such as '{min(self.tensor_names)}')"
-                ) from exc
-            raise
+                self.llm.reset_prefix_cache()
+                unknown = _find_cause(exc, weights.UnknownTensorError)
+                if unknown is not None:
+                    raise GeartrainError(
+                        f"vllm rollout: update_weights got tensor '{unknown.name}', which the model does not have "
+                        f"(expected transformers names such as '{min(self.tensor_names)}')"
+                    ) from exc
+                raise
         self.llm.reset_prefix_cache()
 
     # ------------------------------------------------------------------ memory
@@ -175,7 +176,9 @@ class VllmRollout:
         detail: dict[str, int] = {}
         if self.device == "cpu":
             llm, self.llm = self.llm, None
-            engine.stop_engine(llm, keep_default_group=self._foreign_process_group)
+            # The default group stays: vLLM re-joins it at resume, and another component of
+            # this process (the trainer's device mesh) may have adopted it meanwhile.
+            engine.stop_engine(llm, keep_default_group=True)
             del llm
             if self.weight_copy is not None:
                 detail["weight_copy_bytes"] = self.weight_copy.nbytes
