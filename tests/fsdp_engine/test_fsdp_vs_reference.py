@@ -8,7 +8,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from geartrain.batch import Batch
 from geartrain.testing import tiny_model
 
 from .common import make_batch, reference_outputs, run_ranks
@@ -44,8 +43,11 @@ def _reference(family: str) -> dict:
 
 @pytest.mark.parametrize(
     "family,options",
-    [("qwen2", {}), ("llama", {"hsdp_replicate": 2, "reshard_after_forward": False})],
-    ids=["qwen2-fsdp", "llama-hsdp"],
+    [
+        ("qwen2", {"meta_init": True, "cpu_offload": True}),
+        ("llama", {"hsdp_replicate": 2, "reshard_after_forward": False}),
+    ],
+    ids=["qwen2-fsdp-rank0-broadcast-cpuoffload", "llama-hsdp-no-reshard"],
 )
 def test_two_ranks_match_plain_transformers(family: str, options: dict, tmp_path) -> None:
     export = tmp_path / "hf"
@@ -84,4 +86,3 @@ def test_two_ranks_match_plain_transformers(family: str, options: dict, tmp_path
         b = engine_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert torch.equal(a, b)
     assert (export / "tokenizer_config.json").exists() or (export / "tokenizer.json").exists()
-    _ = Batch

@@ -100,7 +100,7 @@ def _any_rank_on_meta(module: nn.Module, meshes: Meshes) -> bool:
     return bool(on_meta.item())
 
 
-def _take_rank0_state(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+def _take_rank0_state(module: TokenOutputs) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
     """Rank 0's full weights and buffers (copies: the broadcast overwrites what it is
     given); then every rank's module is moved to the meta device before sharding."""
     state = None
@@ -110,6 +110,8 @@ def _take_rank0_state(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[
             {k: b.detach().clone() for k, b in module.named_buffers()},
         )
     module.to_empty(device="meta")
+    # moving to meta replaces parameters by new objects, which unties tied embeddings
+    module.hf.tie_weights()
     return state
 
 

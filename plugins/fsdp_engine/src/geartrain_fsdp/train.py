@@ -105,7 +105,7 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
     order: list[int] = []
     model.module.train(mode=train)
     grad_ctx = contextlib.nullcontext() if train else torch.no_grad()
-    with grad_ctx:
+    with grad_ctx, _autocast(model):
         for index, rows in enumerate(plan):
             if rows:
                 mb = batch.index(rows)
@@ -148,6 +148,17 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
     metrics = _reduce_metrics(metric_sums, meshes)
     metrics.update(tokens=float(global_real_tokens), sequences=float(global_sequences), micro_batches=float(len(plan)))
     return StepOutput(outputs=result, metrics=metrics)
+
+
+def _autocast(model: FSDPModel) -> contextlib.AbstractContextManager:
+    """Mixed precision outside FSDP (a single process runs the plain module): autocast to
+    ``param_dtype``; under FSDP the MixedPrecisionPolicy does it."""
+    dtype = model.config.param_dtype
+    if model.meshes.distributed or dtype == "float32":
+        return contextlib.nullcontext()
+    from geartrain.modeling import torch_dtype
+
+    return torch.autocast(model.device.type, dtype=torch_dtype(dtype))
 
 
 def _reduce_metrics(sums: dict[str, float], meshes) -> dict[str, float]:  # noqa: ANN001

@@ -111,20 +111,31 @@ def kv_repeats_for(num_heads: int, num_kv_heads: int, sp: int) -> int:
 
 
 def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scaling: float | None) -> torch.Tensor:
-    """Causal SDPA inside each ``[cu[i], cu[i+1])`` segment of ``[1, H, N, d]`` tensors
-    (``k``/``v`` may have fewer heads: grouped-query)."""
-    if k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    outs = []
-    for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
-        if end > start:
-            outs.append(
-                F.scaled_dot_product_attention(
-                    q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], is_causal=True, scale=scaling
-                )
-            )
+    """Causal attention inside each ``[cu[i], cu[i+1])`` segment of ``[1, H, N, d]``
+    tensors (``k``/``v`` may have fewer heads: grouped-query).
+
+    One SDPA call per segment: a sequence's numbers then do not depend on which other
+    sequences share its micro-batch (micro-batching leaves results bitwise unchanged).
+    Segments of one common length run as a single batched call."""
+    gqa = k.shape[1] != q.shape[1]  # SDPA maps query-head groups onto KV heads itself
+    lengths = [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])]
+    if len(set(lengths)) == 1:  # equal lengths: the rows are a view of the packed row
+        length, d = lengths[0], q.shape[3]
+
+        def rows(x: torch.Tensor) -> torch.Tensor:  # [1, h, N, d] -> [S, h, L, d]
+            return x[0].reshape(x.shape[1], -1, length, d).transpose(0, 1)
+
+        out = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), is_causal=True, scale=scaling, enable_gqa=gqa)
+        return out.transpose(0, 1).reshape(1, q.shape[1], -1, d)
+    # split (not slicing): its backward is one concatenation, not a zero-filled full-size
+    # gradient per segment
+    parts = zip(q.split(lengths, dim=2), k.split(lengths, dim=2), v.split(lengths, dim=2))
+    outs = [
+        F.scaled_dot_product_attention(
+            qi.contiguous(), ki.contiguous(), vi.contiguous(), is_causal=True, scale=scaling, enable_gqa=gqa
+        )
+        for qi, ki, vi in parts
+    ]
     return torch.cat(outs, dim=2)
 
 

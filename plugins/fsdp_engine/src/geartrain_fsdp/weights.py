@@ -48,7 +48,12 @@ def iter_full_weights(
             src = by_name[name]
             key = id(src)
             if key not in done:
-                done[key] = _full(src.detach()).to(device=device, dtype=dtype)
+                # a plain (unsharded) tensor is the live parameter: hand out a copy
+                full = _full(src.detach())
+                if not hasattr(src, "full_tensor") and full.dtype == dtype and full.device == torch.device(device):
+                    done[key] = torch.empty_like(full).copy_(full)
+                else:
+                    done[key] = full.to(device=device, dtype=dtype)
             out.append((name, done[key]))
         return out
 
