@@ -1,0 +1,229 @@
+"""The training job's configuration: one typed section per component.
+
+A job file (TOML or YAML) holds these tables; every field has a default, so the smallest
+file names only what differs. ``geartrain check`` and ``geartrain train`` load it with
+:func:`load_train_config`::
+
+    [algorithm]   name (grpo | ppo), advantage estimator, clipping, KL, PPO epochs
+    [model]       the policy's model (hub id / directory, or a tiny built-in one)
+    [actor]       engine = the actor's training engine (backend, optimizer, parallel sizes)
+    [reference]   engine for the frozen reference policy (used when a KL term is on)
+    [critic]      model + engine of the value model (PPO)
+    [rollout]     the inference backend (RolloutConfig) ...
+    [sampling]    ... and how it samples during training
+    [reward]      a rule function (registered name or dotted path) or a reward model
+    [data]        training prompts (DataConfig)
+    [validation]  held-out prompts, greedy, every N steps
+    [sft]         the optional supervised warm start before RL
+    [trainer]     steps, output directory, checkpoints, logging
+    [cluster]     where roles run (placement = "inline" | "ray")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from geartrain.algorithms.aggregation import AggMode
+from geartrain.config import EngineConfig, ModelConfig, OptimConfig, RolloutConfig, Section, load_config
+from geartrain.data.config import DataConfig
+
+
+class AlgorithmConfig(Section):
+    """The RL algorithm. ``grpo`` needs no critic; ``ppo`` trains one (GAE advantages)."""
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    advantage: str | None = None
+    """A registered advantage estimator (``grpo``, ``dr_grpo``, ``rloo``, ``gae``,
+    ``reinforce_plus_plus``...); default: ``grpo`` for GRPO, ``gae`` for PPO."""
+    norm_by_std: bool = True
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    policy_loss: str = "ppo"
+    """A registered policy loss (``ppo`` clip, ``gspo``...)."""
+    clip_ratio: float = Field(0.2, gt=0)
+    clip_ratio_low: float | None = Field(None, gt=0)
+    clip_ratio_high: float | None = Field(None, gt=0)
+    clip_ratio_c: float | None = Field(3.0, gt=1)
+    loss_agg_mode: AggMode = "token-mean"
+    entropy_coef: float = 0.0
+    use_kl_loss: bool = False
+    """GRPO-style KL loss to the reference policy (needs the reference role)."""
+    kl_loss_coef: float = Field(0.001, ge=0)
+    kl_loss_kind: str = "k3"
+    use_kl_in_reward: bool = False
+    """PPO-style KL penalty folded into the token rewards."""
+    kl_coef: float = Field(0.001, ge=0)
+    kl_kind: str = "k1"
+    kl_controller: Literal["fixed", "adaptive"] = "fixed"
+    target_kl: float | None = None
+    kl_horizon: int | None = None
+    tis_cap: float | None = Field(None, gt=0)
+    """Truncated importance sampling against the rollout's log-probs; ``None``: off."""
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per epoch: the step's samples are split into this many mini-batches."""
+    critic_warmup_steps: int = Field(0, ge=0)
+    """PPO: steps during which only the critic trains."""
+
+    @property
+    def estimator(self) -> str:
+        return self.advantage or ("gae" if self.name == "ppo" else "grpo")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.use_kl_loss or self.use_kl_in_reward
+
+
+class RoleEngine(Section):
+    """A role that runs a training engine on the policy's model."""
+
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+
+class CriticConfig(Section):
+    """The value model (PPO). ``model`` defaults to the policy's model with a value head."""
+
+    model: ModelConfig | None = None
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(optim=OptimConfig(lr=1e-5)))
+
+
+class SamplingConfig(Section):
+    """How the rollout samples during training (validation is greedy)."""
+
+    n: int = Field(8, ge=1)
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    max_tokens: int = Field(64, ge=1)
+
+
+class RewardConfig(Section):
+    """Exactly one of a rule ``function`` and a reward ``model``."""
+
+    function: str | None = "arithmetic"
+    """A registered reward (``arithmetic``, ``gsm8k``, ``math_boxed``...), a dotted path
+    ``package.module:function``, or ``path/to/file.py:function`` (relative to the job file)."""
+    model: ModelConfig | None = None
+    """A value-head model whose output at the last response token is the score."""
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(optim=OptimConfig(lr=0.0)))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardConfig:
+        if self.model is not None and self.function is not None:
+            raise ValueError("set either reward.function or reward.model, not both (function = '' to use the model)")
+        if self.model is None and not self.function:
+            raise ValueError("set reward.function (a rule) or reward.model (a reward model)")
+        return self
+
+
+class ValidationConfig(Section):
+    """Held-out prompts scored greedily; ``accuracy`` is the mean of the reward's ``acc``
+    extra (or of ``score > 0`` when the reward gives none)."""
+
+    path: str | None = None
+    """A ``.jsonl``/``.parquet`` file with the training data's schema; ``None``: no validation."""
+    every_n_steps: int = Field(10, ge=0)
+    """0: only before the first and after the last step."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Default: ``sampling.max_tokens``."""
+    max_prompts: int | None = Field(None, ge=1)
+
+
+class SFTConfig(Section):
+    """The supervised warm start, run once before RL (skipped on resume)."""
+
+    enabled: bool = False
+    path: str | None = None
+    """Rows with ``prompt`` and ``response`` (the target text, EOS appended)."""
+    response_key: str = "response"
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(32, ge=1)
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    max_prompts: int | None = Field(None, ge=1)
+    """Train on only the first N rows (a deliberately weak warm start)."""
+    seed: int = 0
+
+
+class TrainerConfig(Section):
+    total_steps: int = Field(10, ge=1)
+    output_dir: str = "outputs/run"
+    """Metrics (``metrics.jsonl``), TensorBoard logs, checkpoints, the curves PNG and the
+    exported model go here (relative paths: to the working directory)."""
+    seed: int = 0
+    save_every: int = Field(0, ge=0)
+    """Checkpoint every N steps (0: only at the end)."""
+    keep_last: int = Field(2, ge=1)
+    progress: bool = True
+    tensorboard: bool = True
+    plot: bool = True
+    export_hf: bool = True
+    """Write the final policy as a Hugging Face directory (``<output_dir>/hf``)."""
+    free_memory: bool = False
+    """Hybrid engine: offload the actor while the rollout generates and release the rollout
+    while the actor trains (each switch measured in the step's metrics)."""
+    torch_threads: int | None = Field(None, ge=1)
+    """``torch.set_num_threads`` for the driver process (``None``: torch's default)."""
+
+
+class ClusterConfig(Section):
+    placement: Literal["inline", "ray"] = "inline"
+    """``inline``: every role is one rank in the driver process."""
+
+
+class TrainConfig(Section):
+    """The whole job."""
+
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(tiny="qwen2"))
+    actor: RoleEngine = Field(default_factory=RoleEngine)
+    reference: RoleEngine = Field(default_factory=lambda: RoleEngine(engine=EngineConfig(optim=OptimConfig(lr=0.0))))
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    base_dir: str | None = None
+    """Directory relative data/reward paths are resolved against; set to the job file's
+    directory by :func:`load_train_config`."""
+
+    @model_validator(mode="after")
+    def _lengths_fit(self) -> TrainConfig:
+        # Only when the prompt budget was chosen: the data section's default (512) is a
+        # generic cap, not a promise about this job's prompts.
+        need = self.data.max_prompt_length + self.sampling.max_tokens
+        if "max_prompt_length" in self.data.model_fields_set and need > self.rollout.max_model_len:
+            raise ValueError(
+                f"data.max_prompt_length ({self.data.max_prompt_length}) + sampling.max_tokens "
+                f"({self.sampling.max_tokens}) = {need} exceeds rollout.max_model_len ({self.rollout.max_model_len}); "
+                "longer prompts are dropped by the data loader, so lower max_prompt_length or raise max_model_len"
+            )
+        return self
+
+    def resolve(self, path: str | None) -> str | None:
+        """``path`` with ``~`` expanded, made absolute against ``base_dir`` (``None`` stays ``None``)."""
+        if path is None:
+            return None
+        expanded = Path(path).expanduser()
+        if self.base_dir is None or expanded.is_absolute():
+            return str(expanded)
+        return str(Path(self.base_dir) / expanded)
+
+
+def load_train_config(
+    path: str | Path | None, overrides: Sequence[str] = (), *, check_plugins: bool = True
+) -> TrainConfig:
+    """Read a job file, apply ``key.path=value`` overrides and validate everything,
+    including each backend's own ``options`` against the installed plugin's schema (skip
+    that with ``check_plugins=False``, e.g. to check a GPU job on a machine without vLLM).
+    Raises :class:`geartrain.ConfigError` listing every problem with its path."""
+    base = {"base_dir": str(Path(path).resolve().parent)} if path is not None else {}
+    return load_config(TrainConfig, path, overrides, defaults=base, check_plugins=check_plugins)

@@ -1,0 +1,221 @@
+"""The RL loop (GRPO and PPO), driving the roles through their worker groups.
+
+One step: prompts -> rollout (``n`` samples each, behind the hybrid switch) -> reward ->
+old / reference log-probs (and critic values) -> advantages -> critic and actor updates.
+Validation (greedy, held-out prompts) runs every ``validation.every_n_steps`` steps and
+checkpoints every ``trainer.save_every`` steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from geartrain.algorithms import (
+    ActorLossConfig,
+    AdvantageConfig,
+    PolicyLossConfig,
+    apply_kl_penalty,
+    compute_advantages,
+    kl_estimate,
+    make_kl_controller,
+    masked_mean,
+    mismatch_metrics,
+)
+from geartrain.batch import Batch
+from geartrain.cluster import Dispatch, WorkerGroup
+from geartrain.data import PromptBatch, PromptLoader, PromptRow
+from geartrain.rewards import token_level_scores
+from geartrain.trainer.config import TrainConfig
+from geartrain.types import SamplingParams
+
+
+def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
+    algo = config.algorithm
+    return ActorLossConfig(
+        policy_loss=algo.policy_loss,
+        clip=PolicyLossConfig(
+            clip_ratio=algo.clip_ratio,
+            clip_ratio_low=algo.clip_ratio_low,
+            clip_ratio_high=algo.clip_ratio_high,
+            clip_ratio_c=algo.clip_ratio_c,
+        ),
+        loss_agg_mode=algo.loss_agg_mode,
+        entropy_coef=algo.entropy_coef,
+        kl_loss_coef=algo.kl_loss_coef if algo.use_kl_loss else 0.0,
+        kl_loss_kind=algo.kl_loss_kind,
+        tis_cap=algo.tis_cap,
+    )
+
+
+def step_seed(seed: int, step: int, salt: int = 0) -> int:
+    """A seed per (run seed, step): a resumed run samples what the uninterrupted one would."""
+    return (seed * 1_000_003 + step * 7_919 + salt * 104_729) % (2**31 - 1)
+
+
+@dataclass
+class RLRoles:
+    actor: WorkerGroup
+    reward: WorkerGroup
+    reference: WorkerGroup | None = None
+    critic: WorkerGroup | None = None
+
+
+@dataclass
+class RLState:
+    """What a checkpoint's ``extra`` carries besides the engine's own state."""
+
+    step: int = 0
+    kl_coef: float | None = None
+    history: dict[str, Any] = field(default_factory=dict)
+
+
+class RLTrainer:
+    """GRPO / PPO over the roles in ``roles``."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        roles: RLRoles,
+        tokenizer: Any,
+        loader: PromptLoader,
+        val_rows: list[PromptRow] | None = None,
+    ) -> None:
+        self.config = config
+        self.roles = roles
+        self.tokenizer = tokenizer
+        self.loader = loader
+        self.val_rows = val_rows or []
+        algo = config.algorithm
+        self.kl_ctrl = (
+            make_kl_controller(algo.kl_controller, algo.kl_coef, target_kl=algo.target_kl, horizon=algo.kl_horizon)
+            if algo.use_kl_in_reward
+            else None
+        )
+        self.stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+    # ------------------------------------------------------------------ helpers
+    def _sampling(self, step: int) -> SamplingParams:
+        s = self.config.sampling
+        return SamplingParams(
+            n=s.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.max_tokens,
+            stop_token_ids=self.stop_ids,
+            seed=step_seed(self.config.trainer.seed, step),
+        )
+
+    def _decode(self, batch: Batch) -> list[str]:
+        ids, mask = batch["input_ids"], batch["response_mask"].bool()
+        return self.tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
+
+    def _rollout(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+        batch, metrics = self.roles.actor.call("generate", prompts.prompt_ids, sampling)
+        for key, values in prompts.sample_meta(sampling.n).items():
+            batch[key] = values
+        batch["response_text"] = self._decode(batch)
+        return batch, metrics
+
+    def _score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        scores, metrics, acc = self.roles.reward.call("score", batch, dispatch=Dispatch.DP)
+        correct = torch.tensor([float(a) if a is not None else float(s > 0) for a, s in zip(acc, scores.tolist(), strict=True)])
+        return scores, metrics, correct
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Greedy accuracy on the held-out prompts."""
+        if not self.val_rows:
+            return {}
+        v = self.config.validation
+        rows = self.val_rows[: v.max_prompts] if v.max_prompts else self.val_rows
+        prompts = PromptBatch(rows=rows, indices=list(range(len(rows))), epoch=-1)
+        sampling = SamplingParams(
+            n=1, temperature=0.0, max_tokens=v.max_tokens or self.config.sampling.max_tokens, stop_token_ids=self.stop_ids, seed=0
+        )
+        start = time.perf_counter()
+        batch, _ = self._rollout(prompts, sampling)
+        scores, _, correct = self._score(batch)
+        return {
+            "val/accuracy": float(correct.mean()),
+            "val/reward_mean": float(scores.mean()),
+            "val/prompts": float(len(rows)),
+            "timing/validation_s": time.perf_counter() - start,
+        }
+
+    # ------------------------------------------------------------------ one step
+    def step(self, step: int) -> dict[str, float]:
+        cfg, algo = self.config, self.config.algorithm
+        t_step = time.perf_counter()
+        metrics: dict[str, float] = {}
+
+        prompts = self.loader.next_batch()
+        batch, hybrid = self._rollout(prompts, self._sampling(step))
+        metrics.update(hybrid)
+        mask = batch["response_mask"]
+        batch["loss_mask"] = mask
+
+        start = time.perf_counter()
+        scores, reward_metrics, correct = self._score(batch)
+        metrics["timing/reward_s"] = time.perf_counter() - start
+        metrics.update(reward_metrics)
+        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
+        metrics["reward/accuracy"] = float(correct.mean())
+
+        start = time.perf_counter()
+        old = self.roles.actor.call("compute_log_probs", batch, dispatch=Dispatch.DP)
+        batch["old_log_probs"] = old.outputs["log_probs"]
+        if "entropy" in old.outputs:
+            metrics["actor/entropy"] = float(masked_mean(old.outputs["entropy"], mask))
+        metrics.update(mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))
+        if self.roles.reference is not None:
+            ref = self.roles.reference.call("compute_log_probs", batch, dispatch=Dispatch.DP)
+            batch["ref_log_probs"] = ref.outputs["log_probs"]
+            metrics["actor/ref_kl"] = float(
+                masked_mean(kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k3"), mask)
+            )
+        if self.roles.critic is not None:
+            values = self.roles.critic.call("compute_values", batch, dispatch=Dispatch.DP)
+            batch["old_values"] = values.outputs["values"]
+        metrics["timing/log_probs_s"] = time.perf_counter() - start
+
+        token_rewards = token_level_scores(scores, mask)
+        if self.kl_ctrl is not None:
+            token_rewards, kl_metrics = apply_kl_penalty(
+                token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, coef=self.kl_ctrl.value, kind=algo.kl_kind
+            )
+            metrics.update(kl_metrics)
+            self.kl_ctrl.update(kl_metrics["actor/reward_kl_penalty"], n_steps=len(batch))
+        advantages, returns = compute_advantages(
+            algo.estimator,
+            token_rewards,
+            mask,
+            config=AdvantageConfig(gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std),
+            group_ids=batch["uid"],
+            values=batch.get("old_values"),
+        )
+        batch["advantages"] = advantages
+        batch["returns"] = returns
+
+        start = time.perf_counter()
+        seed = step_seed(cfg.trainer.seed, step, salt=1)
+        if self.roles.critic is not None:
+            metrics.update(self.roles.critic.call("update", batch, algo.ppo_epochs, algo.mini_batches, seed, dispatch=Dispatch.DP))
+        if step > algo.critic_warmup_steps or self.roles.critic is None:
+            metrics.update(self.roles.actor.call("update", batch, algo.ppo_epochs, algo.mini_batches, seed, dispatch=Dispatch.DP))
+        metrics["timing/update_s"] = time.perf_counter() - start
+
+        lengths = mask.sum(-1).float()
+        metrics["response/length_mean"] = float(lengths.mean())
+        metrics["response/length_max"] = float(lengths.max())
+        metrics["response/clip_ratio"] = sum(r == "length" for r in batch["finish_reason"]) / len(batch)
+        metrics["timing/step_s"] = time.perf_counter() - t_step
+        tokens = float(batch["attention_mask"].sum())
+        metrics["perf/tokens"] = tokens
+        metrics["perf/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
+        metrics["perf/generated_tokens_per_s"] = float(mask.sum()) / max(metrics["timing/generate_s"], 1e-9)
+        return metrics

@@ -1,0 +1,228 @@
+"""The workers behind each role. One worker lives on each rank of a worker group (see
+:mod:`geartrain.cluster`); the trainer only calls their methods through the group.
+
+* :class:`ActorRolloutWorker` — the hybrid engine: the actor's training engine and the
+  rollout colocated on the same ranks, with the weight sync and the memory switch
+  between training and generation.
+* :class:`ReferenceWorker` — frozen reference policy: log-probs only.
+* :class:`CriticWorker` — value model (PPO): values and its own update.
+* :class:`RewardWorker` — rule functions on decoded text, or a reward model.
+* :class:`SFTWorker` — supervised fine-tuning of the policy (the warm start).
+
+Engines and rollouts are reached only through :class:`geartrain.Engine` /
+:class:`geartrain.Rollout`, i.e. through the hooks.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from geartrain.algorithms import ActorLossConfig, CriticLossConfig, make_actor_loss, make_critic_loss
+from geartrain.batch import Batch
+from geartrain.checkpoint import CheckpointManager
+from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
+from geartrain.engine import Engine
+from geartrain.memory import current_memory_bytes
+from geartrain.rewards import get_reward, score_batch, sequence_scores_from_values
+from geartrain.rollout import Rollout
+from geartrain.types import EngineContext, LossContext, SamplingParams, StepOutput
+
+
+def _sum_metrics(into: dict[str, float], new: dict[str, float]) -> None:
+    for key, value in new.items():
+        into[key] = into.get(key, 0.0) + float(value)
+
+
+def train_epochs(engine: Engine, batch: Batch, loss_fn: Any, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
+    """``epochs`` passes over ``batch`` in ``mini_batches`` shuffled mini-batches, one
+    optimizer step each. Metrics are averaged over the optimizer steps."""
+    totals: dict[str, float] = {}
+    steps = 0
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(batch), generator=generator) if mini_batches > 1 else torch.arange(len(batch))
+        for part in batch.index(order).split(mini_batches):
+            out = engine.forward_backward(part, loss_fn)
+            _sum_metrics(totals, out.metrics)
+            _sum_metrics(totals, engine.optimizer_step())
+            steps += 1
+    return {k: v / max(steps, 1) for k, v in totals.items()}
+
+
+class ActorRolloutWorker:
+    """The actor's engine and the rollout on the same rank (the hybrid engine)."""
+
+    def __init__(
+        self,
+        engine: EngineConfig,
+        model: ModelConfig,
+        rollout: RolloutConfig,
+        loss: ActorLossConfig,
+        *,
+        free_memory: bool,
+        ctx: EngineContext,
+    ) -> None:
+        self.engine = Engine(engine, model, ctx)
+        self.rollout = Rollout(rollout, model, EngineContext(role="rollout", rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank, device=ctx.device, seed=ctx.seed))
+        self.loss_fn = make_actor_loss(loss)
+        self.free_memory = free_memory
+        self.device = ctx.device
+        self.rollout_released = False
+        self.weights_stale = True
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+        """Train mode -> weight sync -> (free training memory) -> generate -> (free rollout
+        memory) -> train mode. Returns the rollout batch and the switch's measurements."""
+        metrics: dict[str, float] = {}
+        if self.rollout_released:
+            stats = self.rollout.resume()
+            metrics["hybrid/rollout_resume_s"] = stats.seconds
+            metrics["hybrid/rollout_resume_bytes"] = float(stats.after - stats.before)
+            self.rollout_released = False
+        if self.weights_stale:
+            sync = self.engine.sync_weights(self.rollout)
+            metrics["timing/weight_sync_s"] = sync.seconds
+            metrics["hybrid/weight_sync_bytes"] = float(sync.bytes)
+            metrics["hybrid/weight_sync_buckets"] = float(sync.num_buckets)
+            self.weights_stale = False
+        if self.free_memory:
+            stats = self.engine.offload()
+            metrics["hybrid/actor_offload_s"] = stats.seconds
+            metrics["hybrid/actor_offload_freed_bytes"] = float(stats.freed)
+        start = time.perf_counter()
+        batch = self.rollout.generate(prompts, sampling)
+        metrics["timing/generate_s"] = time.perf_counter() - start
+        if self.free_memory:
+            stats = self.rollout.release()
+            self.rollout_released = True
+            metrics["hybrid/rollout_release_s"] = stats.seconds
+            metrics["hybrid/rollout_release_freed_bytes"] = float(stats.freed)
+            stats = self.engine.onload()
+            metrics["hybrid/actor_onload_s"] = stats.seconds
+        metrics["hybrid/memory_bytes"] = float(current_memory_bytes(self.device))
+        return batch, metrics
+
+    # ------------------------------------------------------------------ training
+    def compute_log_probs(self, batch: Batch, entropy: bool = True) -> StepOutput:
+        return self.engine.compute_log_probs(batch, entropy=entropy)
+
+    def update(self, batch: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
+        batch.info["need_entropy"] = False
+        metrics = train_epochs(self.engine, batch, self.loss_fn, epochs, mini_batches, seed)
+        self.weights_stale = True
+        return {f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()}
+
+    # ------------------------------------------------------------------ state
+    def save_checkpoint(self, root: str, step: int, extra: dict[str, Any], keep_last: int) -> str:
+        return str(self.engine.save_checkpoint(CheckpointManager(root, keep_last), step, extra))
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        extra = self.engine.load_checkpoint(path)
+        self.weights_stale = True
+        return extra
+
+    def export_hf(self, path: str, tokenizer: Any) -> str:
+        return str(self.engine.export_hf(path, tokenizer))
+
+    def close(self) -> None:
+        self.rollout.shutdown()
+
+
+class ReferenceWorker:
+    """The frozen reference policy."""
+
+    def __init__(self, engine: EngineConfig, model: ModelConfig, *, ctx: EngineContext) -> None:
+        self.engine = Engine(engine, model, ctx)
+
+    def compute_log_probs(self, batch: Batch) -> StepOutput:
+        return self.engine.compute_log_probs(batch)
+
+
+class CriticWorker:
+    """The value model (PPO)."""
+
+    def __init__(self, engine: EngineConfig, model: ModelConfig, loss: CriticLossConfig, *, ctx: EngineContext) -> None:
+        self.engine = Engine(engine, model, ctx)
+        self.loss_fn = make_critic_loss(loss)
+
+    def compute_values(self, batch: Batch) -> StepOutput:
+        return self.engine.compute_log_probs(batch)
+
+    def update(self, batch: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
+        metrics = train_epochs(self.engine, batch, self.loss_fn, epochs, mini_batches, seed)
+        return {f"critic/{k}" if "/" not in k else k: v for k, v in metrics.items()}
+
+    def save_checkpoint(self, root: str, step: int, extra: dict[str, Any], keep_last: int) -> str:
+        return str(self.engine.save_checkpoint(CheckpointManager(root, keep_last), step, extra))
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self.engine.load_checkpoint(path)
+
+
+class RewardWorker:
+    """Scores responses: a rule function on decoded text, or a reward model's value at
+    the last response token."""
+
+    def __init__(
+        self,
+        function: Any | None,
+        engine: EngineConfig | None,
+        model: ModelConfig | None,
+        *,
+        ctx: EngineContext,
+    ) -> None:
+        if function is not None:
+            get_reward(function)  # fail now, at start-up, on a spec that cannot be resolved
+        # the spec itself, not get_reward's adapted wrapper: score_batch adapts it once
+        self.function = function
+        self.engine = Engine(engine, model, ctx) if model is not None and engine is not None else None
+
+    def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[float | None]]:
+        """``(scores [B], metrics, acc)``; ``acc`` is the function's ``acc`` extra per
+        sample (``None`` where it gave none)."""
+        if self.function is not None:
+            result = score_batch(
+                self.function,
+                batch["response_text"],
+                batch["ground_truth"],
+                prompts=batch["prompt"],
+                metas=batch["data_meta"],
+            )
+            return result.scores, result.metrics, result.extras.get("acc", [None] * len(batch))
+        assert self.engine is not None
+        values = self.engine.compute_log_probs(batch).outputs["values"]
+        scores = sequence_scores_from_values(values, batch["response_mask"])
+        return scores, {"reward/mean": float(scores.mean()) if len(scores) else 0.0}, [None] * len(batch)
+
+
+def nll_loss(outputs: dict[str, torch.Tensor], batch: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean negative log-likelihood over ``loss_mask`` (global token count)."""
+    mask = batch["loss_mask"].to(outputs["log_probs"])
+    total = -(outputs["log_probs"] * mask).sum()
+    share = total / max(ctx.global_tokens, 1)
+    return share, {"sft/loss": float(share.detach())}
+
+
+class SFTWorker:
+    """Supervised fine-tuning of the policy model (the warm start)."""
+
+    def __init__(self, engine: EngineConfig, model: ModelConfig, *, ctx: EngineContext) -> None:
+        self.engine = Engine(engine, model, ctx)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        out = self.engine.forward_backward(batch, nll_loss)
+        metrics = dict(out.metrics)
+        metrics.update(self.engine.optimizer_step())
+        return metrics
+
+    def sync_weights(self, receiver: Any) -> None:
+        self.engine.sync_weights(receiver)
+
+    def export_hf(self, path: str, tokenizer: Any) -> str:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        return str(self.engine.export_hf(path, tokenizer))

@@ -1,0 +1,285 @@
+"""A whole training job: optional SFT warm start, then GRPO/PPO, validation, checkpoints,
+metrics, HF export and the curves PNG. ``geartrain train`` calls :func:`train_from_cli`;
+Python users call :func:`run_job` with a :class:`TrainConfig` (see
+``examples/arithmetic/train.py``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from geartrain.algorithms import CriticLossConfig
+from geartrain.checkpoint import CheckpointManager
+from geartrain.cluster import create_worker_group
+from geartrain.config import ModelConfig
+from geartrain.data import PromptDataset, PromptLoader
+from geartrain.errors import CheckpointError, GeartrainError
+from geartrain.modeling import load_tokenizer
+from geartrain.trainer.config import TrainConfig, load_train_config
+from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, plot_curves, read_jsonl
+from geartrain.trainer.rl import RLRoles, RLTrainer, actor_loss_config
+from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
+from geartrain.trainer.sft import run_sft, sft_dataset
+
+logger = logging.getLogger("geartrain.trainer")
+
+
+@dataclass(kw_only=True)
+class JobResult:
+    accuracy_before: float | None
+    accuracy_after: float | None
+    steps: int
+    output_dir: Path
+    seconds: float
+
+
+def resolve_reward(spec: str | Callable[..., Any] | None, base_dir: str | None) -> Any:
+    """A registered name / dotted path stays as is; ``file.py:function`` (relative to
+    ``base_dir``) is imported from that file."""
+    if not isinstance(spec, str) or ".py:" not in spec:
+        return spec
+    file, _, name = spec.rpartition(":")
+    path = Path(file)
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise GeartrainError(f"reward function file '{path}' does not exist (reward.function = '{spec}')")
+    module_spec = importlib.util.spec_from_file_location(f"geartrain_reward_{path.stem}", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, name, None)):
+        raise GeartrainError(f"reward function file '{path}' has no function '{name}'")
+    return getattr(module, name)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _due(step: int, every: int, total: int) -> bool:
+    return step == total or (every > 0 and step % every == 0)
+
+
+class Job:
+    """Builds the roles for ``config`` and runs them; see :func:`run_job`."""
+
+    def __init__(self, config: TrainConfig, *, resume: bool = False, reward_fn: Callable[..., Any] | None = None, echo: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.resume = resume
+        self.reward_fn = reward_fn
+        self.echo = echo
+        self.out = Path(config.trainer.output_dir)
+        self.ckpt_root = self.out / "checkpoints"
+        self.algo_label = config.algorithm.name.upper()
+
+    # ------------------------------------------------------------------ phases
+    def _latest_checkpoint(self) -> Path | None:
+        if not self.resume:
+            if self.ckpt_root.exists():
+                shutil.rmtree(self.ckpt_root)  # a fresh run must never resume someone else's state
+            return None
+        latest = CheckpointManager(self.ckpt_root / "actor").latest()
+        if latest is None:
+            self.echo(f"--resume: no complete checkpoint under {self.ckpt_root / 'actor'}; starting from scratch")
+        return latest
+
+    def _sft(self, tokenizer: Any, jsonl: JsonlLogger, tb: TensorBoardLogger | None) -> ModelConfig:
+        cfg = self.config
+        sft_dir = self.out / "sft_model"
+        path = cfg.resolve(cfg.sft.path)
+        if path is None:
+            raise GeartrainError("sft.enabled is true but sft.path is not set")
+        dataset = sft_dataset(cfg.sft, path, tokenizer, cfg.data)
+        engine = cfg.actor.engine.model_copy(update={"optim": cfg.sft.optim})
+        group = create_worker_group(cfg.cluster.placement, "actor", SFTWorker, engine, cfg.model, seed=cfg.trainer.seed)
+        progress = Progress(cfg.sft.steps, 0, "sft", cfg.trainer.progress)
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            record = {"phase": "sft", "step": step, **metrics}
+            jsonl.write(record)
+            if tb is not None:
+                tb.write(record)
+            progress.update(loss=metrics.get("sft/loss", float("nan")))
+
+        start = time.perf_counter()
+        run_sft(group, dataset, cfg.sft, tokenizer, on_step)
+        progress.close()
+        group.call("export_hf", str(sft_dir), tokenizer)
+        group.shutdown()
+        self.echo(f"SFT warm start: {cfg.sft.steps} steps in {time.perf_counter() - start:.1f}s -> {sft_dir}")
+        return self._sft_model()
+
+    def _sft_model(self) -> ModelConfig:
+        sft_dir = self.out / "sft_model"
+        if not (sft_dir / "config.json").exists():
+            raise CheckpointError(f"{sft_dir} is missing: the SFT warm start of this run did not finish; run without --resume")
+        m = self.config.model
+        return ModelConfig(path=str(sft_dir.resolve()), dtype=m.dtype, attn_implementation=m.attn_implementation)
+
+    def _roles(self, policy: ModelConfig) -> RLRoles:
+        cfg, algo = self.config, self.config.algorithm
+        placement, seed = cfg.cluster.placement, cfg.trainer.seed
+        actor = create_worker_group(
+            placement, "actor", ActorRolloutWorker, cfg.actor.engine, policy, cfg.rollout, actor_loss_config(cfg),
+            free_memory=cfg.trainer.free_memory, seed=seed,
+        )
+        reference = (
+            create_worker_group(placement, "reference", ReferenceWorker, cfg.reference.engine, policy, seed=seed)
+            if algo.needs_reference
+            else None
+        )
+        critic = None
+        if algo.name == "ppo":
+            critic_model = cfg.critic.model or policy.model_copy(update={"value_head": True})
+            critic = create_worker_group(
+                placement, "critic", CriticWorker, cfg.critic.engine, critic_model, CriticLossConfig(), seed=seed
+            )
+        function = self.reward_fn or resolve_reward(cfg.reward.function, cfg.base_dir)
+        reward = create_worker_group(
+            placement, "reward", RewardWorker, function if cfg.reward.model is None else None,
+            cfg.reward.engine, cfg.reward.model, seed=seed,
+        )
+        return RLRoles(actor=actor, reward=reward, reference=reference, critic=critic)
+
+    def _data(self, tokenizer: Any) -> tuple[PromptLoader, PromptDataset | None]:
+        cfg = self.config
+        data_cfg = cfg.data.model_copy(update={"path": cfg.resolve(cfg.data.path)})
+        dataset = PromptDataset.from_config(data_cfg, tokenizer)
+        loader = PromptLoader.from_config(dataset)
+        val = None
+        if cfg.validation.path is not None:
+            val = PromptDataset(cfg.resolve(cfg.validation.path), tokenizer, data_cfg)
+        return loader, val
+
+    def _save(self, roles: RLRoles, trainer: RLTrainer, step: int, accuracy_before: float | None) -> None:
+        keep = self.config.trainer.keep_last
+        extra = {
+            "step": step,
+            "loader": trainer.loader.state_dict(),
+            "accuracy_before": accuracy_before,
+            "kl_coef": trainer.kl_ctrl.value if trainer.kl_ctrl is not None else None,
+            "python_random": random.getstate(),
+        }
+        if roles.critic is not None:
+            roles.critic.call("save_checkpoint", str(self.ckpt_root / "critic"), step, {"step": step}, keep)
+        roles.actor.call("save_checkpoint", str(self.ckpt_root / "actor"), step, extra, keep)
+
+    def _load(self, roles: RLRoles, trainer: RLTrainer, path: Path) -> tuple[int, float | None]:
+        extra = roles.actor.call("load_checkpoint", str(path))
+        step = int(extra["step"])
+        if roles.critic is not None:
+            critic_path = self.ckpt_root / "critic" / path.name
+            roles.critic.call("load_checkpoint", str(CheckpointManager.check_complete(critic_path)))
+        trainer.loader.load_state_dict(extra["loader"])
+        if trainer.kl_ctrl is not None and extra.get("kl_coef") is not None:
+            trainer.kl_ctrl.value = float(extra["kl_coef"])
+        if extra.get("python_random") is not None:
+            random.setstate(extra["python_random"])
+        return step, extra.get("accuracy_before")
+
+    # ------------------------------------------------------------------ the job
+    def run(self) -> JobResult:
+        cfg = self.config
+        started = time.perf_counter()
+        if cfg.trainer.torch_threads:
+            torch.set_num_threads(cfg.trainer.torch_threads)
+        _seed_everything(cfg.trainer.seed)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+        tokenizer = load_tokenizer(cfg.model)
+        latest = self._latest_checkpoint()
+        resume_step = CheckpointManager.step_of(latest) if latest is not None else None
+        jsonl = JsonlLogger(self.out / "metrics.jsonl", resume_step=resume_step)
+        tb = TensorBoardLogger(self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None) if cfg.trainer.tensorboard else None
+
+        loader, val = self._data(tokenizer)  # before any model is built: a bad row fails fast
+        if cfg.sft.enabled:
+            policy = self._sft(tokenizer, jsonl, tb) if latest is None else self._sft_model()
+        else:
+            policy = cfg.model
+        roles = self._roles(policy)
+        trainer = RLTrainer(cfg, roles, tokenizer, loader, val.rows if val is not None else None)
+
+        def log(record: dict[str, Any]) -> None:
+            jsonl.write(record)
+            if tb is not None:
+                tb.write(record)
+
+        if latest is not None:
+            start, accuracy_before = self._load(roles, trainer, latest)
+            self.echo(f"resumed from {latest} (step {start})")
+        else:
+            start = 0
+            val0 = trainer.validate()
+            accuracy_before = val0.get("val/accuracy")
+            log({"phase": "rl", "step": 0, **val0, "data/prompts": float(len(loader.dataset)), "data/filtered": float(loader.dataset.num_filtered)})
+            if cfg.trainer.save_every > 0:
+                self._save(roles, trainer, 0, accuracy_before)
+
+        total = cfg.trainer.total_steps
+        progress = Progress(total, start, cfg.algorithm.name, cfg.trainer.progress)
+        accuracy_after = None
+        for step in range(start + 1, total + 1):
+            metrics = trainer.step(step)
+            if _due(step, cfg.validation.every_n_steps, total):
+                metrics.update(trainer.validate())
+                accuracy_after = metrics.get("val/accuracy", accuracy_after)
+            log({"phase": "rl", "step": step, **metrics})
+            progress.update(reward=metrics.get("reward/mean", 0.0), acc=metrics.get("val/accuracy", metrics.get("reward/accuracy", 0.0)))
+            if _due(step, cfg.trainer.save_every, total):
+                self._save(roles, trainer, step, accuracy_before)
+        progress.close()
+        if accuracy_after is None and start >= total:  # resumed a finished run
+            accuracy_after = trainer.validate().get("val/accuracy")
+
+        jsonl.close()
+        if tb is not None:
+            tb.close()
+        if cfg.trainer.export_hf:
+            path = roles.actor.call("export_hf", str(self.out / "hf"), tokenizer)
+            self.echo(f"exported the policy to {path}")
+        if cfg.trainer.plot:
+            png = plot_curves(read_jsonl(self.out / "metrics.jsonl"), self.out / "curves.png", title=f"{self.algo_label} ({self.out.name})")
+            self.echo(f"curves: {png}")
+        for group in (roles.actor, roles.reference, roles.critic, roles.reward):
+            if group is not None:
+                group.shutdown()
+        seconds = time.perf_counter() - started
+        self.echo(f"metrics: {self.out / 'metrics.jsonl'} ({seconds:.1f}s)")
+        if accuracy_before is not None:
+            self.echo(f"accuracy before {self.algo_label}: {100 * accuracy_before:.1f}%")
+        if accuracy_after is not None:
+            self.echo(f"accuracy after {self.algo_label}: {100 * accuracy_after:.1f}%")
+        return JobResult(accuracy_before=accuracy_before, accuracy_after=accuracy_after, steps=total, output_dir=self.out, seconds=seconds)
+
+
+def run_job(config: TrainConfig, *, resume: bool = False, reward_fn: Callable[..., Any] | None = None) -> JobResult:
+    """Run ``config`` end to end (``resume``: continue from the newest complete checkpoint
+    under ``<output_dir>/checkpoints``). ``reward_fn`` overrides ``reward.function``."""
+    return Job(config, resume=resume, reward_fn=reward_fn).run()
+
+
+def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False) -> int:
+    """``geartrain train CONFIG [overrides] [--resume]``."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    config = load_train_config(config_path, overrides)
+    run_job(config, resume=resume)
+    return 0

@@ -1,0 +1,75 @@
+"""Supervised fine-tuning (the warm start before RL).
+
+Rows hold a ``prompt`` and a ``response`` (the key is ``sft.response_key``); each training
+sequence is the prompt's tokens then the response's tokens and EOS, laid out like a
+rollout batch (left-padded prompt, right-padded response), with the loss on the response.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from geartrain.batch import Batch
+from geartrain.cluster import Dispatch, WorkerGroup
+from geartrain.data import DataConfig, PromptDataset, PromptLoader, PromptRow
+from geartrain.errors import DataError
+from geartrain.trainer.config import SFTConfig
+
+
+def sft_dataset(config: SFTConfig, path: str, tokenizer: Any, data: DataConfig) -> PromptDataset:
+    """The SFT rows (prompt handling as in the RL data section; the response is required)."""
+    cfg = data.model_copy(update={"path": path, "require_ground_truth": False, "batch_size": config.batch_size, "seed": config.seed})
+    rows: list[dict[str, Any]] | str = path
+    if config.max_prompts is not None:
+        from geartrain.data.sources import read_rows
+
+        rows = [row for _, row in read_rows(path)][: config.max_prompts]
+    dataset = PromptDataset(rows, tokenizer, cfg)
+    for row in dataset.rows:
+        if not isinstance(row.meta.get(config.response_key), str):
+            raise DataError(f"{row.where or path}: SFT rows need a string '{config.response_key}'")
+    return dataset
+
+
+def sft_batch(rows: list[PromptRow], tokenizer: Any, response_key: str) -> Batch:
+    """Token ids, attention mask and loss mask (response + EOS) for ``rows``."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id or 0
+    responses = tokenizer([r.meta[response_key] for r in rows], add_special_tokens=False)["input_ids"]
+    responses = [list(ids) + ([eos] if eos is not None else []) for ids in responses]
+    width = max(len(r.prompt_ids) for r in rows)
+    total = width + max(len(r) for r in responses)
+    ids = torch.full((len(rows), total), pad, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    loss_mask = torch.zeros_like(ids)
+    for i, (row, resp) in enumerate(zip(rows, responses, strict=True)):
+        p = row.prompt_ids
+        ids[i, width - len(p) : width] = torch.tensor(p)
+        ids[i, width : width + len(resp)] = torch.tensor(resp)
+        attention[i, width - len(p) : width + len(resp)] = 1
+        loss_mask[i, width : width + len(resp)] = 1
+    return Batch({"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}, info={"prompt_length": width})
+
+
+def run_sft(
+    worker: WorkerGroup,
+    dataset: PromptDataset,
+    config: SFTConfig,
+    tokenizer: Any,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, float]:
+    """``config.steps`` optimizer steps of ``config.batch_size`` rows each; ``on_step``
+    gets every step's metrics. Returns the last step's metrics."""
+    loader = PromptLoader(dataset, config.batch_size, shuffle=True, seed=config.seed, drop_last=False)
+    metrics: dict[str, float] = {}
+    for step in range(1, config.steps + 1):
+        start = time.perf_counter()
+        batch = sft_batch(loader.next_batch().rows, tokenizer, config.response_key)
+        metrics = worker.call("train_step", batch, dispatch=Dispatch.DP)
+        metrics["timing/step_s"] = time.perf_counter() - start
+        if on_step is not None:
+            on_step(step, metrics)
+    return metrics
