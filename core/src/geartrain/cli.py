@@ -40,7 +40,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from geartrain.trainer.config import load_train_config
 
-    config = load_train_config(args.config, args.overrides)
+    config = load_train_config(args.config, args.overrides, check_plugins=not args.no_plugins)
     print(f"{args.config}: ok ({config.algorithm.name} with actor engine "
           f"'{config.actor.engine.backend}' and rollout '{config.rollout.backend}')")
     return 0
@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="validate a config file (and its backends' sections)")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.engine.optim.lr=1e-5")
+    p.add_argument("--no-plugins", action="store_true",
+                   help="skip the backend sections (a GPU job checked where its plugins are not installed)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("train", help="run a training job from a config file")
