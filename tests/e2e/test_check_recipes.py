@@ -1,0 +1,41 @@
+"""``geartrain check`` on the shipped job files."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from e2e_helpers import ROOT, run_geartrain
+
+GSM8K = ROOT / "examples" / "gsm8k" / "grpo_qwen2.5_0.5b_vllm.toml"
+
+
+def test_main_job_config_checks_with_its_plugins() -> None:
+    proc = run_geartrain("check", str(ROOT / "examples" / "arithmetic" / "grpo.toml"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok (grpo with actor engine 'fsdp' and rollout 'torch')" in proc.stdout
+
+
+def test_gsm8k_vllm_recipe_checks_without_its_plugins() -> None:
+    proc = run_geartrain("check", str(GSM8K), "--no-plugins", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok (grpo with actor engine 'fsdp' and rollout 'vllm')" in proc.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is not None, reason="vllm plugin installed here")
+def test_gsm8k_vllm_recipe_names_the_missing_plugin() -> None:
+    proc = run_geartrain("check", str(GSM8K), timeout=120)
+    assert proc.returncode == 2
+    assert "rollout.backend" in proc.stderr and "pip install geartrain-vllm" in proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is None, reason="needs the vllm plugin")
+def test_gsm8k_vllm_recipe_checks_with_the_vllm_plugin() -> None:
+    proc = run_geartrain("check", str(GSM8K), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_typo_is_reported_with_its_path() -> None:
+    proc = run_geartrain("check", str(GSM8K), "--no-plugins", "algorithm.clip_ratio=-1", "trainer.totl_steps=3", timeout=120)
+    assert proc.returncode == 2
+    assert "algorithm.clip_ratio" in proc.stderr and "trainer.totl_steps" in proc.stderr

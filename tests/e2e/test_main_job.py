@@ -1,0 +1,40 @@
+"""The main job, run exactly as the README says: SFT warm start then GRPO on two-digit
+addition must raise held-out accuracy by at least 30 points, within the time budget."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import MAIN_CONFIG, printed_accuracies, rl_records, run_geartrain
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_main_job_gains_30_points(out_dir: Path) -> None:
+    start = time.monotonic()
+    proc = run_geartrain("train", str(MAIN_CONFIG), f"trainer.output_dir={out_dir}", timeout=600)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
+    assert lines[-2].startswith("accuracy before GRPO: ") and lines[-1].startswith("accuracy after GRPO: ")
+    before, after = printed_accuracies(proc.stdout)
+    assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"
+    assert seconds < 300, f"the whole job took {seconds:.0f}s"
+
+    records = rl_records(out_dir / "metrics.jsonl")
+    steps = [r["step"] for r in records]
+    assert steps == list(range(0, len(steps))), steps
+    assert records[0]["val/prompts"] >= 200
+    assert abs(100 * records[0]["val/accuracy"] - before) < 0.06
+    assert abs(100 * records[-1]["val/accuracy"] - after) < 0.06
+    for key in ("reward/mean", "reward/std", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm",
+                "response/length_mean", "timing/generate_s", "timing/reward_s", "timing/log_probs_s",
+                "timing/update_s", "perf/tokens_per_s", "rollout_mismatch/mean_abs_diff"):
+        assert key in records[1], key
+    assert records[1]["rollout_mismatch/max_abs_diff"] < 1e-3  # same fp32 weights in both
+    assert (out_dir / "curves.png").stat().st_size > 10_000
+    assert (out_dir / "hf" / "config.json").exists()
+    assert any((out_dir / "tensorboard").iterdir())
