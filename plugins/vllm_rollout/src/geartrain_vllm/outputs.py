@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from geartrain.batch import Batch
@@ -41,6 +42,25 @@ def sampled_log_probs(tokens: Sequence[int], logprobs: object) -> list[float]:
 def finish_reason(reason: str | None) -> str:
     """vLLM's finish reason in the core's vocabulary (``stop`` or ``length``)."""
     return "stop" if reason == "stop" else "length"
+
+
+def samples_from_outputs(prompts: Sequence[Sequence[int]], owners: Sequence[int], outputs: Sequence[Any]) -> list[Sample]:
+    """One :class:`Sample` per completion of vLLM's ``RequestOutput`` list (request ``r``
+    samples for prompt ``owners[r]``), in request then completion order."""
+    samples = []
+    for index, request in zip(owners, outputs, strict=True):
+        for completion in sorted(request.outputs, key=lambda c: c.index):
+            tokens = list(completion.token_ids)
+            samples.append(
+                Sample(
+                    prompt_index=index,
+                    prompt=prompts[index],
+                    tokens=tokens,
+                    log_probs=sampled_log_probs(tokens, completion.logprobs),
+                    finish_reason=finish_reason(completion.finish_reason),
+                )
+            )
+    return samples
 
 
 def to_batch(samples: Sequence[Sample], pad_token_id: int) -> Batch:

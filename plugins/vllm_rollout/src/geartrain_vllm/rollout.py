@@ -20,11 +20,8 @@ from geartrain.types import EngineContext, MemoryStats, SamplingParams
 from geartrain_vllm import engine, weights
 from geartrain_vllm.model_dir import model_directory, pad_token_id
 from geartrain_vllm.options import VllmOptions
-from geartrain_vllm.outputs import Sample, finish_reason, sampled_log_probs, to_batch
-
-
-#: vLLM samples greedily below this temperature (its _SAMPLING_EPS).
-GREEDY_TEMPERATURE = 1e-5
+from geartrain_vllm.outputs import samples_from_outputs, to_batch
+from geartrain_vllm.requests import build_requests
 
 
 class VllmRollout:
@@ -67,54 +64,13 @@ class VllmRollout:
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
-        """``sampling.n`` samples per prompt, prompt-major, with vLLM's raw log-probs.
-
-        With a seed, sample ``j`` of prompt ``i`` uses seed ``seed + i * n + j``, so every row
-        has its own reproducible random stream.
-        """
+        """``sampling.n`` samples per prompt, prompt-major, with vLLM's raw log-probs
+        (see :func:`geartrain_vllm.requests.build_requests` for how they are asked for)."""
         self._require_running("generate")
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.inputs import TokensPrompt
-
-        greedy = sampling.temperature < GREEDY_TEMPERATURE
-        # vLLM refuses n > 1 for greedy requests: send n copies with n=1 instead.
-        copies, per_request = (sampling.n, 1) if greedy and sampling.n > 1 else (1, sampling.n)
-
-        def params(index: int) -> Any:
-            return VllmSamplingParams(
-                n=per_request,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                max_tokens=sampling.max_tokens,
-                stop_token_ids=list(sampling.stop_token_ids),
-                seed=None if sampling.seed is None else sampling.seed + index * sampling.n,
-                logprobs=0,  # the sampled token's own log-prob only
-                flat_logprobs=True,
-                ignore_eos=True,  # stop only on sampling.stop_token_ids, as the contract says
-                detokenize=False,
-            )
-
         self._check_prompts(prompts)
-        owners = [i for i in range(len(prompts)) for _ in range(copies)]
-        requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
-        shared = params(0)
-        per_prompt = [params(i) for i in owners] if sampling.seed is not None else shared
-        outputs = self.llm.generate(requests, per_prompt, use_tqdm=False)
-        samples = []
-        for index, request in zip(owners, outputs, strict=True):
-            for completion in sorted(request.outputs, key=lambda c: c.index):
-                tokens = list(completion.token_ids)
-                samples.append(
-                    Sample(
-                        prompt_index=index,
-                        prompt=prompts[index],
-                        tokens=tokens,
-                        log_probs=sampled_log_probs(tokens, completion.logprobs),
-                        finish_reason=finish_reason(completion.finish_reason),
-                    )
-                )
-        return to_batch(samples, self.pad_token_id)
+        requests = build_requests(prompts, sampling)
+        outputs = self.llm.generate(requests.prompts, requests.params, use_tqdm=False)
+        return to_batch(samples_from_outputs(prompts, requests.owners, outputs), self.pad_token_id)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.SyncCounter:
@@ -169,10 +125,10 @@ class VllmRollout:
         """Free the engine's weights and KV cache (GPU: sleep; CPU: shutdown)."""
         start = time.perf_counter()
         if self.released:
-            now = current_memory_bytes(self.device)
+            now = self._memory()
             return MemoryStats(before=now, after=now, seconds=0.0)
         collect_garbage(self.device)
-        before = current_memory_bytes(self.device)
+        before = self._memory()
         detail: dict[str, int] = {}
         if self.device == "cpu":
             llm, self.llm = self.llm, None
@@ -189,19 +145,19 @@ class VllmRollout:
         collect_garbage(self.device)
         engine.trim_heap()
         self.released = True
-        after = current_memory_bytes(self.device)
+        after = self._memory()
         return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start, detail=detail)
 
     def resume(self) -> MemoryStats:
         """Re-acquire the memory with the weights the engine had before ``release``."""
         start = time.perf_counter()
-        before = current_memory_bytes(self.device)
+        before = self._memory()
         if not self.released:
             return MemoryStats(before=before, after=before, seconds=0.0)
         if self.device == "cpu":
             self.llm = engine.start_engine(self.engine_kwargs)
             if self.weight_copy is not None and len(self.weight_copy):
-                self.weight_copy.restore()
+                # Read back one tensor at a time; the copy stays on disk until the next sync.
                 self._load(self.weight_copy.items())
         else:
             self.llm.wake_up()
@@ -212,7 +168,7 @@ class VllmRollout:
                     self.llm.collective_rpc("reload_weights", kwargs=dict(is_checkpoint_format=True))
             self.llm.reset_prefix_cache()
         self.released = False
-        after = current_memory_bytes(self.device)
+        after = self._memory()
         return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start)
 
     def shutdown(self) -> None:
@@ -224,6 +180,14 @@ class VllmRollout:
             self.weight_copy.clear()
         if self._owns_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _memory(self) -> int:
+        """Device memory in use on GPU (vLLM's sleep mode allocates outside PyTorch's
+        caching allocator, so ask the driver); the resident set on CPU."""
+        if self.device == "cuda" and torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            return int(total - free)
+        return current_memory_bytes("cpu")
 
     def _check_prompts(self, prompts: list[list[int]]) -> None:
         """Refuse a batch before any of it reaches the engine (vLLM would keep the
