@@ -18,7 +18,6 @@ import statistics
 import time
 
 import torch
-
 from geartrain.batch import Batch
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig
 from geartrain.engine import Engine
@@ -75,15 +74,25 @@ def main() -> None:
     if args.cpu_time:
         CLOCK = time.process_time
 
-    overrides = dict(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4)
+    overrides = dict(
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+    )
     model_cfg = ModelConfig(tiny="qwen2", config_overrides=overrides)
     optim = OptimConfig(lr=1e-4)
 
     def engine(**options: object) -> Engine:
-        cfg = EngineConfig(backend="fsdp", optim=optim, max_tokens_per_micro_batch=args.rows * args.width, options=dict(options))
+        cfg = EngineConfig(
+            backend="fsdp", optim=optim, max_tokens_per_micro_batch=args.rows * args.width, options=dict(options)
+        )
         return Engine(cfg, model_cfg, EngineContext(role="actor"))
 
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  torch {torch.__version__}  threads {torch.get_num_threads()}  clock {'cpu' if args.cpu_time else 'wall'}")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  torch {torch.__version__}  threads {torch.get_num_threads()}  clock {'cpu' if args.cpu_time else 'wall'}"
+    )
     print(f"# model: qwen2 hidden={args.hidden} layers={args.layers} vocab=128; batch {args.rows} x {args.width}")
 
     # 1. engine vs plain loop, equal-length rows
@@ -96,7 +105,9 @@ def main() -> None:
         eng.optimizer_step()
 
     hf = build_hf_model(model_cfg).train()
-    opt = torch.optim.AdamW(hf.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
+    opt = torch.optim.AdamW(
+        hf.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+    )
 
     def plain_step() -> None:
         ids, mask = full["input_ids"], full["attention_mask"]
@@ -115,7 +126,9 @@ def main() -> None:
         t_engine.append(timed(engine_step, 1))
         t_plain.append(timed(plain_step, 1))
     te, tp = statistics.median(t_engine), statistics.median(t_plain)
-    print(f"train step, equal lengths: engine {tokens / te:,.0f} tok/s, plain loop {tokens / tp:,.0f} tok/s, ratio {tp / te:.3f}")
+    print(
+        f"train step, equal lengths: engine {tokens / te:,.0f} tok/s, plain loop {tokens / tp:,.0f} tok/s, ratio {tp / te:.3f}"
+    )
 
     # 2. packed vs padded on variable lengths
     var = make_batch(args.rows, args.width, variable=True, seed=1)
@@ -126,7 +139,9 @@ def main() -> None:
         t_packed.append(timed(lambda: (packed.forward_backward(var, loss_fn), packed.optimizer_step()), 1))
         t_padded.append(timed(lambda: (padded.forward_backward(var, loss_fn), padded.optimizer_step()), 1))
     tk, td = statistics.median(t_packed), statistics.median(t_padded)
-    print(f"variable lengths ({real} real of {var['attention_mask'].numel()} slots): packed {real / tk:,.0f} tok/s, padded {real / td:,.0f} tok/s, speed-up {td / tk:.2f}x")
+    print(
+        f"variable lengths ({real} real of {var['attention_mask'].numel()} slots): packed {real / tk:,.0f} tok/s, padded {real / td:,.0f} tok/s, speed-up {td / tk:.2f}x"
+    )
 
     # 3. weight export vs memcpy
     class Sink:

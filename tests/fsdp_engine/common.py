@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from geartrain.batch import Batch
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig
 from geartrain.engine import Engine
@@ -36,7 +35,9 @@ def make_batch(seed: int = 0, rows: int = 6, prompt_max: int = 7, response_max: 
     return Batch({"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}, info={"prompt_length": prompt_max})
 
 
-def token_mean_loss(outputs: dict[str, torch.Tensor], mb: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+def token_mean_loss(
+    outputs: dict[str, torch.Tensor], mb: Batch, ctx: LossContext
+) -> tuple[torch.Tensor, dict[str, float]]:
     """``-sum(log p * loss_mask) / global_tokens``: this micro-batch's share."""
     mask = mb["loss_mask"].to(outputs["log_probs"].dtype)
     share = -(outputs["log_probs"] * mask).sum() / ctx.global_tokens
@@ -66,7 +67,9 @@ def reference_outputs(hf: torch.nn.Module, batch: Batch) -> dict[str, torch.Tens
     }
 
 
-def engine_config(*, dp: int = 1, sp: int = 1, lr: float = 1e-3, budget: int = 4096, options: dict | None = None, **optim: Any) -> EngineConfig:
+def engine_config(
+    *, dp: int = 1, sp: int = 1, lr: float = 1e-3, budget: int = 4096, options: dict | None = None, **optim: Any
+) -> EngineConfig:
     return EngineConfig(
         backend="fsdp",
         parallel=ParallelConfig(dp=dp, sp=sp),
@@ -76,7 +79,9 @@ def engine_config(*, dp: int = 1, sp: int = 1, lr: float = 1e-3, budget: int = 4
     )
 
 
-def make_engine(family: str = "qwen2", *, rank: int = 0, world: int = 1, value_head: bool = False, seed: int = 0, **kw: Any) -> Engine:
+def make_engine(
+    family: str = "qwen2", *, rank: int = 0, world: int = 1, value_head: bool = False, seed: int = 0, **kw: Any
+) -> Engine:
     model = ModelConfig(tiny=family, value_head=value_head, seed=seed)
     return Engine(engine_config(**kw), model, EngineContext(role="actor", rank=rank, world_size=world, seed=seed))
 
@@ -120,7 +125,11 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 2
     rank's result (``fn`` must be a module-level function)."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.start_processes(
-            _entry, args=(world, os.path.join(tmp, "store"), tmp, fn, args), nprocs=world, join=False, start_method="spawn"
+            _entry,
+            args=(world, os.path.join(tmp, "store"), tmp, fn, args),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
         )
         import time
 

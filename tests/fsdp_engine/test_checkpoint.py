@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from geartrain.checkpoint import CheckpointManager
 
 from .common import run_ranks
@@ -63,7 +62,9 @@ def test_save_killed_midway_leaves_previous_checkpoint(tmp_path: Path) -> None:
     tests_dir = str(Path(__file__).resolve().parents[1])
     script = KILLED_SAVE.format(tests=tests_dir, root=str(root))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         deadline = time.monotonic() + 120
         line = ""

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
 from geartrain.testing import tiny_model
+from transformers import AutoModelForCausalLM
 
 from .common import make_batch, reference_outputs, run_ranks
 from .workers import train_steps
@@ -74,7 +73,9 @@ def test_two_ranks_match_plain_transformers(family: str, options: dict, tmp_path
     for name, t in received.items():
         assert t.dtype == torch.float32
         assert torch.equal(t, ranks[0]["params"][name]), name
-    assert stats.num_buckets > 1 and stats.max_bucket_bytes <= max(20_000, max(t.numel() * 4 for t in received.values()))
+    assert stats.num_buckets > 1 and stats.max_bucket_bytes <= max(
+        20_000, max(t.numel() * 4 for t in received.values())
+    )
 
     # the HF export loads in plain transformers and gives the engine's numbers
     loaded = AutoModelForCausalLM.from_pretrained(export).eval()

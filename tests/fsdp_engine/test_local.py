@@ -7,14 +7,13 @@ import math
 
 import pytest
 import torch
-
 from geartrain.config import OptimConfig
 from geartrain.testing import tiny_model
-
-from .common import full_grads, full_params, make_batch, make_engine, reference_outputs, token_mean_loss, value_loss
 from geartrain_fsdp.logprobs import token_log_probs
 from geartrain_fsdp.optim import lr_factor
 from geartrain_fsdp.packing import pack, plan_micro_batches, scatter_shifted
+
+from .common import full_grads, full_params, make_batch, make_engine, reference_outputs, token_mean_loss, value_loss
 
 
 def _step(engine, batch, loss_fn=token_mean_loss):
@@ -82,9 +81,8 @@ def test_engine_chunked_vocab_matches_unchunked() -> None:
 
 
 def test_value_head_outputs_per_token_values() -> None:
-    from transformers import AutoModelForTokenClassification
-
     from geartrain.testing import tiny_config
+    from transformers import AutoModelForTokenClassification
 
     batch = make_batch(5)
     engine = make_engine(value_head=True, budget=20)
@@ -170,3 +168,29 @@ def test_plan_and_pack_roundtrip() -> None:
     back = scatter_shifted(p.targets.float(), p).long()
     keep = batch["attention_mask"].bool() & (batch["attention_mask"].cumsum(1) > 1)
     assert torch.equal(back[keep], batch["input_ids"][keep]) and (back[~keep] == 0).all()
+
+
+def test_bf16_compute_stays_close_to_fp32() -> None:
+    """``param_dtype = bfloat16``: compute in bf16 (autocast in one process, FSDP's
+    MixedPrecisionPolicy on several ranks) with fp32 master weights."""
+    from geartrain.config import EngineConfig, ModelConfig
+    from geartrain.engine import Engine
+    from geartrain.types import EngineContext
+
+    from .common import engine_config
+
+    cfg = engine_config()
+    bf16 = Engine(
+        EngineConfig(**{**cfg.model_dump(), "param_dtype": "bfloat16"}),
+        ModelConfig(tiny="qwen2"),
+        EngineContext(role="actor"),
+    )
+    fp32 = make_engine()
+    batch = make_batch(3)
+    a = bf16.forward_backward(batch, token_mean_loss)
+    b = fp32.forward_backward(batch, token_mean_loss)
+    mask = batch["attention_mask"].bool()
+    assert not torch.equal(a.outputs["log_probs"], b.outputs["log_probs"])  # it really ran in bf16
+    assert torch.allclose(a.outputs["log_probs"][mask], b.outputs["log_probs"][mask], atol=0.05)
+    assert all(p.dtype == torch.float32 for p in bf16.handle.module.parameters())
+    assert bf16.optimizer_step()["skipped"] == 0.0

@@ -5,7 +5,6 @@ engine's within 1e-5) and holds exactly the engine's full tensors."""
 from __future__ import annotations
 
 import torch
-
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.rollout import Rollout
 from geartrain.types import EngineContext, SamplingParams
@@ -19,7 +18,9 @@ def test_torch_rollout_log_probs_equal_engine_after_sync() -> None:
         engine.forward_backward(make_batch(step), token_mean_loss)
         engine.optimizer_step()
     rollout = Rollout(
-        RolloutConfig(backend="torch", weight_bucket_bytes=20_000), ModelConfig(tiny="qwen2"), EngineContext(role="rollout")
+        RolloutConfig(backend="torch", weight_bucket_bytes=20_000),
+        ModelConfig(tiny="qwen2"),
+        EngineContext(role="rollout"),
     )
     stats = engine.sync_weights(rollout)
     assert stats.num_buckets > 1

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from geartrain.checkpoint import CheckpointManager
 
 from .common import full_grads, full_params, make_batch, make_engine, token_mean_loss
@@ -33,7 +32,9 @@ class Receiver:
             self.received[name] = tensor.detach().cpu().clone()
 
 
-def train_steps(rank: int, world: int, family: str, steps: int, options: dict, budget: int, seed: int = 0) -> dict[str, Any]:
+def train_steps(
+    rank: int, world: int, family: str, steps: int, options: dict, budget: int, seed: int = 0
+) -> dict[str, Any]:
     """dp=world training on ``make_batch(seed + step)``: per step the rank's log-probs,
     summed loss metric, full grads (first step), optimizer metrics; then the final full
     params, a weight sync into a receiver and an HF export (path in options['_export'])."""

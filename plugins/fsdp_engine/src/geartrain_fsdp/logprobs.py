@@ -8,7 +8,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
-def _chunk(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, need_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = (hidden @ weight.t()).float()
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse

@@ -8,10 +8,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
 from geartrain.config import ParallelConfig
 from geartrain.types import EngineContext
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
 @dataclass(kw_only=True, slots=True)

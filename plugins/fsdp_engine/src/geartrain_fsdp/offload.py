@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 import torch
-
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.types import MemoryStats
+
 from geartrain_fsdp.sharding import FSDPModel
 
 KINDS = frozenset({"params", "grads", "optimizer"})
@@ -41,14 +41,20 @@ def _move_optimizer(model: FSDPModel, device: torch.device) -> None:
 
 def _sizes(model: FSDPModel) -> dict[str, int]:
     params = [p.to_local() if hasattr(p, "to_local") else p for p in model.module.parameters()]
-    grads = [g.to_local() if hasattr(g, "to_local") else g for p in model.module.parameters() if (g := p.grad) is not None]
+    grads = [
+        g.to_local() if hasattr(g, "to_local") else g for p in model.module.parameters() if (g := p.grad) is not None
+    ]
     optim = []
     if model.optimizer is not None:
         for state in model.optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     optim.append(value.to_local() if hasattr(value, "to_local") else value)
-    return {"params_bytes": tensor_bytes(params), "grads_bytes": tensor_bytes(grads), "optimizer_bytes": tensor_bytes(optim)}
+    return {
+        "params_bytes": tensor_bytes(params),
+        "grads_bytes": tensor_bytes(grads),
+        "optimizer_bytes": tensor_bytes(optim),
+    }
 
 
 def _moves(model: FSDPModel) -> bool:

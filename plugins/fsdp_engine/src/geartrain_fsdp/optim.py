@@ -6,9 +6,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
-
 from geartrain.config import OptimConfig
+from torch.optim.lr_scheduler import LambdaLR
 
 
 def lr_factor(step: int, cfg: OptimConfig) -> float:

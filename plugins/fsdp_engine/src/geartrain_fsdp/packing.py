@@ -89,7 +89,11 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 
     seq_lens = lengths.tolist() + ([pad] if pad else [])
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
     cu[1:] = torch.cumsum(torch.tensor(seq_lens, dtype=torch.int64), 0)
-    position_ids = torch.cat([torch.arange(s, dtype=torch.int64) for s in seq_lens]) if seq_lens else torch.zeros(0, dtype=torch.int64)
+    position_ids = (
+        torch.cat([torch.arange(s, dtype=torch.int64) for s in seq_lens])
+        if seq_lens
+        else torch.zeros(0, dtype=torch.int64)
+    )
     seq_id = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(seq_lens, dtype=torch.int64))
     all_ids = torch.cat([ids, ids.new_zeros(pad)])
     targets = torch.cat([all_ids[1:], all_ids.new_zeros(1)])
@@ -124,7 +128,9 @@ def scatter_shifted(values: torch.Tensor, packed: Packed) -> torch.Tensor:
     return out.view(b, t)
 
 
-def padded_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
+def padded_inputs(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
     """For the padded path: the column range that holds real tokens, position ids counted
     over real tokens, and next-token targets. Returns ``(ids, mask, position_ids, cols)``."""
     mask = attention_mask.bool()

@@ -11,14 +11,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from geartrain.hookspecs import hookimpl
-from geartrain.types import Capability, DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats
+from geartrain.types import (
+    Capability,
+    DataParallelCoordinates,
+    EngineContext,
+    LossFn,
+    MemoryStats,
+    StepOutput,
+    SyncStats,
+)
 
 if TYPE_CHECKING:
     from geartrain.batch import Batch
     from geartrain.config import EngineConfig, ModelConfig
     from geartrain.rollout import WeightReceiver
+
     from geartrain_fsdp.options import FSDPOptions
     from geartrain_fsdp.sharding import FSDPModel
 
@@ -57,6 +65,7 @@ def build_model(config: ModelConfig, ctx: EngineContext) -> torch.nn.Module:
 @hookimpl
 def shard(module: torch.nn.Module, config: EngineConfig, ctx: EngineContext) -> FSDPModel:
     from geartrain.config import options_of
+
     from geartrain_fsdp.options import FSDPOptions
     from geartrain_fsdp.sharding import shard_model
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from geartrain.config import EngineConfig
+from geartrain.modeling import torch_dtype
+from geartrain.types import EngineContext
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.optim.lr_scheduler import LambdaLR
 
-from geartrain.config import EngineConfig
-from geartrain.modeling import torch_dtype
-from geartrain.types import EngineContext
 from geartrain_fsdp.mesh import Meshes, build_meshes
 from geartrain_fsdp.modeling import TokenOutputs, decoder_layers
 from geartrain_fsdp.optim import build_optimizer
@@ -69,11 +69,15 @@ def shard_model(hf: nn.Module, config: EngineConfig, options: FSDPOptions, ctx: 
         rank0_state = _take_rank0_state(module) if broadcast else None
         mp = None
         if config.param_dtype != "float32":
-            mp = MixedPrecisionPolicy(param_dtype=torch_dtype(config.param_dtype), reduce_dtype=torch_dtype(options.reduce_dtype))
+            mp = MixedPrecisionPolicy(
+                param_dtype=torch_dtype(config.param_dtype), reduce_dtype=torch_dtype(options.reduce_dtype)
+            )
         offload: OffloadPolicy = (
             CPUOffloadPolicy(pin_memory=meshes.device.type == "cuda") if options.cpu_offload else OffloadPolicy()
         )
-        kwargs = dict(mesh=meshes.fsdp_mesh, reshard_after_forward=options.reshard_after_forward, offload_policy=offload)
+        kwargs = dict(
+            mesh=meshes.fsdp_mesh, reshard_after_forward=options.reshard_after_forward, offload_policy=offload
+        )
         if mp is not None:
             kwargs["mp_policy"] = mp
         for layer in decoder_layers(hf):

@@ -7,9 +7,9 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-
 from geartrain.batch import Batch
 from geartrain.types import LossContext, LossFn, StepOutput
+
 from geartrain_fsdp.mesh import all_reduce_
 from geartrain_fsdp.packing import pack, padded_inputs, plan_micro_batches, scatter_shifted, shift_padded
 from geartrain_fsdp.sharding import FSDPModel
@@ -29,7 +29,9 @@ def _micro_batch_plan(model: FSDPModel, attention_mask: torch.Tensor) -> list[li
     return plan
 
 
-def _forward_packed(model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _forward_packed(
+    model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per-token outputs ``[b, T]`` of one micro-batch run as one packed row (split over
     the sp group), plus a scalar tied to the raw outputs (for empty micro-batches)."""
     meshes = model.meshes
@@ -54,7 +56,9 @@ def _forward_packed(model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, nee
     return outputs, anchor
 
 
-def _forward_padded(model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _forward_padded(
+    model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per-token outputs ``[b, T]`` of one micro-batch run as padded rows."""
     dev = model.device
     sub_ids, sub_mask, position_ids, cols = padded_inputs(ids, mask)
@@ -173,5 +177,5 @@ def _reduce_metrics(sums: dict[str, float], meshes) -> dict[str, float]:  # noqa
         keys = sorted({k for ks in names for k in ks})
         values = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64, device=meshes.device)
         dist.all_reduce(values, group=meshes.dp_group)
-        return dict(zip(keys, values.tolist()))
+        return dict(zip(keys, values.tolist(), strict=True))
     return {k: sums[k] for k in keys}

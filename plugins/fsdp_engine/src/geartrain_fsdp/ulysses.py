@@ -16,7 +16,6 @@ No mask function is registered for the name, so transformers builds no ``N x N``
 from __future__ import annotations
 
 import contextlib
-
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,7 +109,9 @@ def kv_repeats_for(num_heads: int, num_kv_heads: int, sp: int) -> int:
     return num_heads // num_kv_heads
 
 
-def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scaling: float | None) -> torch.Tensor:
+def varlen_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scaling: float | None
+) -> torch.Tensor:
     """Causal attention inside each ``[cu[i], cu[i+1])`` segment of ``[1, H, N, d]``
     tensors (``k``/``v`` may have fewer heads: grouped-query).
 
@@ -118,7 +119,7 @@ def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     sequences share its micro-batch (micro-batching leaves results bitwise unchanged).
     Segments of one common length run as a single batched call."""
     gqa = k.shape[1] != q.shape[1]  # SDPA maps query-head groups onto KV heads itself
-    lengths = [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])]
+    lengths = [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)]
     if len(set(lengths)) == 1:  # equal lengths: the rows are a view of the packed row
         length, d = lengths[0], q.shape[3]
 
@@ -129,7 +130,7 @@ def varlen_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         return out.transpose(0, 1).reshape(1, q.shape[1], -1, d)
     # split (not slicing): its backward is one concatenation, not a zero-filled full-size
     # gradient per segment
-    parts = zip(q.split(lengths, dim=2), k.split(lengths, dim=2), v.split(lengths, dim=2))
+    parts = zip(q.split(lengths, dim=2), k.split(lengths, dim=2), v.split(lengths, dim=2), strict=True)
     outs = [
         F.scaled_dot_product_attention(
             qi.contiguous(), ki.contiguous(), vi.contiguous(), is_causal=True, scale=scaling, enable_gqa=gqa

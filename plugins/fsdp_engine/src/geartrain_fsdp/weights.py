@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from geartrain.rollout import WeightReceiver
 from geartrain.types import SyncStats
 from geartrain.weights import BucketStats, drain, plan_buckets, stream_buckets
+
 from geartrain_fsdp.sharding import FSDPModel
 
 
@@ -30,7 +30,11 @@ def hf_state_entries(model: FSDPModel) -> list[tuple[str, torch.Tensor]]:
 
 
 def iter_full_weights(
-    model: FSDPModel, dtype: torch.dtype, bucket_bytes: int, device: torch.device | str = "cpu", stats: BucketStats | None = None
+    model: FSDPModel,
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    device: torch.device | str = "cpu",
+    stats: BucketStats | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Full tensors named as in the transformers checkpoint, cast to ``dtype``, gathered
     ``bucket_bytes`` at a time. Collective: every rank must consume it to the end."""
