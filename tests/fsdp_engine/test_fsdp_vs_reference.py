@@ -77,6 +77,12 @@ def test_two_ranks_match_plain_transformers(family: str, options: dict, tmp_path
         20_000, max(t.numel() * 4 for t in received.values())
     )
 
+    # the export loads back into the engine as a path model (rank-0 broadcast to meta ranks)
+    for r in ranks:
+        assert set(r["loaded_params"]) == set(ranks[0]["params"])
+        for name, p in ranks[0]["params"].items():
+            assert torch.equal(r["loaded_params"][name], p), name
+
     # the HF export loads in plain transformers and gives the engine's numbers
     loaded = AutoModelForCausalLM.from_pretrained(export).eval()
     engine_model = tiny_model(family)

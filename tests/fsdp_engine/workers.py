@@ -60,6 +60,18 @@ def train_steps(
         from geartrain.testing import tiny_tokenizer
 
         engine.export_hf(export, tiny_tokenizer())
+        # a checkpoint (path) model: ranks > 0 build it on the meta device and receive
+        # rank 0's weights while sharding
+        from geartrain.config import ModelConfig
+        from geartrain.engine import Engine
+        from geartrain.types import EngineContext
+
+        from .common import engine_config
+
+        loaded = Engine(
+            engine_config(dp=world), ModelConfig(path=export), EngineContext(role="actor", rank=rank, world_size=world)
+        )
+        out["loaded_params"] = full_params(loaded)
     return out
 
 

@@ -116,6 +116,7 @@ def export_hf(model: FSDPModel, path: Path, tokenizer: Any | None) -> None:
         files[-1][name] = tensor.contiguous()
         size += nbytes
     if not rank0:
+        _barrier(model)  # return once the directory is complete, on every rank
         return
     path.mkdir(parents=True, exist_ok=True)
     config = hf.config
@@ -140,6 +141,12 @@ def export_hf(model: FSDPModel, path: Path, tokenizer: Any | None) -> None:
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
+    _barrier(model)
+
+
+def _barrier(model: FSDPModel) -> None:
+    if model.meshes.distributed:
+        dist.barrier(group=model.meshes.ctx_group)
 
 
 def _tied_names(hf: torch.nn.Module) -> set[str]:
