@@ -147,6 +147,14 @@ class SFTConfig(Section):
     max_prompts: int | None = Field(None, ge=1)
     """Train on only the first N rows (a deliberately weak warm start)."""
     seed: int = 0
+    dev_path: str | None = None
+    """Prompts (with ``ground_truth``) the warm start is scored on, greedily, every
+    ``eval_every`` steps; a split of the *training* data, never the validation set."""
+    eval_every: int = Field(25, ge=1)
+    stop_at_accuracy: float | None = Field(None, gt=0, le=1)
+    """Stop the warm start once the dev accuracy reaches this (after ``min_steps``), so RL
+    starts from a policy that is partly right; ``steps`` stays the upper bound."""
+    min_steps: int = Field(0, ge=0)
 
 
 class TrainerConfig(Section):

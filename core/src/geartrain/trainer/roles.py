@@ -209,10 +209,25 @@ def nll_loss(outputs: dict[str, torch.Tensor], batch: Batch, ctx: LossContext) -
 
 
 class SFTWorker:
-    """Supervised fine-tuning of the policy model (the warm start)."""
+    """Supervised fine-tuning of the policy model (the warm start), with an optional
+    rollout to score it greedily while it trains."""
 
-    def __init__(self, engine: EngineConfig, model: ModelConfig, *, ctx: EngineContext) -> None:
+    def __init__(self, engine: EngineConfig, model: ModelConfig, rollout: RolloutConfig | None = None, *, ctx: EngineContext) -> None:
         self.engine = Engine(engine, model, ctx)
+        self.rollout = None
+        if rollout is not None:
+            rollout_ctx = EngineContext(role="rollout", rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank, device=ctx.device, seed=ctx.seed)
+            self.rollout = Rollout(rollout, model, rollout_ctx)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
+        """Sample from the current SFT weights (synced into the rollout first)."""
+        assert self.rollout is not None, "SFTWorker was built without a rollout"
+        self.engine.sync_weights(self.rollout)
+        return self.rollout.generate(prompts, sampling)
+
+    def close(self) -> None:
+        if self.rollout is not None:
+            self.rollout.shutdown()
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         out = self.engine.forward_backward(batch, nll_loss)

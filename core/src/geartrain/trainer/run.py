@@ -30,6 +30,7 @@ from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, 
 from geartrain.trainer.rl import RLRoles, RLTrainer, actor_loss_config
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
 from geartrain.trainer.sft import run_sft, sft_dataset
+from geartrain.types import SamplingParams
 
 logger = logging.getLogger("geartrain.trainer")
 
@@ -61,6 +62,23 @@ def resolve_reward(spec: str | Callable[..., Any] | None, base_dir: str | None) 
     if not callable(getattr(module, name, None)):
         raise GeartrainError(f"reward function file '{path}' has no function '{name}'")
     return getattr(module, name)
+
+
+def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer: Any, cfg: TrainConfig) -> float:
+    """Greedy exact-match accuracy of ``group``'s current policy on ``rows`` (its
+    ``generate`` syncs the weights first)."""
+    stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    sampling = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop_token_ids=stop, seed=0)
+    batch = group.call("generate", [r.prompt_ids for r in rows], sampling)
+    mask = batch["response_mask"].bool()
+    texts = tokenizer.batch_decode([batch["input_ids"][i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
+    batch["response_text"] = texts
+    batch["ground_truth"] = [r.ground_truth for r in rows]
+    batch["prompt"] = [r.prompt for r in rows]
+    batch["data_meta"] = [r.meta for r in rows]
+    scores, _, acc = scorer.score(batch)
+    values = [float(a) if a is not None else float(s > 0) for a, s in zip(acc, scores.tolist(), strict=True)]
+    return sum(values) / max(len(values), 1)
 
 
 def _seed_everything(seed: int) -> None:
@@ -109,7 +127,18 @@ class Job:
             raise GeartrainError("sft.enabled is true but sft.path is not set")
         dataset = sft_dataset(cfg.sft, path, tokenizer, cfg.data)
         engine = cfg.actor.engine.model_copy(update={"optim": cfg.sft.optim})
-        group = create_worker_group(cfg.cluster.placement, "actor", SFTWorker, engine, cfg.model, seed=cfg.trainer.seed)
+        dev = None
+        if cfg.sft.dev_path is not None:
+            data_cfg = cfg.data.model_copy(update={"path": cfg.resolve(cfg.sft.dev_path)})
+            dev = PromptDataset(cfg.resolve(cfg.sft.dev_path), tokenizer, data_cfg)
+        group = create_worker_group(
+            cfg.cluster.placement, "actor", SFTWorker, engine, cfg.model, cfg.rollout if dev is not None else None,
+            seed=cfg.trainer.seed,
+        )
+        evaluate = None
+        if dev is not None:
+            scorer = RewardWorker(self.reward_fn or resolve_reward(cfg.reward.function, cfg.base_dir), None, None, ctx=None)  # type: ignore[arg-type]
+            evaluate = lambda: greedy_accuracy(group, scorer, dev.rows, tokenizer, cfg)  # noqa: E731
         progress = Progress(cfg.sft.steps, 0, "sft", cfg.trainer.progress)
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -120,11 +149,12 @@ class Job:
             progress.update(loss=metrics.get("sft/loss", float("nan")))
 
         start = time.perf_counter()
-        run_sft(group, dataset, cfg.sft, tokenizer, on_step)
+        steps, last = run_sft(group, dataset, cfg.sft, tokenizer, on_step, evaluate)
         progress.close()
         group.call("export_hf", str(sft_dir), tokenizer)
         group.shutdown()
-        self.echo(f"SFT warm start: {cfg.sft.steps} steps in {time.perf_counter() - start:.1f}s -> {sft_dir}")
+        dev_note = f", dev accuracy {100 * last['sft/dev_accuracy']:.1f}%" if "sft/dev_accuracy" in last else ""
+        self.echo(f"SFT warm start: {steps} steps in {time.perf_counter() - start:.1f}s{dev_note} -> {sft_dir}")
         return self._sft_model()
 
     def _sft_model(self) -> ModelConfig:

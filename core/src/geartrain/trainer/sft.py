@@ -60,16 +60,28 @@ def run_sft(
     config: SFTConfig,
     tokenizer: Any,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
-) -> dict[str, float]:
-    """``config.steps`` optimizer steps of ``config.batch_size`` rows each; ``on_step``
-    gets every step's metrics. Returns the last step's metrics."""
+    evaluate: Callable[[], float] | None = None,
+) -> tuple[int, dict[str, float]]:
+    """Up to ``config.steps`` optimizer steps of ``config.batch_size`` rows each.
+
+    Every ``config.eval_every`` steps ``evaluate()`` (the dev accuracy) is recorded as
+    ``sft/dev_accuracy``; once it reaches ``config.stop_at_accuracy`` (and ``min_steps``
+    are done) the warm start stops. ``on_step`` gets every step's metrics. Returns the
+    number of steps run and the last step's metrics."""
     loader = PromptLoader(dataset, config.batch_size, shuffle=True, seed=config.seed, drop_last=False)
     metrics: dict[str, float] = {}
+    step = 0
     for step in range(1, config.steps + 1):
         start = time.perf_counter()
         batch = sft_batch(loader.next_batch().rows, tokenizer, config.response_key)
         metrics = worker.call("train_step", batch, dispatch=Dispatch.DP)
         metrics["timing/step_s"] = time.perf_counter() - start
+        stop = False
+        if evaluate is not None and step % config.eval_every == 0:
+            metrics["sft/dev_accuracy"] = accuracy = evaluate()
+            stop = config.stop_at_accuracy is not None and step >= config.min_steps and accuracy >= config.stop_at_accuracy
         if on_step is not None:
             on_step(step, metrics)
-    return metrics
+        if stop:
+            break
+    return step, metrics
