@@ -67,6 +67,17 @@ def test_two_ranks_match_plain_transformers(family: str, options: dict, tmp_path
         assert torch.allclose(ranks[0]["params"][name], p, atol=1e-4, rtol=0), name
         assert torch.equal(ranks[0]["params"][name], ranks[1]["params"][name])
 
+    # ranks with different numbers of micro-batches (a filler keeps FSDP's collectives in step)
+    uneven = make_batch(104, rows=3)
+    ref_uneven = reference_outputs(ref["model"], uneven)["log_probs"].detach()
+    got = torch.cat([r["uneven"][0] for r in ranks])
+    assert torch.allclose(got, ref_uneven, atol=1e-4, rtol=0)
+    mask = uneven["loss_mask"].float()
+    ref_loss = float(-(ref_uneven * mask).sum() / mask.sum())
+    for r in ranks:
+        assert r["uneven"][1]["micro_batches"] == 2.0
+        assert r["uneven"][1]["loss"] == pytest.approx(ref_loss, abs=1e-4)
+
     # weight sync: the receiver got every HF state_dict entry, equal to the engine's weights
     received, stats = ranks[0]["sync"]
     assert set(received) == set(ref["params"])

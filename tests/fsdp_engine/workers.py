@@ -53,6 +53,12 @@ def train_steps(
             out["grads"] = full_grads(engine)
         out["grad_norm"].append(engine.optimizer_step()["grad_norm"])
     out["params"] = full_params(engine)
+    # uneven ranks: rank 0 needs 2 micro-batches, rank 1 (one row) 1 -> it runs a filler
+    uneven = make_batch(104, rows=3).split(engine.dp.size)[engine.dp.rank]
+    res = engine.forward_backward(uneven, token_mean_loss)
+    out["uneven"] = (res.outputs["log_probs"], res.metrics)
+    for p in engine.handle.module.parameters():
+        p.grad = None
     receiver = Receiver(torch.float32, 20_000) if rank == 0 else None
     stats = engine.sync_weights(receiver)
     out["sync"] = (receiver.received if receiver else None, stats)
