@@ -7,7 +7,8 @@
 3. Weight export (``sync_weights`` into a receiver that keeps nothing) MB/s against a plain
    copy of the same bytes.
 
-Usage: ``python bench/bench_fsdp.py [--repeats 5] [--hidden 256] [--layers 4]``
+Usage: ``python bench/bench_fsdp.py [--repeats 5] [--hidden 256] [--layers 4] [--cpu-time]``;
+``python bench/bench_fsdp.py --export-two-ranks`` times the export from 2 FSDP ranks (gloo).
 """
 
 from __future__ import annotations
@@ -168,5 +169,78 @@ def main() -> None:
     )
 
 
+def _export_rank(
+    rank: int, world: int, store_path: str, hidden: int, layers: int, repeats: int, result_path: str
+) -> None:
+    """One rank of the 2-rank export benchmark: FSDP-sharded weights gathered over gloo."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        ov = dict(
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+        )
+        cfg = EngineConfig(backend="fsdp", optim=OptimConfig(lr=1e-4))
+        cfg.parallel.dp = world
+        eng = Engine(
+            cfg,
+            ModelConfig(tiny="qwen2", config_overrides=ov),
+            EngineContext(role="actor", rank=rank, world_size=world),
+        )
+
+        class Sink:
+            dtype = torch.float32
+            bucket_bytes = 64 << 20
+
+            def update_weights(self, named_tensors) -> None:  # noqa: ANN001
+                for _ in named_tensors:
+                    pass
+
+        sink = Sink() if rank == 0 else None
+        stats = eng.sync_weights(sink)
+        t = timed(lambda: eng.sync_weights(sink), repeats)
+        if rank == 0:
+            full = [torch.randn(p.shape) for p in eng.handle.hf.state_dict().values()]
+            tc = timed(lambda: [torch.empty_like(p).copy_(p) for p in full], repeats)
+            nbytes = sum(p.numel() * p.element_size() for p in full)
+            torch.save({"sync": stats.bytes / t, "copy": nbytes / tc, "buckets": stats.num_buckets}, result_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def export_two_ranks(hidden: int, layers: int, repeats: int) -> None:
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.pt")
+        mp.start_processes(
+            _export_rank,
+            args=(2, os.path.join(tmp, "store"), hidden, layers, repeats, result),
+            nprocs=2,
+            start_method="spawn",
+        )
+        r = torch.load(result)
+    print(
+        f"weight export, 2 FSDP ranks (gloo all-gathers): {r['sync'] / 1e6:,.0f} MB/s; "
+        f"plain copy {r['copy'] / 1e6:,.0f} MB/s; ratio {r['sync'] / r['copy']:.2f}"
+    )
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--export-two-ranks" in sys.argv:
+        export_two_ranks(hidden=256, layers=4, repeats=5)
+    else:
+        main()
