@@ -39,3 +39,14 @@ def test_a_typo_is_reported_with_its_path() -> None:
     proc = run_geartrain("check", str(GSM8K), "--no-plugins", "algorithm.clip_ratio=-1", "trainer.totl_steps=3", timeout=120)
     assert proc.returncode == 2
     assert "algorithm.clip_ratio" in proc.stderr and "trainer.totl_steps" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["grpo_cpu", "ppo_cpu"])
+def test_packaged_recipes_validate(name: str) -> None:
+    from importlib.resources import files
+
+    from geartrain.trainer import load_train_config
+
+    config = load_train_config(str(files("geartrain") / "recipes" / f"{name}.toml"), ["data.path=x.jsonl"])
+    assert config.algorithm.name == name.split("_")[0]
+    assert config.actor.engine.backend == "fsdp" and config.rollout.backend == "torch"
