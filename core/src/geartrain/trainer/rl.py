@@ -9,7 +9,7 @@ checkpoints every ``trainer.save_every`` steps.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,15 +62,6 @@ class RLRoles:
     reward: WorkerGroup
     reference: WorkerGroup | None = None
     critic: WorkerGroup | None = None
-
-
-@dataclass
-class RLState:
-    """What a checkpoint's ``extra`` carries besides the engine's own state."""
-
-    step: int = 0
-    kl_coef: float | None = None
-    history: dict[str, Any] = field(default_factory=dict)
 
 
 class RLTrainer:
