@@ -170,7 +170,11 @@ def main() -> None:
         sync_runs.append((stats.seconds, stats.bytes))
     seconds = statistics.median(s for s, _ in sync_runs)
     mb = sync_runs[0][1] / 1e6
-    result["weight_sync"] = {"megabytes": round(mb, 1), "seconds_median": round(seconds, 4), "mb_per_s": round(mb / seconds, 1)}
+    result["weight_sync"] = {
+        "megabytes": round(mb, 1),
+        "seconds_median": round(seconds, 4),
+        "mb_per_s": round(mb / seconds, 1),
+    }
 
     # throughput: warm-up, then alternate plugin / raw vLLM, seeded and unseeded requests
     for label, params in (("seeded", sampling), ("unseeded", replace(sampling, seed=None))):
@@ -201,8 +205,16 @@ def main() -> None:
     # release / resume
     released = rollout.release()
     resumed = rollout.resume()
-    result["release"] = {"seconds": round(released.seconds, 2), "rss_before_mb": released.before // 2**20, "rss_after_mb": released.after // 2**20}
-    result["resume"] = {"seconds": round(resumed.seconds, 2), "rss_before_mb": resumed.before // 2**20, "rss_after_mb": resumed.after // 2**20}
+    result["release"] = {
+        "seconds": round(released.seconds, 2),
+        "rss_before_mb": released.before // 2**20,
+        "rss_after_mb": released.after // 2**20,
+    }
+    result["resume"] = {
+        "seconds": round(resumed.seconds, 2),
+        "rss_before_mb": resumed.before // 2**20,
+        "rss_after_mb": resumed.after // 2**20,
+    }
     rollout.shutdown()
 
     if not args.skip_torch:

@@ -36,7 +36,7 @@ def sampled_log_probs(tokens: Sequence[int], logprobs: object) -> list[float]:
                 raise ValueError(f"vLLM log-prob entry {pos} is for token {ids[start]}, sampled {token}")
             out.append(float(values[start]))
         return out
-    return [float(position[token].logprob) for token, position in zip(tokens, logprobs)]  # type: ignore[attr-defined]
+    return [float(position[token].logprob) for token, position in zip(tokens, logprobs, strict=True)]  # type: ignore[attr-defined]
 
 
 def finish_reason(reason: str | None) -> str:
@@ -44,7 +44,9 @@ def finish_reason(reason: str | None) -> str:
     return "stop" if reason == "stop" else "length"
 
 
-def samples_from_outputs(prompts: Sequence[Sequence[int]], owners: Sequence[int], outputs: Sequence[Any]) -> list[Sample]:
+def samples_from_outputs(
+    prompts: Sequence[Sequence[int]], owners: Sequence[int], outputs: Sequence[Any]
+) -> list[Sample]:
     """One :class:`Sample` per completion of vLLM's ``RequestOutput`` list (request ``r``
     samples for prompt ``owners[r]``), in request then completion order."""
     samples = []

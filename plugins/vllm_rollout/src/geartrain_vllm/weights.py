@@ -177,7 +177,9 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     return {name: tuple(n for n in names if n != name) for names in groups.values() if len(names) > 1 for name in names}
 
 
-def with_aliases(named_tensors: NamedTensors, aliases: dict[str, tuple[str, ...]]) -> Iterator[tuple[str, torch.Tensor]]:
+def with_aliases(
+    named_tensors: NamedTensors, aliases: dict[str, tuple[str, ...]]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield each tensor under all names it is tied to, once each.
 
     vLLM keeps a tied output layer as its own layer (on CPU with a repacked copy of the
