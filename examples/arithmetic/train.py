@@ -31,16 +31,16 @@ def build_config(overrides: list[str]) -> TrainConfig:
             config_overrides=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2),
         ),
-        sft=SFTConfig(enabled=True, path=str(HERE / "data/train.jsonl"), steps=1500, batch_size=64,
-                      optim=OptimConfig(lr=1e-3, weight_decay=0.0), dev_path=str(HERE / "data/sft_dev.jsonl"),
+        sft=SFTConfig(enabled=True, path=str(HERE / "data/train.jsonl"), steps=1000, batch_size=64,
+                      optim=OptimConfig(lr=1e-3, weight_decay=0.1), dev_path=str(HERE / "data/sft_dev.jsonl"),
                       eval_every=20, min_steps=100, stop_at_accuracy=0.3),
         algorithm=AlgorithmConfig(name="grpo"),
         actor=RoleEngine(engine=EngineConfig(backend="fsdp", optim=OptimConfig(lr=2e-4, weight_decay=0.0))),
         rollout=RolloutConfig(backend="torch", max_model_len=32),
         sampling=SamplingConfig(n=8, temperature=1.0, max_tokens=5),
         data=DataConfig(path=str(HERE / "data/train.jsonl"), batch_size=16, apply_chat_template=False, max_prompt_length=16),
-        validation=ValidationConfig(path=str(HERE / "data/val.jsonl"), every_n_steps=25),
-        trainer=TrainerConfig(total_steps=250, output_dir="outputs/arithmetic_grpo_api", save_every=25, torch_threads=1),
+        validation=ValidationConfig(path=str(HERE / "data/val.jsonl"), every_n_steps=50),
+        trainer=TrainerConfig(total_steps=400, output_dir="outputs/arithmetic_grpo_api", save_every=50, torch_threads=1),
     )
     if overrides:  # round-trip through the validator so overrides are checked like a file's
         data = apply_overrides(config.model_dump(exclude_unset=True), overrides)

@@ -13,11 +13,6 @@ from e2e_helpers import MAIN_CONFIG, printed_accuracies, rl_records, run_geartra
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the current recipe does not yet reach +30 points reliably (bench/RESULTS.md, 'Main job: seeds'); "
-    "the test keeps the target visible: it reports XPASS once the recipe meets it",
-)
 def test_main_job_gains_30_points(out_dir: Path) -> None:
     start = time.monotonic()
     proc = run_geartrain("train", str(MAIN_CONFIG), f"trainer.output_dir={out_dir}", timeout=600)
