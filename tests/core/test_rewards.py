@@ -229,3 +229,15 @@ def test_reward_model_hook_on_a_tiny_value_model():
     scores = sequence_scores_from_values(values, response_mask)
     # last response token of row 0 is column 5 -> the head's output at column 4; row 1: column 4 -> 3
     assert scores.tolist() == pytest.approx([head[0, 4].item(), head[1, 3].item()])
+
+
+def test_resolving_an_adapted_reward_again_keeps_it_callable() -> None:
+    from geartrain.rewards import get_reward
+
+    def two_args(response: str, ground_truth: str) -> float:
+        return float(response == ground_truth)
+
+    once = get_reward(two_args)
+    twice = get_reward(once)
+    assert twice is once
+    assert twice("7", "7", prompt="3+4=", meta={}) == 1.0

@@ -77,7 +77,9 @@ def _import(path: str) -> Callable[..., RewardOutput]:
 
 def _adapt(fn: Callable[..., RewardOutput]) -> RewardFn:
     """``fn`` itself if it accepts ``prompt`` and ``meta`` keywords, else a wrapper that
-    drops the ones it does not take."""
+    drops the ones it does not take. Adapting an adapted function returns it unchanged."""
+    if getattr(fn, "_geartrain_adapted", False):
+        return fn  # type: ignore[return-value]
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature: pass everything
@@ -94,4 +96,5 @@ def _adapt(fn: Callable[..., RewardOutput]) -> RewardFn:
 
     adapted.__name__ = getattr(fn, "__name__", "reward")
     adapted.__wrapped__ = fn  # type: ignore[attr-defined]
+    adapted._geartrain_adapted = True  # type: ignore[attr-defined]
     return adapted

@@ -176,10 +176,8 @@ class RewardWorker:
         *,
         ctx: EngineContext,
     ) -> None:
-        if function is not None:
-            get_reward(function)  # fail now, at start-up, on a spec that cannot be resolved
-        # the spec itself, not get_reward's adapted wrapper: score_batch adapts it once
-        self.function = function
+        # resolved now, so a spec that cannot be resolved fails at start-up
+        self.function = get_reward(function) if function is not None else None
         self.engine = Engine(engine, model, ctx) if model is not None and engine is not None else None
 
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[float | None]]:

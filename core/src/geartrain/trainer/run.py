@@ -310,6 +310,9 @@ def run_job(config: TrainConfig, *, resume: bool = False, reward_fn: Callable[..
 def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False) -> int:
     """``geartrain train CONFIG [overrides] [--resume]``."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the job's own progress bar is the one to read
     config = load_train_config(config_path, overrides)
     run_job(config, resume=resume)
     return 0

@@ -7,7 +7,10 @@ written by rank 0) and ``rng/rank_<r>.pt`` (each rank's RNG states).
 
 from __future__ import annotations
 
+import contextlib
 import random
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +62,20 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state(state["numpy"])
 
 
+@contextlib.contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    # One rank without a process group is a supported mode here; DCP warns about it on
+    # every call, which would flood the training console.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 def save(model: FSDPModel, path: Path, extra: dict[str, Any]) -> None:
     """Write everything :func:`load` restores into ``path`` (collective)."""
     path = Path(path)
-    dcp.save(_app_state(model), checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
+    with _single_process_is_intended():
+        dcp.save(_app_state(model), checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
     rank = _rank(model)
     (path / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), path / "rng" / f"rank_{rank}.pt")
@@ -79,7 +92,8 @@ def load(model: FSDPModel, path: Path) -> dict[str, Any]:
     """Restore model, optimizer, scheduler and RNG states in place; return ``extra``."""
     path = Path(path)
     state = _app_state(model)
-    dcp.load(state, checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
+    with _single_process_is_intended():
+        dcp.load(state, checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
     set_model_state_dict(model.module, state["model"])
     if model.optimizer is not None:
         set_optimizer_state_dict(model.module, model.optimizer, state["optim"])
