@@ -35,12 +35,13 @@ def build_config(overrides: list[str]) -> TrainConfig:
                       optim=OptimConfig(lr=1e-3, weight_decay=0.1), dev_path=str(HERE / "data/sft_dev.jsonl"),
                       eval_every=20, min_steps=100, stop_at_accuracy=0.3),
         algorithm=AlgorithmConfig(name="grpo"),
-        actor=RoleEngine(engine=EngineConfig(backend="fsdp", optim=OptimConfig(lr=2e-4, weight_decay=0.0))),
+        actor=RoleEngine(engine=EngineConfig(backend="fsdp", optim=OptimConfig(
+            lr=3e-4, weight_decay=0.0, lr_schedule="cosine", warmup_steps=50, total_steps=1200, min_lr_ratio=0.1))),
         rollout=RolloutConfig(backend="torch", max_model_len=32),
         sampling=SamplingConfig(n=8, temperature=1.0, max_tokens=5),
         data=DataConfig(path=str(HERE / "data/train.jsonl"), batch_size=16, apply_chat_template=False, max_prompt_length=16),
         validation=ValidationConfig(path=str(HERE / "data/val.jsonl"), every_n_steps=50),
-        trainer=TrainerConfig(total_steps=400, output_dir="outputs/arithmetic_grpo_api", save_every=50, torch_threads=1),
+        trainer=TrainerConfig(total_steps=1200, output_dir="outputs/arithmetic_grpo_api", save_every=50, torch_threads=1),
     )
     if overrides:  # round-trip through the validator so overrides are checked like a file's
         data = apply_overrides(config.model_dump(exclude_unset=True), overrides)
