@@ -114,12 +114,12 @@ def test_a_missing_backend_is_a_problem_at_its_path(tmp_path: Path) -> None:
 
 def test_dotted_overrides(tmp_path: Path) -> None:
     path = write(tmp_path, "o.toml", "steps = 1\n")
-    cfg = load_config(Job, path, ["steps=5", "actor.optim.lr=1e-4", "rollout.backend=torch", "actor.optim.betas=[0.8, 0.9]"])
+    cfg = load_config(Job, path, ["steps=5", "actor.backend=simple-test", "actor.optim.lr=1e-4", "rollout.backend=torch", "actor.optim.betas=[0.8, 0.9]"])
     assert cfg.steps == 5 and cfg.actor.optim.lr == 1e-4 and cfg.actor.optim.betas == (0.8, 0.9)
     with pytest.raises(ConfigError, match="key.path=value"):
         load_config(Job, path, ["steps"])
     with pytest.raises(ConfigError) as err:
-        load_config(Job, path, ["actor.optim.lr=fast"])
+        load_config(Job, path, ["actor.backend=simple-test", "actor.optim.lr=fast"])
     assert dict(err.value.problems).keys() == {"actor.optim.lr"}
 
 
