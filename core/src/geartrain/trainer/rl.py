@@ -48,6 +48,9 @@ def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
         kl_loss_coef=algo.kl_loss_coef if algo.use_kl_loss else 0.0,
         kl_loss_kind=algo.kl_loss_kind,
         tis_cap=algo.tis_cap,
+        # seq-mean-token-sum-norm divides by the padded response length; batches are [B, T]
+        # with the prompt in front, so the constant is the response budget, not T.
+        norm_length=config.sampling.max_tokens,
     )
 
 

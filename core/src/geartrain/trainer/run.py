@@ -180,7 +180,8 @@ class Job:
         if algo.name == "ppo":
             critic_model = cfg.critic.model or policy.model_copy(update={"value_head": True})
             critic = create_worker_group(
-                placement, "critic", CriticWorker, cfg.critic.engine, critic_model, CriticLossConfig(), seed=seed
+                placement, "critic", CriticWorker, cfg.critic.engine, critic_model,
+                CriticLossConfig(norm_length=cfg.sampling.max_tokens), seed=seed,
             )
         function = self.reward_fn or resolve_reward(cfg.reward.function, cfg.base_dir)
         reward = create_worker_group(
