@@ -9,6 +9,7 @@ is reported with that full path.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -209,8 +210,17 @@ def validation_problems(exc: ValidationError, prefix: str = "") -> list[tuple[st
     for err in exc.errors():
         loc = _format_loc(err["loc"])
         path = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        problems.append((path, err["msg"]))
+        message = err["msg"]
+        # a whole-model validator names the keys itself, one "key.path: message" per line
+        keyed = [_KEYED.match(line) for line in message.removeprefix("Value error, ").splitlines()]
+        if not loc and keyed and all(keyed):
+            problems += [(f"{prefix}.{m[1]}" if prefix else m[1], m[2]) for m in keyed if m]
+            continue
+        problems.append((path, message))
     return problems
+
+
+_KEYED = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+): (.+)$")
 
 
 def validate_config(schema: type[ConfigT], data: Mapping[str, Any], source: str | None = None, *, check_plugins: bool = True) -> ConfigT:

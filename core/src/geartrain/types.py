@@ -148,7 +148,13 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     """Generation of a sample stops after it emits any of these (the stop token is kept)."""
     seed: int | None = None
-    """With a seed, the same prompts, weights and settings give the same samples."""
+    """With a seed, the same prompts, weights and settings give the same samples: sample
+    ``j`` of prompt ``i`` draws from its own stream seeded with
+    ``geartrain.seeding.sample_seed(seed, prompt_indices[i], j)``, whatever else is in the
+    call, so a job samples the same tokens on one rank or split across N."""
+    prompt_indices: list[int] | None = None
+    """Index of each prompt in the whole step's batch, when this call generates only a
+    data-parallel share of it; ``None``: ``0 .. len(prompts) - 1``."""
 
 
 class Capability:

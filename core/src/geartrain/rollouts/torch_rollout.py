@@ -7,9 +7,10 @@ rollouts are compared with, so it favours exactness over speed:
   left-padded prompts get ``position_ids`` that start at 0 on each row's first real token;
 * ``rollout_log_probs`` are ``log_softmax`` of the *unscaled* logits (the model's own
   distribution, as vLLM reports by default), whatever temperature / top-p / top-k sampled;
-* every row draws its random numbers from its own CPU ``torch.Generator`` seeded from
-  ``(seed, row)``, so a seed gives the same samples however the rows are chunked, on any
-  device;
+* every sample draws its random numbers from its own CPU ``torch.Generator`` seeded with
+  :func:`geartrain.seeding.sample_seed` of (seed, prompt index in the step, sample index),
+  so a seed gives the same samples however the rows are chunked or split across ranks, on
+  any device;
 * rows are decoded in chunks of at most ``max_batch_size`` (default: the config's
   ``max_num_seqs``), fewer when ``kv_cache_bytes`` cannot hold that many full-length rows;
 * finished rows leave the batch (and the KV cache), so a long tail costs only its rows.
@@ -37,6 +38,7 @@ from geartrain.errors import GeartrainError
 from geartrain.hookspecs import hookimpl
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
+from geartrain.seeding import prompt_indices, sample_seed
 from geartrain.types import Capability, EngineContext, MemoryStats, SamplingParams
 
 #: Below this temperature sampling is greedy (argmax), as in vLLM.
@@ -258,6 +260,7 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
     # Without a seed, fresh OS entropy: drawing from torch's global RNG would shift the
     # trainer's random stream.
     base_seed = sampling.seed if sampling.seed is not None else secrets.randbits(62)
+    global_index = prompt_indices(sampling.prompt_indices, len(prompts))
     chunk = chunk_rows(rollout, prompts, sampling)
     responses: list[list[int]] = []
     log_probs: list[list[float]] = []
@@ -267,7 +270,7 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
         out = _decode_chunk(
             rollout,
             [prompts[i] for i, _ in part],
-            [_row_generator(base_seed, r) for r in range(start, start + len(part))],
+            [_sample_generator(sample_seed(base_seed, global_index[i], j)) for i, j in part],
             sampling,
         )
         for toks, lps, reason in out:
@@ -320,11 +323,10 @@ def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: 
     return rows
 
 
-def _row_generator(seed: int, row: int) -> torch.Generator:
-    # A distinct, reproducible stream per (seed, row), independent of how rows are chunked
-    # and of the device (the uniforms are drawn on CPU).
+def _sample_generator(seed: int) -> torch.Generator:
+    # CPU generators: the uniforms are the same on any device.
     g = torch.Generator()
-    g.manual_seed((seed * 1_000_003 + row * 7_919 + 12_345) % (2**63 - 1))
+    g.manual_seed(seed)
     return g
 
 

@@ -247,6 +247,21 @@ class RolloutConformance(StandardSuite):
         ra = responses(a)
         assert any(ra[2 * i] != ra[2 * i + 1] for i in range(len(prompts)))
 
+    def test_samples_do_not_depend_on_the_split(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        """Placement-invariant sampling (:mod:`geartrain.seeding`): the prompts generated in
+        one call, or as data-parallel shares in any order (``prompt_indices``), give the
+        same samples and log-probs."""
+        whole = responses(rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=31)))
+        order = list(range(len(prompts)))[::-1]
+        shares = [order[: len(order) // 2], order[len(order) // 2 :]]
+        got: dict[int, list[list[int]]] = {}
+        for share in shares:
+            sampling = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=31, prompt_indices=share)
+            part = responses(rollout.generate([prompts[i] for i in share], sampling))
+            for k, i in enumerate(share):
+                got[i] = part[2 * k : 2 * k + 2]
+        assert [s for i in range(len(prompts)) for s in got[i]] == whole, "a sample changed with the split"
+
     # ------------------------------------------------------------------ limits
 
     def test_max_tokens(self, rollout: Rollout, prompts: list[list[int]]) -> None:

@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
-from geartrain.config import EngineConfig, ModelConfig, OptimConfig, RolloutConfig, Section, load_config
+from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section, load_config
 from geartrain.data.config import DataConfig
 
 
@@ -178,9 +178,62 @@ class TrainerConfig(Section):
     """``torch.set_num_threads`` for the driver process (``None``: torch's default)."""
 
 
+class RankResources(Section):
+    """What Ray reserves for each rank (one Ray actor)."""
+
+    cpus: float = Field(1.0, gt=0)
+    """CPU cores per rank; the rank's torch/OpenMP threads follow it (at least 1)."""
+    gpus: float = Field(0.0, ge=0)
+    """GPUs per rank; with GPUs the ranks use NCCL, otherwise gloo."""
+
+
 class ClusterConfig(Section):
+    """Where the roles' ranks run."""
+
     placement: Literal["inline", "ray"] = "inline"
-    """``inline``: every role is one rank in the driver process."""
+    """``inline``: every role is one rank in the driver process (the fast default).
+    ``ray``: each role's worker group has ``parallel`` product ranks, each a Ray actor."""
+    address: str | None = None
+    """``ray``: join this cluster (``auto``, or ``host:port``); ``None`` starts a local Ray
+    instance for the job and stops it at the end."""
+    resources_per_rank: RankResources = Field(default_factory=RankResources)
+    colocate: list[Literal["reference", "critic", "reward"]] = Field(default_factory=lambda: ["reference", "critic", "reward"])
+    """``ray``: roles hosted in the actor's ranks (the same processes as actor and rollout;
+    their parallel sizes must then multiply to the actor's). The others get ranks of their
+    own. A rule-function reward has no model and always runs in the driver."""
+    balance_tokens: bool = True
+    """Balance each data-parallel split by token count (as verl does); ``False``: plain
+    contiguous slices."""
+    startup_timeout_s: float = Field(120.0, gt=0)
+    """``ray``: how long the ranks may take to be scheduled and rendezvous."""
+
+
+def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
+    """What ``config``'s placement cannot run: with ``inline`` a role on more than one rank;
+    with ``ray`` a colocated role whose parallel sizes do not multiply to the ranks it gets
+    (the actor's). Each problem names the key, the product and the fix."""
+    cluster = config.cluster
+    roles: list[tuple[str, str, ParallelConfig]] = [("actor", "actor.engine.parallel", config.actor.engine.parallel)]
+    if config.algorithm.needs_reference:
+        roles.append(("reference", "reference.engine.parallel", config.reference.engine.parallel))
+    if config.algorithm.name == "ppo":
+        roles.append(("critic", "critic.engine.parallel", config.critic.engine.parallel))
+    if config.reward.model is not None:
+        roles.append(("reward", "reward.engine.parallel", config.reward.engine.parallel))
+    problems = []
+    actor_ranks = config.actor.engine.parallel.world_size
+    for role, key, parallel in roles:
+        product = parallel.world_size
+        sizes = f"dp*sp*tp*pp = {parallel.dp}*{parallel.sp}*{parallel.tp}*{parallel.pp} = {product}"
+        if cluster.placement == "inline" and product > 1:
+            problems.append((key, f"{sizes} ranks, but cluster.placement = 'inline' runs every role on 1 rank; "
+                             "set cluster.placement = \"ray\" (e.g. the override cluster.placement=ray) to run "
+                             f"{product} ranks, or make the product 1"))
+        elif cluster.placement == "ray" and role != "actor" and role in cluster.colocate and product != actor_ranks:
+            problems.append((key, f"{sizes}, but '{role}' is colocated with the actor (cluster.colocate) and gets "
+                             f"its {actor_ranks} ranks; make the product {actor_ranks}, or remove '{role}' from "
+                             "cluster.colocate to give it ranks of its own"))
+    return problems
 
 
 class TrainConfig(Section):
@@ -202,6 +255,13 @@ class TrainConfig(Section):
     base_dir: str | None = None
     """Directory relative data/reward paths are resolved against; set to the job file's
     directory by :func:`load_train_config`."""
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> TrainConfig:
+        problems = placement_problems(self)
+        if problems:
+            raise ValueError("\n".join(f"{key}: {message}" for key, message in problems))
+        return self
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> TrainConfig:

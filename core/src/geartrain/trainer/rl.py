@@ -29,6 +29,7 @@ from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.data import PromptBatch, PromptLoader, PromptRow
 from geartrain.rewards import token_level_scores
+from geartrain.seeding import step_seed
 from geartrain.trainer.config import TrainConfig
 from geartrain.types import SamplingParams
 
@@ -54,9 +55,6 @@ def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
     )
 
 
-def step_seed(seed: int, step: int, salt: int = 0) -> int:
-    """A seed per (run seed, step): a resumed run samples what the uninterrupted one would."""
-    return (seed * 1_000_003 + step * 7_919 + salt * 104_729) % (2**31 - 1)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from geartrain.seeding import prompt_indices, sample_seed
 from geartrain.types import SamplingParams
 
 #: vLLM samples greedily below this temperature (its ``_SAMPLING_EPS``).
@@ -30,17 +31,21 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
       ``raw_logprobs`` mode (before temperature / top-k / top-p), as the hook asks.
     * Stopping: only ``stop_token_ids`` stop a sample (``ignore_eos``; the checkpoint's
       generation config is not used either, see ``engine_kwargs``).
-    * Seeds: sample ``j`` of prompt ``i`` uses ``seed + i * n + j`` (vLLM gives the ``j``-th
-      child of a request ``seed + j``), so every row has its own reproducible stream.
+    * Seeds: with ``sampling.seed``, every sample is its own ``n = 1`` request seeded with
+      :func:`geartrain.seeding.sample_seed` of (seed, the prompt's index in the step, the
+      sample's index), so a sample is the same whichever rank generates it and whatever
+      else is in the call (vLLM's prefix cache shares the prompt between them).
     * Greedy with ``n > 1`` (which vLLM refuses): ``n`` requests with ``n = 1`` each.
     """
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.inputs import TokensPrompt
 
     greedy = sampling.temperature < GREEDY_TEMPERATURE
-    copies, per_request = (sampling.n, 1) if greedy and sampling.n > 1 else (1, sampling.n)
+    seeded = sampling.seed is not None
+    copies, per_request = (sampling.n, 1) if (greedy or seeded) and sampling.n > 1 else (1, sampling.n)
+    global_index = prompt_indices(sampling.prompt_indices, len(prompts))
 
-    def params(index: int) -> Any:
+    def params(seed: int | None) -> Any:
         return VllmSamplingParams(
             n=per_request,
             temperature=sampling.temperature,
@@ -48,7 +53,7 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
             top_k=sampling.top_k if sampling.top_k > 0 else 0,
             max_tokens=sampling.max_tokens,
             stop_token_ids=list(sampling.stop_token_ids),
-            seed=None if sampling.seed is None else sampling.seed + index * sampling.n,
+            seed=seed,
             logprobs=0,
             flat_logprobs=True,
             ignore_eos=True,
@@ -57,5 +62,7 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
 
     owners = [i for i in range(len(prompts)) for _ in range(copies)]
     tokens = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
-    per_prompt = [params(i) for i in owners] if sampling.seed is not None else params(0)
-    return Requests(prompts=tokens, params=per_prompt, owners=owners)
+    if sampling.seed is None:
+        return Requests(prompts=tokens, params=params(None), owners=owners)
+    per_sample = [params(sample_seed(sampling.seed, global_index[i], j)) for i in range(len(prompts)) for j in range(copies)]
+    return Requests(prompts=tokens, params=per_sample, owners=owners)
