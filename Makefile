@@ -1,6 +1,7 @@
 # geartrain developer commands.
 #
 #   make train   the main job: installs .venv (core + FSDP engine) if needed, then trains
+#                (replacing a previous outputs/arithmetic_grpo: --overwrite)
 #   make test    every test suite, each in an environment holding only what it needs
 #
 # Environments (all gitignored):
@@ -23,7 +24,7 @@ MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 .PHONY: train test test-core test-fsdp test-vllm test-e2e dev clean-envs
 
 train: .venv/.base
-	.venv/bin/geartrain train $(MAIN_CONFIG)
+	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
 
 dev: .venv/.full
 

@@ -17,7 +17,7 @@ def test_main_job_config_checks_with_its_plugins() -> None:
 
 
 def test_gsm8k_vllm_recipe_checks_without_its_plugins() -> None:
-    proc = run_geartrain("check", str(GSM8K), "--no-plugins", timeout=120)
+    proc = run_geartrain("check", str(GSM8K), "--no-plugins", "--config-only", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "ok (grpo with actor engine 'fsdp' and rollout 'vllm')" in proc.stdout
 
@@ -31,12 +31,12 @@ def test_gsm8k_vllm_recipe_names_the_missing_plugin() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is None, reason="needs the vllm plugin")
 def test_gsm8k_vllm_recipe_checks_with_the_vllm_plugin() -> None:
-    proc = run_geartrain("check", str(GSM8K), timeout=300)
+    proc = run_geartrain("check", str(GSM8K), "--config-only", timeout=300)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_a_typo_is_reported_with_its_path() -> None:
-    proc = run_geartrain("check", str(GSM8K), "--no-plugins", "algorithm.clip_ratio=-1", "trainer.totl_steps=3", timeout=120)
+    proc = run_geartrain("check", str(GSM8K), "--no-plugins", "--config-only", "algorithm.clip_ratio=-1", "trainer.totl_steps=3", timeout=120)
     assert proc.returncode == 2
     assert "algorithm.clip_ratio" in proc.stderr and "trainer.totl_steps" in proc.stderr
 

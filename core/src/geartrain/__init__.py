@@ -5,7 +5,7 @@ The public API for users and plugin authors. Plugins import only from here,
 """
 
 from geartrain.batch import Batch
-from geartrain.checkpoint import CheckpointManager
+from geartrain.checkpoint import CheckpointManager, load_state, save_state
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, load_config
 from geartrain.engine import Engine
 from geartrain.errors import CheckpointError, ConfigError, DataError, GeartrainError, PluginError, PluginNotFoundError
@@ -55,7 +55,9 @@ __all__ = [
     "hookimpl",
     "list_plugins",
     "load_config",
+    "load_state",
     "register_engine",
     "register_extension",
     "register_rollout",
+    "save_state",
 ]

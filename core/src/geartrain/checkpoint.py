@@ -2,27 +2,40 @@
 
 Layout under a checkpoint root::
 
-    root/step_00000010/            a complete checkpoint (has COMPLETE)
-    root/step_00000010/COMPLETE    json marker, written last
+    root/step_00000010/               a complete checkpoint (has COMPLETE)
+    root/step_00000010/MANIFEST.json  size + SHA-256 of every file the backend wrote
+    root/step_00000010/COMPLETE       json marker, written last
     root/.partial-step_00000020/   a save in progress (or one that was killed)
 
 A save writes into ``.partial-*``, then rank 0 writes the marker and renames the directory
 into place, so a save interrupted at any point leaves the previous checkpoint the newest
 loadable one. Only the newest ``keep_last`` complete checkpoints are kept.
+
+Before a checkpoint is loaded its files are checked against its manifest
+(:mod:`geartrain.manifest`): :meth:`CheckpointManager.check_complete` raises a
+:class:`CheckpointError` naming the damaged file, and :meth:`CheckpointManager.latest_intact`
+skips damaged checkpoints, saying so. :func:`save_state` / :func:`load_state` are the
+``torch.save`` / ``torch.load`` pair for a backend's non-tensor state: loading never unpickles
+anything but tensors and plain containers (``weights_only=True``), so a checkpoint cannot run
+code.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from geartrain.errors import CheckpointError
+from geartrain.manifest import verify_manifest, write_manifest
 
 MARKER = "COMPLETE"
 _PREFIX = "step_"
@@ -65,6 +78,7 @@ class CheckpointManager:
         write(partial)
         _barrier()
         if _is_rank0():
+            write_manifest(partial, exclude=frozenset({MARKER}))
             marker = partial / MARKER
             with open(marker, "w") as fh:
                 json.dump({"step": step, "time": time.time()}, fh)
@@ -90,16 +104,39 @@ class CheckpointManager:
         done = self.complete()
         return done[-1] if done else None
 
+    def latest_intact(self, echo: Callable[[str], None] = print, *, also: Callable[[Path], list[str]] | None = None) -> Path | None:
+        """The newest complete checkpoint whose files match its manifest (and for which
+        ``also(path)``, e.g. the same step of another role, reports no problem). Each
+        damaged checkpoint passed over is reported through ``echo``, naming the file.
+        Raises :class:`CheckpointError` when checkpoints exist but none is intact."""
+        done = self.complete()
+        for path in reversed(done):
+            problems = verify_manifest(path) + (also(path) if also is not None else [])
+            if not problems:
+                return path
+            older = "falling back to the previous checkpoint" if path != done[0] else "no older checkpoint is left"
+            echo(f"checkpoint {path} is damaged: {'; '.join(problems)}; {older}")
+        if done:
+            raise CheckpointError(
+                f"every checkpoint under {self.root} is damaged (see above); start a fresh run with --overwrite, "
+                "or restore the files from a copy"
+            )
+        return None
+
     @staticmethod
     def step_of(path: Path) -> int:
         return int(Path(path).name[len(_PREFIX):])
 
     @staticmethod
     def check_complete(path: str | Path) -> Path:
-        """``path`` if it is a complete checkpoint, else a :class:`CheckpointError`."""
+        """``path`` if it is a complete checkpoint whose files match its manifest, else a
+        :class:`CheckpointError` naming the checkpoint and the damaged file."""
         path = Path(path)
         if not (path / MARKER).exists():
             raise CheckpointError(f"{path} is not a complete checkpoint (no {MARKER} marker): it was cut off mid-write or is not a geartrain checkpoint")
+        problems = verify_manifest(path)
+        if problems:
+            raise CheckpointError(f"checkpoint {path} is damaged: {'; '.join(problems)}")
         return path
 
     def _prune(self) -> None:
@@ -108,6 +145,27 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(f"{_PARTIAL}*"):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def save_state(state: Any, path: str | Path) -> None:
+    """``torch.save`` of tensors and plain containers (dict, list, tuple, str, int, float,
+    bool, None) that :func:`load_state` reads back."""
+    torch.save(state, path)
+
+
+def load_state(path: str | Path, map_location: Any = None) -> Any:
+    """Read a file written by :func:`save_state` without running code from it
+    (``torch.load(weights_only=True)``). Anything else in the file (a pickled class, a
+    ``__reduce__`` payload) raises :class:`CheckpointError` naming the file; nothing in
+    it is executed."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{path}: refusing to load it: it holds objects other than tensors and plain containers "
+            f"({first}); geartrain never unpickles code from a checkpoint"
+        ) from None
 
 
 def _fsync_dir(path: Path) -> None:

@@ -41,6 +41,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from geartrain.trainer.config import load_train_config
 
     config = load_train_config(args.config, args.overrides, check_plugins=not args.no_plugins)
+    if not args.config_only:
+        from geartrain.trainer.preflight import preflight
+
+        pre = preflight(config)
+        for note in pre.notes:
+            print(f"note: {note}")
+        sizes = ", ".join(f"{key} {len(ds)} rows" for key, ds in pre.datasets.items())
+        reward = "a reward model" if config.reward.model is not None else f"reward '{config.reward.function}'"
+        print(f"checked: {reward} resolves; {sizes} parse and fit rollout.max_model_len={config.rollout.max_model_len}")
     print(f"{args.config}: ok ({config.algorithm.name} with actor engine "
           f"'{config.actor.engine.backend}' and rollout '{config.rollout.backend}')")
     return 0
@@ -49,7 +58,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from geartrain.trainer.run import train_from_cli
 
-    return train_from_cli(args.config, args.overrides, resume=args.resume)
+    return train_from_cli(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,23 +69,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_plugins)
 
-    p = sub.add_parser("check", help="validate a config file (and its backends' sections)")
+    p = sub.add_parser("check", help="validate a job without training: the config (and its backends' sections), "
+                       "its data files, reward function and prompt lengths")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.engine.optim.lr=1e-5")
     p.add_argument("--no-plugins", action="store_true",
                    help="skip the backend sections (a GPU job checked where its plugins are not installed)")
+    p.add_argument("--config-only", action="store_true",
+                   help="check the config alone, not its data files, reward function and prompt lengths "
+                        "(a job checked where its data is not)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("train", help="run a training job from a config file")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true",
+                      help="continue the run in trainer.output_dir from its newest intact checkpoint")
+    mode.add_argument("--overwrite", action="store_true",
+                      help="replace the run in trainer.output_dir (deleted only after every check passed)")
     p.set_defaults(func=_cmd_train)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # overrides may follow options (``check job.toml --no-plugins a.b=1``)
+    if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except GeartrainError as exc:

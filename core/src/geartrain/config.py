@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from geartrain.errors import ConfigError, GeartrainError
+from geartrain.errors import ConfigError, ConfigFileError, GeartrainError
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -143,7 +143,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError([("", f"file not found: {path}")])
-    text = path.read_text()
+    if not path.is_file():
+        raise ConfigFileError(str(path), "is a directory, not a config file (give the .toml/.yaml file in it)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigFileError(str(path), f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigFileError(str(path), f"cannot be read: {exc.strerror or exc}") from None
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)

@@ -53,6 +53,14 @@ class ConfigError(GeartrainError):
         super().__init__("\n".join(lines))
 
 
+class ConfigFileError(ConfigError):
+    """The config file itself cannot be read (missing, a directory, not UTF-8): one line."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.problems = [("", message)]
+        GeartrainError.__init__(self, f"config file {path}: {message}")
+
+
 class DataError(GeartrainError):
     """A dataset row is malformed; the message names the file and the row number."""
 

@@ -5,8 +5,10 @@ Backends are found through three entry-point groups (``geartrain.engines``,
 :func:`register_engine` / :func:`register_rollout` / :func:`register_extension`.
 Loading is lazy (nothing is imported until a backend is asked for or listed) and honours
 the ``GEARTRAIN_PLUGINS`` allow-list: unset loads everything, an empty value loads no
-entry-point plugin, ``a,b`` loads only those names. Code-registered plugins are always
-available.
+entry-point plugin, ``a,b`` loads only those names (a name that no installed plugin has
+is warned about once, with the installed names). Code-registered plugins are always
+available. A plugin whose import raises :class:`NotImplementedError` (a skeleton) is
+reported with its own message and no advice to reinstall it.
 
 :func:`create_manager` builds one :class:`pluggy.PluginManager` per engine or rollout
 instance, holding exactly one backend and the extensions asked for.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import importlib.metadata as importlib_metadata
 import inspect
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -27,6 +30,9 @@ from geartrain import hookspecs
 from geartrain.errors import PluginError, PluginNotFoundError
 
 PluginKind = Literal["engine", "rollout", "extension"]
+
+logger = logging.getLogger("geartrain.plugins")
+_warned_unknown: set[str] = set()
 
 ENTRY_POINT_GROUPS: dict[PluginKind, str] = {
     "engine": "geartrain.engines",
@@ -149,8 +155,25 @@ def _allow_list() -> set[str] | None:
     return {part.strip() for part in value.split(",") if part.strip()}
 
 
+def _warn_unknown_allowed(allowed: set[str]) -> None:
+    """Warn once per name when ``GEARTRAIN_PLUGINS`` names a plugin that is not installed."""
+    installed = {ep.name for group in ENTRY_POINT_GROUPS.values() for ep in importlib_metadata.entry_points(group=group)}
+    with _lock:
+        installed |= {name for _, name in _registered}
+        unknown = sorted(allowed - installed - _warned_unknown)
+        _warned_unknown.update(unknown)
+    if unknown:
+        logger.warning(
+            "%s=%r names %s, which %s not installed; installed plugins: %s",
+            ALLOW_LIST_ENV, os.environ.get(ALLOW_LIST_ENV), ", ".join(repr(u) for u in unknown),
+            "is" if len(unknown) == 1 else "are", ", ".join(sorted(installed)) or "none",
+        )
+
+
 def _entry_point_candidates(kind: PluginKind) -> dict[str, _Candidate]:
     allowed = _allow_list()
+    if allowed:
+        _warn_unknown_allowed(allowed)
     found: dict[str, _Candidate] = {}
     for ep in importlib_metadata.entry_points(group=ENTRY_POINT_GROUPS[kind]):
         if allowed is not None and ep.name not in allowed:
@@ -271,6 +294,16 @@ def _load(cand: _Candidate) -> tuple[object, PluginInfo]:
             return _loaded[key]
     try:
         plugin = cand.load()
+    except NotImplementedError as exc:  # a skeleton says so itself; reinstalling would not help
+        raise PluginError(
+            f"not implemented: {exc}",
+            name=cand.name,
+            kind=cand.kind,
+            distribution=cand.distribution,
+            version=cand.version,
+            fix=f"leave it out with {ALLOW_LIST_ENV}=<names to load>"
+            + (f", or uninstall it (pip uninstall {cand.distribution})" if cand.distribution else ""),
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's problem
         dist = cand.distribution or "the distribution that provides it"
         raise PluginError(
@@ -361,6 +394,7 @@ def clear_cache() -> None:
     with _lock:
         for key in [k for k, c in _loaded.items() if (k not in _registered)]:
             _loaded.pop(key, None)
+        _warned_unknown.clear()
     importlib_metadata_cache_clear()
 
 

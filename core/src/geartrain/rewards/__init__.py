@@ -12,13 +12,14 @@ from geartrain.rewards import rules
 from geartrain.rewards.registry import REWARDS, RewardFn, RewardOutput, get_reward, register_reward
 from geartrain.rewards.reward_model import sequence_scores_from_values
 from geartrain.rewards.rules import gsm8k_answer, last_boxed, leading_integer, normalize_math
-from geartrain.rewards.scoring import RewardResult, score_batch, token_level_scores
+from geartrain.rewards.scoring import RewardResult, RewardScorer, score_batch, token_level_scores
 
 __all__ = [
     "REWARDS",
     "RewardFn",
     "RewardOutput",
     "RewardResult",
+    "RewardScorer",
     "get_reward",
     "gsm8k_answer",
     "last_boxed",

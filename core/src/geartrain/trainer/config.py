@@ -17,6 +17,7 @@ file names only what differs. ``geartrain check`` and ``geartrain train`` load i
     [sft]         the optional supervised warm start before RL
     [trainer]     steps, output directory, checkpoints, logging
     [cluster]     where roles run (placement = "inline" | "ray")
+    [watchdog]    when a run that trains nothing warns or stops
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pydantic import Field, model_validator
 from geartrain.algorithms.aggregation import AggMode
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section, load_config
 from geartrain.data.config import DataConfig
+from geartrain.trainer.watchdog import WatchdogConfig
 
 
 class AlgorithmConfig(Section):
@@ -111,6 +113,9 @@ class RewardConfig(Section):
     model: ModelConfig | None = None
     """A value-head model whose output at the last response token is the score."""
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig(optim=OptimConfig(lr=0.0)))
+    timeout_s: float | None = Field(300.0, gt=0)
+    """Time a step's reward calls may take together (per batch); when it runs out, the
+    unscored samples get reward 0 and are counted in ``reward/timeouts``. ``None``: no limit."""
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardConfig:
@@ -252,6 +257,7 @@ class TrainConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     base_dir: str | None = None
     """Directory relative data/reward paths are resolved against; set to the job file's
     directory by :func:`load_train_config`."""

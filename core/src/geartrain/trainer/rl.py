@@ -192,6 +192,7 @@ class RLTrainer:
         )
         batch["advantages"] = advantages
         batch["returns"] = returns
+        metrics["advantages/abs_mean"] = float(masked_mean(advantages.abs(), mask))  # 0: no learning signal (watchdog)
 
         start = time.perf_counter()
         seed = step_seed(cfg.trainer.seed, step, salt=1)

@@ -27,7 +27,7 @@ from geartrain.checkpoint import CheckpointManager
 from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
 from geartrain.engine import Engine
 from geartrain.memory import current_memory_bytes
-from geartrain.rewards import get_reward, score_batch, sequence_scores_from_values
+from geartrain.rewards import RewardScorer, sequence_scores_from_values
 from geartrain.rollout import Rollout
 from geartrain.types import EngineContext, LossContext, SamplingParams, StepOutput
 
@@ -174,18 +174,19 @@ class RewardWorker:
         engine: EngineConfig | None,
         model: ModelConfig | None,
         *,
+        timeout_s: float | None = None,
         ctx: EngineContext,
     ) -> None:
-        # resolved now, so a spec that cannot be resolved fails at start-up
-        self.function = get_reward(function) if function is not None else None
+        # resolved now, so a spec that cannot be resolved fails at start-up; one scorer for
+        # the run, so a failing function's traceback is logged once
+        self.function = RewardScorer(function, timeout_s=timeout_s) if function is not None else None
         self.engine = Engine(engine, model, ctx) if model is not None and engine is not None else None
 
     def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[float | None]]:
         """``(scores [B], metrics, acc)``; ``acc`` is the function's ``acc`` extra per
         sample (``None`` where it gave none)."""
         if self.function is not None:
-            result = score_batch(
-                self.function,
+            result = self.function.score(
                 batch["response_text"],
                 batch["ground_truth"],
                 prompts=batch["prompt"],

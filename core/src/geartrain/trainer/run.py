@@ -6,9 +6,9 @@ Python users call :func:`run_job` with a :class:`TrainConfig` (see
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import random
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,12 +24,15 @@ from geartrain.cluster import create_worker_group
 from geartrain.config import ModelConfig
 from geartrain.data import PromptDataset, PromptLoader
 from geartrain.errors import CheckpointError, GeartrainError
-from geartrain.modeling import load_tokenizer
 from geartrain.trainer.config import TrainConfig, load_train_config
+from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, plot_curves, read_jsonl
+from geartrain.trainer.preflight import Preflight, preflight
 from geartrain.trainer.rl import RLRoles, RLTrainer, actor_loss_config
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
-from geartrain.trainer.sft import run_sft, sft_dataset
+from geartrain.trainer.rundir import RunDirectory
+from geartrain.trainer.sft import run_sft
+from geartrain.trainer.watchdog import Watchdog
 from geartrain.types import SamplingParams
 
 logger = logging.getLogger("geartrain.trainer")
@@ -99,9 +102,13 @@ def _due(step: int, every: int, total: int) -> bool:
 class Job:
     """Builds the roles for ``config`` and runs them; see :func:`run_job`."""
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False, reward_fn: Callable[..., Any] | None = None, echo: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+        reward_fn: Callable[..., Any] | None = None, echo: Callable[[str], None] = print,
+    ) -> None:
         self.config = config
         self.resume = resume
+        self.rundir = RunDirectory(Path(config.trainer.output_dir), resume=resume, overwrite=overwrite)
         self.reward_fn = reward_fn
         self.echo = echo
         self.out = Path(config.trainer.output_dir)
@@ -110,34 +117,55 @@ class Job:
 
     # ------------------------------------------------------------------ phases
     def _latest_checkpoint(self) -> Path | None:
+        """The checkpoint to resume from (``None``: start afresh). Only reads: the newest
+        intact checkpoint (damaged ones are reported and passed over) and the check of the
+        new config against the run's saved one."""
         if not self.resume:
-            if self.ckpt_root.exists():
-                shutil.rmtree(self.ckpt_root)  # a fresh run must never resume someone else's state
             return None
-        latest = CheckpointManager(self.ckpt_root / "actor").latest()
+        critic = self.ckpt_root / "critic" if self.config.algorithm.name == "ppo" else None
+
+        def critic_problems(path: Path) -> list[str]:
+            if critic is None:
+                return []
+            try:
+                CheckpointManager.check_complete(critic / path.name)
+            except CheckpointError as exc:
+                return [f"its critic checkpoint: {exc}"]
+            return []
+
+        latest = CheckpointManager(self.ckpt_root / "actor").latest_intact(self.echo, also=critic_problems)
         if latest is None:
             self.echo(f"--resume: no complete checkpoint under {self.ckpt_root / 'actor'}; starting from scratch")
+            return None
+        saved = self.out / "config.json"
+        if saved.is_file():
+            try:
+                old = json.loads(saved.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise CheckpointError(f"{saved} is unreadable ({exc}); cannot compare the config of the run to resume") from None
+            changes = check_resume_config(old, self.config.model_dump(mode="json"), str(self.out))
+            if changes:
+                self.echo(f"--resume: the config differs from the run's in {len(changes)} setting(s), all applied:")
+                for change in changes:
+                    self.echo(f"  {change.line()}")
+        else:
+            self.echo(f"--resume: {saved} is missing, so the config cannot be compared with the run's")
         return latest
 
-    def _sft(self, tokenizer: Any, jsonl: JsonlLogger, tb: TensorBoardLogger | None) -> ModelConfig:
+    def _sft(self, pre: Preflight, jsonl: JsonlLogger, tb: TensorBoardLogger | None) -> ModelConfig:
         cfg = self.config
+        tokenizer = pre.tokenizer
         sft_dir = self.out / "sft_model"
-        path = cfg.resolve(cfg.sft.path)
-        if path is None:
-            raise GeartrainError("sft.enabled is true but sft.path is not set")
-        dataset = sft_dataset(cfg.sft, path, tokenizer, cfg.data)
+        dataset = pre.datasets["sft.path"]
         engine = cfg.actor.engine.model_copy(update={"optim": cfg.sft.optim})
-        dev = None
-        if cfg.sft.dev_path is not None:
-            data_cfg = cfg.data.model_copy(update={"path": cfg.resolve(cfg.sft.dev_path)})
-            dev = PromptDataset(cfg.resolve(cfg.sft.dev_path), tokenizer, data_cfg)
+        dev = pre.datasets.get("sft.dev_path")
         group = create_worker_group(
             cfg.cluster.placement, "actor", SFTWorker, engine, cfg.model, cfg.rollout if dev is not None else None,
             seed=cfg.trainer.seed,
         )
         evaluate = None
         if dev is not None:
-            scorer = RewardWorker(self.reward_fn or resolve_reward(cfg.reward.function, cfg.base_dir), None, None, ctx=None)  # type: ignore[arg-type]
+            scorer = RewardWorker(self.reward_fn, None, None, timeout_s=cfg.reward.timeout_s, ctx=None)  # type: ignore[arg-type]
             evaluate = lambda: greedy_accuracy(group, scorer, dev.rows, tokenizer, cfg)  # noqa: E731
         progress = Progress(cfg.sft.steps, 0, "sft", cfg.trainer.progress)
 
@@ -160,7 +188,7 @@ class Job:
     def _sft_model(self) -> ModelConfig:
         sft_dir = self.out / "sft_model"
         if not (sft_dir / "config.json").exists():
-            raise CheckpointError(f"{sft_dir} is missing: the SFT warm start of this run did not finish; run without --resume")
+            raise CheckpointError(f"{sft_dir} is missing: the SFT warm start of this run did not finish; start afresh with --overwrite")
         m = self.config.model
         return ModelConfig(path=str(sft_dir.resolve()), dtype=m.dtype, attn_implementation=m.attn_implementation)
 
@@ -183,22 +211,14 @@ class Job:
                 placement, "critic", CriticWorker, cfg.critic.engine, critic_model,
                 CriticLossConfig(norm_length=cfg.sampling.max_tokens), seed=seed,
             )
-        function = self.reward_fn or resolve_reward(cfg.reward.function, cfg.base_dir)
         reward = create_worker_group(
-            placement, "reward", RewardWorker, function if cfg.reward.model is None else None,
-            cfg.reward.engine, cfg.reward.model, seed=seed,
+            placement, "reward", RewardWorker, self.reward_fn if cfg.reward.model is None else None,
+            cfg.reward.engine, cfg.reward.model, timeout_s=cfg.reward.timeout_s, seed=seed,
         )
         return RLRoles(actor=actor, reward=reward, reference=reference, critic=critic)
 
-    def _data(self, tokenizer: Any) -> tuple[PromptLoader, PromptDataset | None]:
-        cfg = self.config
-        data_cfg = cfg.data.model_copy(update={"path": cfg.resolve(cfg.data.path)})
-        dataset = PromptDataset.from_config(data_cfg, tokenizer)
-        loader = PromptLoader.from_config(dataset)
-        val = None
-        if cfg.validation.path is not None:
-            val = PromptDataset(cfg.resolve(cfg.validation.path), tokenizer, data_cfg)
-        return loader, val
+    def _data(self, pre: Preflight) -> tuple[PromptLoader, PromptDataset | None]:
+        return PromptLoader.from_config(pre.datasets["data.path"]), pre.datasets.get("validation.path")
 
     def _save(self, roles: RLRoles, trainer: RLTrainer, step: int, accuracy_before: float | None) -> None:
         keep = self.config.trainer.keep_last
@@ -233,17 +253,26 @@ class Job:
         if cfg.trainer.torch_threads:
             torch.set_num_threads(cfg.trainer.torch_threads)
         _seed_everything(cfg.trainer.seed)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
-        tokenizer = load_tokenizer(cfg.model)
+        # Every check reads only; the output directory is claimed (and, with --overwrite,
+        # the previous run deleted) after all of them passed.
+        self.rundir.check()
+        pre = preflight(cfg, reward_fn=self.reward_fn)
+        for note in pre.notes:
+            self.echo(f"note: {note}")
+        self.reward_fn = pre.reward
+        tokenizer = pre.tokenizer
         latest = self._latest_checkpoint()
+        removed = self.rundir.claim()
+        if removed:
+            self.echo(f"--overwrite: deleted the previous run's {', '.join(removed)} in {self.out}")
+        (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
         resume_step = CheckpointManager.step_of(latest) if latest is not None else None
         jsonl = JsonlLogger(self.out / "metrics.jsonl", resume_step=resume_step)
         tb = TensorBoardLogger(self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None) if cfg.trainer.tensorboard else None
 
-        loader, val = self._data(tokenizer)  # before any model is built: a bad row fails fast
+        loader, val = self._data(pre)
         if cfg.sft.enabled:
-            policy = self._sft(tokenizer, jsonl, tb) if latest is None else self._sft_model()
+            policy = self._sft(pre, jsonl, tb) if latest is None else self._sft_model()
         else:
             policy = cfg.model
         roles = self._roles(policy)
@@ -267,9 +296,11 @@ class Job:
 
         total = cfg.trainer.total_steps
         progress = Progress(total, start, cfg.algorithm.name, cfg.trainer.progress)
+        watchdog = Watchdog(cfg.watchdog, temperature=cfg.sampling.temperature, n=cfg.sampling.n)
         accuracy_after = None
         for step in range(start + 1, total + 1):
             metrics = trainer.step(step)
+            watchdog.observe(step, metrics)
             if _due(step, cfg.validation.every_n_steps, total):
                 metrics.update(trainer.validate())
                 accuracy_after = metrics.get("val/accuracy", accuracy_after)
@@ -302,18 +333,23 @@ class Job:
         return JobResult(accuracy_before=accuracy_before, accuracy_after=accuracy_after, steps=total, output_dir=self.out, seconds=seconds)
 
 
-def run_job(config: TrainConfig, *, resume: bool = False, reward_fn: Callable[..., Any] | None = None) -> JobResult:
-    """Run ``config`` end to end (``resume``: continue from the newest complete checkpoint
-    under ``<output_dir>/checkpoints``). ``reward_fn`` overrides ``reward.function``."""
-    return Job(config, resume=resume, reward_fn=reward_fn).run()
+def run_job(
+    config: TrainConfig, *, resume: bool = False, overwrite: bool = False, reward_fn: Callable[..., Any] | None = None
+) -> JobResult:
+    """Run ``config`` end to end. An ``output_dir`` that holds a run is refused unless
+    ``resume`` (continue from its newest intact checkpoint under
+    ``<output_dir>/checkpoints``, with the config checked against the run's) or
+    ``overwrite`` (delete the previous run once every check passed). ``reward_fn``
+    overrides ``reward.function``."""
+    return Job(config, resume=resume, overwrite=overwrite, reward_fn=reward_fn).run()
 
 
-def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False) -> int:
-    """``geartrain train CONFIG [overrides] [--resume]``."""
+def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False, overwrite: bool = False) -> int:
+    """``geartrain train CONFIG [overrides] [--resume | --overwrite]``."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the job's own progress bar is the one to read
     config = load_train_config(config_path, overrides)
-    run_job(config, resume=resume)
+    run_job(config, resume=resume, overwrite=overwrite)
     return 0

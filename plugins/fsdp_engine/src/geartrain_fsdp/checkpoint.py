@@ -2,7 +2,10 @@
 
 Layout inside the directory the core hands over: ``dcp/`` (model + optimizer, sharded;
 each rank writes its shards), ``trainer.pt`` (LR scheduler and the caller's ``extra``,
-written by rank 0) and ``rng/rank_<r>.pt`` (each rank's RNG states).
+written by rank 0) and ``rng/rank_<r>.pt`` (each rank's RNG states). ``trainer.pt`` and the
+RNG files hold only tensors and plain containers and are read back with
+:func:`geartrain.load_state` (``weights_only=True``): a checkpoint never runs code. DCP's own
+``.metadata`` pickle is covered by the manifest the core writes into every checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from geartrain import load_state, save_state
 
 from geartrain_fsdp.sharding import FSDPModel
 
@@ -45,7 +50,9 @@ def _rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        state["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        # as a tensor and plain numbers, so the file loads with weights_only=True
+        state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
     except ImportError:  # pragma: no cover - numpy ships with torch's deps here
         pass
     return state
@@ -59,7 +66,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy as np
 
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
 
 
 @contextlib.contextmanager
@@ -78,14 +86,14 @@ def save(model: FSDPModel, path: Path, extra: dict[str, Any]) -> None:
         dcp.save(_app_state(model), checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
     rank = _rank(model)
     (path / "rng").mkdir(exist_ok=True)
-    torch.save(_rng_state(), path / "rng" / f"rank_{rank}.pt")
+    save_state(_rng_state(), path / "rng" / f"rank_{rank}.pt")
     if rank == 0:
         trainer = {
             "scheduler": model.scheduler.state_dict() if model.scheduler is not None else None,
             "extra": extra,
             "world": model.meshes.world,
         }
-        torch.save(trainer, path / "trainer.pt")
+        save_state(trainer, path / "trainer.pt")
 
 
 def load(model: FSDPModel, path: Path) -> dict[str, Any]:
@@ -97,10 +105,10 @@ def load(model: FSDPModel, path: Path) -> dict[str, Any]:
     set_model_state_dict(model.module, state["model"])
     if model.optimizer is not None:
         set_optimizer_state_dict(model.module, model.optimizer, state["optim"])
-    trainer = torch.load(path / "trainer.pt", weights_only=False)
+    trainer = load_state(path / "trainer.pt")
     if model.scheduler is not None and trainer["scheduler"] is not None:
         model.scheduler.load_state_dict(trainer["scheduler"])
     rng_file = path / "rng" / f"rank_{_rank(model)}.pt"
     if rng_file.exists():  # absent when resuming on more ranks than saved
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+        _set_rng_state(load_state(rng_file))
     return trainer["extra"]

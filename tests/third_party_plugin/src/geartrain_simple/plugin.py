@@ -208,7 +208,7 @@ def reshard_for_rollout(model: SimpleModel, rollout: geartrain.WeightReceiver | 
 
 @geartrain.hookimpl
 def save_checkpoint(model: SimpleModel, path: Path, extra: dict[str, Any]) -> None:
-    torch.save(
+    geartrain.save_state(
         {
             "model": model.module.state_dict(),
             "optimizer": model.optimizer.state_dict() if model.optimizer else None,
@@ -222,7 +222,7 @@ def save_checkpoint(model: SimpleModel, path: Path, extra: dict[str, Any]) -> No
 
 @geartrain.hookimpl
 def load_checkpoint(model: SimpleModel, path: Path) -> dict[str, Any]:
-    state = torch.load(Path(path) / "state.pt", weights_only=False)
+    state = geartrain.load_state(Path(path) / "state.pt")  # weights_only: never runs code from the file
     model.module.load_state_dict(state["model"])
     if model.optimizer and state["optimizer"]:
         model.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,112 @@
+"""What a job checks before it trains (``geartrain check`` and the start of ``geartrain
+train``): every data file exists and parses, the reward function resolves, and every prompt
+fits ``rollout.max_model_len``. All problems are collected and raised together, each under
+its config path, so a missing reward file is found before the SFT warm start, and an
+over-long prompt before a batch draws it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from geartrain.data import PromptDataset
+from geartrain.errors import ConfigError, GeartrainError
+from geartrain.modeling import load_tokenizer
+from geartrain.rewards import get_reward
+from geartrain.trainer.config import TrainConfig
+from geartrain.trainer.sft import sft_dataset
+
+
+@dataclass
+class Preflight:
+    """The checked pieces, for the job to use rather than build twice."""
+
+    tokenizer: Any
+    reward: Any | None = None
+    """The reward spec, resolved as far as the roles take it (a callable, or a registered
+    name / dotted path that :func:`geartrain.rewards.get_reward` resolved once already);
+    ``None`` with a reward model."""
+    datasets: dict[str, PromptDataset] = field(default_factory=dict)
+    """By config key: ``data.path``, ``validation.path``, ``sft.path``, ``sft.dev_path``."""
+    notes: list[str] = field(default_factory=list)
+    """Findings that do not stop a run (e.g. responses capped by ``max_model_len``)."""
+
+
+def _resolve_reward(config: TrainConfig, reward_fn: Callable[..., Any] | None) -> Any:
+    from geartrain.trainer.run import resolve_reward  # run.py imports this module
+
+    if reward_fn is not None:
+        spec: Any = reward_fn
+    elif config.reward.model is not None:
+        return None
+    else:
+        spec = resolve_reward(config.reward.function, config.base_dir)
+    get_reward(spec)  # raises, naming the spec, when it does not resolve
+    return spec
+
+
+def _fit(key: str, dataset: PromptDataset, config: TrainConfig, max_tokens: int, problems: list[tuple[str, str]], notes: list[str]) -> None:
+    limit = config.rollout.max_model_len
+    lengths = [(len(r.prompt_ids), r.where) for r in dataset.rows]
+    crash = [(n, w) for n, w in lengths if n >= limit]
+    if crash:
+        n, where = max(crash)
+        problems.append((key, (
+            f"{len(crash)} of {len(lengths)} prompts have >= rollout.max_model_len={limit} tokens, leaving no room to "
+            f"generate (longest: {n} tokens, {where}); set data.max_prompt_length={limit - max_tokens} to drop them "
+            "or raise rollout.max_model_len"
+        )))
+    capped = [(n, w) for n, w in lengths if n < limit and n + max_tokens > limit]
+    if capped:
+        n, where = max(capped)
+        notes.append(
+            f"{key}: {len(capped)} of {len(lengths)} prompts leave fewer than {max_tokens} tokens to generate within "
+            f"rollout.max_model_len={limit} (longest: {n} tokens, {where}); their responses are cut short"
+        )
+
+
+def preflight(config: TrainConfig, *, reward_fn: Callable[..., Any] | None = None, tokenizer: Any | None = None) -> Preflight:
+    """Check ``config``'s data, reward and prompt lengths; raise :class:`ConfigError`
+    listing every problem, or return the checked pieces."""
+    problems: list[tuple[str, str]] = []
+    try:
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
+    except (OSError, ValueError) as exc:
+        raise ConfigError([("model", f"cannot load the tokenizer: {exc}")]) from None
+    result = Preflight(tokenizer=tokenizer)
+    try:
+        result.reward = _resolve_reward(config, reward_fn)
+    except GeartrainError as exc:
+        problems.append(("reward.function", str(exc)))
+
+    data_cfg = config.data.model_copy(update={"path": config.resolve(config.data.path)})
+    sources: list[tuple[str, str | None, Callable[[str], PromptDataset]]] = [
+        ("data.path", data_cfg.path, lambda p: PromptDataset.from_config(data_cfg, tokenizer)),
+        ("validation.path", config.resolve(config.validation.path), lambda p: PromptDataset(p, tokenizer, data_cfg)),
+    ]
+    if config.sft.enabled:
+        sources.append(("sft.path", config.resolve(config.sft.path), lambda p: sft_dataset(config.sft, p, tokenizer, config.data)))
+        sources.append((
+            "sft.dev_path", config.resolve(config.sft.dev_path),
+            lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p})),
+        ))
+    for key, path, build in sources:
+        if path is None:
+            if key == "data.path" or (key == "sft.path" and config.sft.enabled):
+                problems.append((key, "is not set; give a .jsonl or .parquet file"))
+            continue
+        try:
+            result.datasets[key] = build(path)
+        except GeartrainError as exc:
+            problems.append((key, str(exc)))
+
+    for key in ("data.path", "sft.dev_path"):
+        if key in result.datasets:
+            _fit(key, result.datasets[key], config, config.sampling.max_tokens, problems, result.notes)
+    if "validation.path" in result.datasets:
+        max_tokens = config.validation.max_tokens or config.sampling.max_tokens
+        _fit("validation.path", result.datasets["validation.path"], config, max_tokens, problems, result.notes)
+    if problems:
+        raise ConfigError(problems, "the job's data and reward (nothing was trained or changed)")
+    return result

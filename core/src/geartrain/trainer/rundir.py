@@ -1,0 +1,111 @@
+"""The output directory of a training job, guarded so that no run is lost by accident.
+
+A job checks its directory with :meth:`RunDirectory.check` before anything else and only
+*claims* it (:meth:`RunDirectory.claim`: creates it, and with ``overwrite`` deletes the
+previous run's files) after every other check — config, data, reward, checkpoints — has
+passed. So a fresh run into a directory that holds a run refuses unless told ``--resume``
+(continue it) or ``--overwrite`` (replace it), and a run that fails its checks deletes and
+truncates nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from geartrain.errors import GeartrainError
+
+#: What a job writes into its output directory, and what kind of filesystem entry each is.
+#: ``overwrite`` removes exactly these; files of other names are left alone.
+RUN_ENTRIES: dict[str, str] = {
+    "config.json": "file",
+    "metrics.jsonl": "file",
+    "curves.png": "file",
+    "checkpoints": "dir",
+    "tensorboard": "dir",
+    "sft_model": "dir",
+    "hf": "dir",
+}
+#: The entries whose presence means the directory holds a run.
+_RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "sft_model", "hf")
+
+
+class RunDirectoryError(GeartrainError):
+    """The output directory cannot be used as asked (it holds a run, is not writable, or
+    one of its entries is of the wrong kind)."""
+
+
+@dataclass
+class RunDirectory:
+    """``path`` as the output directory of a fresh run (``resume=False``), a continued one
+    (``resume=True``) or a replacing one (``overwrite=True``)."""
+
+    path: Path
+    resume: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+
+    def holds_run(self) -> list[str]:
+        """The entries that show ``path`` holds a (started or finished) run."""
+        if not self.path.is_dir():
+            return []
+        return [name for name in _RUN_MARKERS if os.path.lexists(self.path / name)]
+
+    def check(self) -> None:
+        """Raise :class:`RunDirectoryError` unless the directory can be used as asked.
+        Reads only; changes nothing."""
+        where = f"trainer.output_dir '{self.path}'"
+        if self.resume and self.overwrite:
+            raise RunDirectoryError("--resume and --overwrite exclude each other: continue the run or replace it")
+        if os.path.lexists(self.path) and not self.path.is_dir():
+            raise RunDirectoryError(f"{where} is a file, not a directory; choose another trainer.output_dir")
+        existing = self.path
+        while not existing.exists():
+            if existing.parent == existing:
+                break
+            existing = existing.parent
+        if not existing.is_dir():
+            raise RunDirectoryError(f"{where} cannot be created: {existing} is a file, not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise RunDirectoryError(f"{where} is not writable ({existing} denies write access); choose another trainer.output_dir")
+        for name, kind in RUN_ENTRIES.items():
+            entry = self.path / name
+            if not os.path.lexists(entry):
+                continue
+            if kind == "dir" and not entry.is_dir():
+                raise RunDirectoryError(f"{entry} is a file where geartrain keeps a directory; move it away or choose another trainer.output_dir")
+            if kind == "file" and not entry.is_file():
+                raise RunDirectoryError(f"{entry} is not a regular file (geartrain writes its {name} there); move it away or choose another trainer.output_dir")
+            if not os.access(entry, os.W_OK):
+                raise RunDirectoryError(f"{entry} is not writable; fix its permissions or choose another trainer.output_dir")
+        found = self.holds_run()
+        if found and not (self.resume or self.overwrite):
+            raise RunDirectoryError(
+                f"{where} already holds a run ({', '.join(found)}); nothing was changed. "
+                "Pass --resume to continue it from its newest checkpoint, or --overwrite to delete it and start "
+                "afresh (Python: run_job(config, resume=True) / run_job(config, overwrite=True)), "
+                "or choose another trainer.output_dir"
+            )
+
+    def claim(self) -> list[str]:
+        """Create the directory; with ``overwrite``, delete the previous run's entries
+        (only those in :data:`RUN_ENTRIES`). Call after every check passed. Returns the
+        deleted entry names."""
+        self.check()
+        self.path.mkdir(parents=True, exist_ok=True)
+        removed = []
+        if self.overwrite:
+            for name in RUN_ENTRIES:
+                entry = self.path / name
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                elif os.path.lexists(entry):
+                    entry.unlink()
+                else:
+                    continue
+                removed.append(name)
+        return removed

@@ -1,0 +1,118 @@
+"""Watchdogs: a run that trains nothing says so, and stops when it cannot recover.
+
+After every RL step :meth:`Watchdog.observe` reads the step's metrics and counts
+consecutive steps in which
+
+* every optimizer step was skipped because the gradient was not finite (``actor/skipped``)
+  — ``max_skipped_steps`` of them stop the run with an error;
+* every advantage was zero, so the policy gradient was zero (``advantages/abs_mean``) —
+  ``zero_advantage_steps`` of them warn once per streak, naming the likely cause (identical
+  samples in each group, or a constant reward);
+* every reward call failed or timed out (``reward/error_fraction``) — each such step warns,
+  ``max_failed_reward_steps`` of them stop the run.
+
+The stops raise :class:`TrainingStalledError` (a :class:`geartrain.GeartrainError`:
+``geartrain train`` prints it and exits 2); the checkpoints saved so far stay.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import Field
+
+from geartrain.config import Section
+from geartrain.errors import GeartrainError
+
+logger = logging.getLogger("geartrain.watchdog")
+
+
+class WatchdogConfig(Section):
+    """When a run that is not training stops or warns (0 turns a watchdog off)."""
+
+    max_skipped_steps: int = Field(3, ge=0)
+    """Stop after this many consecutive steps whose optimizer steps were all skipped (non-finite gradient)."""
+    zero_advantage_steps: int = Field(5, ge=0)
+    """Warn after this many consecutive steps whose advantages were all zero (no learning signal)."""
+    max_failed_reward_steps: int = Field(3, ge=0)
+    """Stop after this many consecutive steps whose reward calls all failed or timed out."""
+
+
+class TrainingStalledError(GeartrainError):
+    """A watchdog stopped the run: it was not training."""
+
+
+class Watchdog:
+    """Counts the streaks described in the module docstring over the steps of one run."""
+
+    def __init__(self, config: WatchdogConfig, *, temperature: float | None = None, n: int | None = None) -> None:
+        self.config = config
+        self.temperature = temperature
+        self.n = n
+        self.skipped = 0
+        self.zero_advantage = 0
+        self.failed_rewards = 0
+
+    def observe(self, step: int, metrics: dict[str, Any]) -> None:
+        """Update the streaks with ``step``'s metrics; warn or raise
+        :class:`TrainingStalledError` as configured."""
+        self._skipped(step, metrics)
+        self._rewards(step, metrics)
+        self._advantages(step, metrics)
+
+    def _skipped(self, step: int, metrics: dict[str, Any]) -> None:
+        skipped = metrics.get("actor/skipped")
+        if skipped is None:  # no actor update this step (critic warm-up)
+            return
+        self.skipped = self.skipped + 1 if float(skipped) >= 1.0 else 0
+        k = self.config.max_skipped_steps
+        if k and self.skipped >= k:
+            raise TrainingStalledError(
+                f"step {step}: the last {self.skipped} steps skipped every optimizer step because the gradient "
+                f"was not finite (actor/grad_norm = {metrics.get('actor/grad_norm')}, lr = {metrics.get('actor/lr')}); "
+                "the learning rate is likely too high or the loss overflows. Lower actor.engine.optim.lr "
+                f"(or raise watchdog.max_skipped_steps, now {k}, to let the run go on)"
+            )
+
+    def _rewards(self, step: int, metrics: dict[str, Any]) -> None:
+        fraction = metrics.get("reward/error_fraction")
+        if fraction is None:
+            return
+        if float(fraction) < 1.0:
+            self.failed_rewards = 0
+            return
+        self.failed_rewards += 1
+        k = self.config.max_failed_reward_steps
+        what = f"every reward call of step {step} failed or timed out ({int(metrics.get('reward/errors', 0))} errors, " \
+               f"{int(metrics.get('reward/timeouts', 0))} timeouts): all its samples scored 0"
+        if k and self.failed_rewards >= k:
+            raise TrainingStalledError(
+                f"{what}, for {self.failed_rewards} steps in a row; fix the reward function (its first traceback is "
+                f"logged above) or raise reward.timeout_s (or watchdog.max_failed_reward_steps, now {k})"
+            )
+        logger.warning("%s (the run stops after %s such steps in a row)", what, k or "no")
+
+    def _advantages(self, step: int, metrics: dict[str, Any]) -> None:
+        value = metrics.get("advantages/abs_mean")
+        if value is None:
+            return
+        if float(value) != 0.0:
+            self.zero_advantage = 0
+            return
+        self.zero_advantage += 1
+        k = self.config.zero_advantage_steps
+        if not k or self.zero_advantage != k:
+            return  # once per streak
+        if float(metrics.get("reward/std", 1.0)) == 0.0:
+            cause = f"every sample got the same reward ({metrics.get('reward/mean')}): the reward is constant on these prompts"
+        else:
+            cause = "the samples of each group got identical rewards"
+        if self.temperature == 0.0:
+            cause += f"; sampling.temperature = 0 makes the {self.n} samples of a prompt identical"
+        elif self.n == 1:
+            cause += "; sampling.n = 1 leaves a group-relative advantage nothing to compare"
+        logger.warning(
+            "the advantages were all zero for the last %d steps (through step %d), so the policy gradient is zero and "
+            "nothing is learned: %s", self.zero_advantage, step, cause,
+        )

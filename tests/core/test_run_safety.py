@@ -1,0 +1,151 @@
+"""A training job never loses a run: a fresh run into a directory holding one refuses,
+nothing is deleted or truncated before every check has passed, and ``--resume`` compares
+the new config with the run's (issue 10, items 1, 4 and 7).
+
+These run the real job (:func:`geartrain.trainer.run_job`) up to the point where it would
+build its first engine: every check in question happens before that, so no engine plugin
+is needed (the core's environment has none).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from geartrain import CheckpointManager, ConfigError, GeartrainError
+from geartrain.trainer import load_train_config, run_job
+from geartrain.trainer.config_diff import diff_configs
+from geartrain.trainer.rundir import RunDirectory, RunDirectoryError
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN_CONFIG = ROOT / "examples" / "arithmetic" / "grpo.toml"
+SMALL = ["trainer.total_steps=4", "sft.enabled=false", "trainer.progress=false"]
+
+
+def _config(out: Path, *overrides: str):  # noqa: ANN202
+    return load_train_config(MAIN_CONFIG, [*SMALL, f"trainer.output_dir={out}", *overrides], check_plugins=False)
+
+
+def _finished_run(out: Path) -> dict[str, str]:
+    """A run directory as a finished run leaves it; returns the SHA-256 of each file."""
+    config = _config(out)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(config.model_dump_json(indent=2))
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"phase": "rl", "step": s, "reward/mean": s / 4}) + "\n" for s in range(5)))
+    mgr = CheckpointManager(out / "checkpoints" / "actor", keep_last=2)
+    for step in (2, 4):
+        mgr.save(step, lambda d, s=step: (d / "state.bin").write_bytes(bytes([s]) * 4096))
+    return _tree(out)
+
+
+def _tree(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_fresh_run_into_a_finished_run_refuses_and_changes_nothing(tmp_path: Path) -> None:
+    # the issue's probe: a typo in data.path, output_dir = a finished run, no --resume
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    with pytest.raises(RunDirectoryError) as err:
+        run_job(_config(out, f"data.path={ROOT / 'examples/arithmetic/data/trian.jsonl'}"))
+    message = str(err.value)
+    assert "already holds a run" in message and "--resume" in message and "--overwrite" in message
+    assert _tree(out) == before
+
+
+def test_overwrite_deletes_nothing_until_every_check_passed(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    with pytest.raises(ConfigError, match="no such data file"):
+        run_job(_config(out, "data.path=data/trian.jsonl"), overwrite=True)
+    assert _tree(out) == before
+    with pytest.raises(ConfigError, match="reward function file .*nope.py' does not exist"):
+        run_job(_config(out, "reward.function=nope.py:score"), overwrite=True)
+    assert _tree(out) == before
+
+
+def test_overwrite_removes_only_the_previous_runs_entries(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _finished_run(out)
+    (out / "notes.txt").write_text("mine")
+    removed = RunDirectory(out, overwrite=True).claim()
+    assert sorted(removed) == ["checkpoints", "config.json", "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_resume_and_overwrite_exclude_each_other(tmp_path: Path) -> None:
+    with pytest.raises(RunDirectoryError, match="exclude each other"):
+        RunDirectory(tmp_path, resume=True, overwrite=True).check()
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        (lambda out: out.write_text("x"), "is a file, not a directory"),
+        (lambda out: (out.mkdir(), (out / "checkpoints").write_text("x")), "checkpoints is a file where geartrain keeps a directory"),
+        (lambda out: (out.mkdir(), (out / "metrics.jsonl").mkdir()), "metrics.jsonl is not a regular file"),
+    ],
+    ids=["output-dir-is-a-file", "checkpoints-is-a-file", "metrics-is-a-dir"],
+)
+def test_an_output_dir_entry_of_the_wrong_kind_is_one_clear_error(tmp_path: Path, setup, expected: str) -> None:  # noqa: ANN001
+    out = tmp_path / "run"
+    setup(out)
+    before = _tree(out) if out.is_dir() else out.read_bytes()
+    with pytest.raises(RunDirectoryError, match=expected) as err:
+        run_job(_config(out))
+    assert "\n" not in str(err.value)
+    assert (_tree(out) if out.is_dir() else out.read_bytes()) == before
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot write: a read-only one, or (as root, who may write
+    anywhere) a directory on a read-only filesystem such as /proc/sys."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        return locked
+    for candidate in (Path("/proc/sys"), Path("/sys/fs/cgroup")):
+        if candidate.is_dir() and not os.access(candidate, os.W_OK):
+            return candidate
+    pytest.fail("found no unwritable directory to test with")
+
+
+def test_an_unwritable_output_dir_is_one_clear_error(tmp_path: Path) -> None:
+    out = _unwritable_dir(tmp_path) / "run"
+    with pytest.raises(RunDirectoryError, match="is not writable") as err:
+        run_job(_config(out))
+    assert str(out) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_resume_lists_every_change_and_refuses_the_ones_that_cannot_apply(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    changed = _config(out, "actor.engine.optim.lr=1e-2", "model.config_overrides.hidden_size=64", "trainer.total_steps=6")
+    with pytest.raises(ConfigError) as err:
+        run_job(changed, resume=True)
+    message = str(err.value)
+    assert "actor.engine.optim.lr: 0.0003 -> 0.01: refused, the optimizer and LR schedule are restored" in message
+    assert "model.config_overrides.hidden_size: 128 -> 64: refused, the checkpoint holds this model's weights" in message
+    assert "trainer.total_steps: 4 -> 6 (applied" in message
+    assert _tree(out) == before
+
+
+def test_config_diff_verdicts() -> None:
+    saved = _config(Path("out")).model_dump(mode="json")
+    new = _config(Path("out"), "sampling.temperature=0.7", "data.batch_size=8", "trainer.seed=3", "validation.every_n_steps=5").model_dump(mode="json")
+    verdicts = {c.key: c.verdict for c in diff_configs(saved, new)}
+    assert verdicts == {
+        "data.batch_size": "refused",
+        "sampling.temperature": "applied",
+        "trainer.seed": "refused",
+        "validation.every_n_steps": "applied",
+    }
+    assert diff_configs(saved, saved) == []
+
+
+def test_errors_are_geartrain_errors() -> None:
+    assert issubclass(RunDirectoryError, GeartrainError)  # the CLI prints them in one line, rc 2
