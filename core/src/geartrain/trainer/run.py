@@ -32,7 +32,7 @@ from geartrain.trainer.rl import RLRoles, RLTrainer, actor_loss_config
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
 from geartrain.trainer.rundir import RunDirectory
 from geartrain.trainer.sft import run_sft
-from geartrain.trainer.watchdog import Watchdog
+from geartrain.trainer.watchdog import TrainingStalledError, Watchdog
 from geartrain.types import SamplingParams
 
 logger = logging.getLogger("geartrain.trainer")
@@ -93,6 +93,12 @@ def _seed_everything(seed: int) -> None:
         np.random.seed(seed % (2**32))
     except ImportError:  # pragma: no cover
         pass
+
+
+def _shutdown(roles: RLRoles) -> None:
+    for group in (roles.actor, roles.reference, roles.critic, roles.reward):
+        if group is not None:
+            group.shutdown()
 
 
 def _due(step: int, every: int, total: int) -> bool:
@@ -300,11 +306,19 @@ class Job:
         accuracy_after = None
         for step in range(start + 1, total + 1):
             metrics = trainer.step(step)
-            watchdog.observe(step, metrics)
             if _due(step, cfg.validation.every_n_steps, total):
                 metrics.update(trainer.validate())
                 accuracy_after = metrics.get("val/accuracy", accuracy_after)
             log({"phase": "rl", "step": step, **metrics})
+            try:
+                watchdog.observe(step, metrics)  # after logging, so the step that stops the run is on record
+            except TrainingStalledError:
+                progress.close()
+                jsonl.close()
+                if tb is not None:
+                    tb.close()
+                _shutdown(roles)
+                raise
             progress.update(reward=metrics.get("reward/mean", 0.0), acc=metrics.get("val/accuracy", metrics.get("reward/accuracy", 0.0)))
             if _due(step, cfg.trainer.save_every, total):
                 self._save(roles, trainer, step, accuracy_before)
@@ -321,9 +335,7 @@ class Job:
         if cfg.trainer.plot:
             png = plot_curves(read_jsonl(self.out / "metrics.jsonl"), self.out / "curves.png", title=f"{self.algo_label} ({self.out.name})")
             self.echo(f"curves: {png}")
-        for group in (roles.actor, roles.reference, roles.critic, roles.reward):
-            if group is not None:
-                group.shutdown()
+        _shutdown(roles)
         seconds = time.perf_counter() - started
         self.echo(f"metrics: {self.out / 'metrics.jsonl'} ({seconds:.1f}s)")
         if accuracy_before is not None:

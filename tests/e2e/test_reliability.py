@@ -1,0 +1,157 @@
+"""Issue 10's probes on the real job (FSDP engine, torch rollout, tiny model, a few steps):
+a finished run is never wiped, a resume with a changed config lists and refuses or applies
+every change, a damaged checkpoint is passed over for the intact one, a run that trains
+nothing stops or warns, and a hanging reward function times out."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import MAIN_CONFIG, rl_records
+
+from geartrain.cli import main
+from geartrain.errors import ConfigError
+from geartrain.trainer import load_train_config, run_job
+from geartrain.trainer.watchdog import TrainingStalledError
+
+pytestmark = pytest.mark.e2e
+
+TINY = [
+    "sft.enabled=false",
+    "trainer.total_steps=2",
+    "trainer.save_every=1",
+    "trainer.plot=false",
+    "trainer.progress=false",
+    "trainer.tensorboard=false",
+    "trainer.export_hf=false",
+    "data.batch_size=4",
+    "sampling.n=4",
+    "validation.max_prompts=8",
+    "validation.every_n_steps=0",
+]
+
+
+def _config(out: Path, *overrides: str):  # noqa: ANN202
+    return load_train_config(MAIN_CONFIG, [*TINY, f"trainer.output_dir={out}", *overrides])
+
+
+@pytest.fixture
+def length_reward(tmp_path: Path) -> str:
+    """A reward that differs between samples even for the untrained tiny model (which never
+    gets an addition right), so the advantages are not zero for want of a signal."""
+    path = tmp_path / "length_reward.py"
+    path.write_text("def score(response, ground_truth):\n    return float(len(response))\n")
+    return f"reward.function={path}:score"
+
+
+def _tree(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step run with checkpoints at steps 1 and 2."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert run_job(_config(out)).steps == 2
+    return out
+
+
+def test_a_fresh_run_into_a_finished_run_refuses_and_keeps_it(finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = _tree(finished_run)
+    assert "checkpoints/actor/step_00000002/MANIFEST.json" in before
+    # the issue's probe: a typo in data.path, into a finished run, without --resume
+    rc = main(["train", str(MAIN_CONFIG), *TINY, "data.path=data/trian.jsonl", f"trainer.output_dir={finished_run}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "already holds a run" in err and "--resume" in err and "--overwrite" in err
+    rc = main(["train", str(MAIN_CONFIG), *TINY, "data.path=data/trian.jsonl", f"trainer.output_dir={finished_run}", "--overwrite"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no such data file" in err and "nothing was trained or changed" in err
+    assert _tree(finished_run) == before
+
+
+def test_resume_refuses_a_changed_lr_and_falls_back_from_a_damaged_checkpoint(finished_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    reference = rl_records(out / "metrics.jsonl")
+    before = _tree(out)
+    with pytest.raises(ConfigError) as err:  # the issue's probe: --resume ... actor.engine.optim.lr=1e-2
+        run_job(_config(out, "actor.engine.optim.lr=1e-2", "trainer.total_steps=3"), resume=True)
+    assert "actor.engine.optim.lr: 0.0003 -> 0.01: refused" in str(err.value)
+    assert "trainer.total_steps: 2 -> 3 (applied" in str(err.value)
+    assert _tree(out) == before
+
+    shard = next((out / "checkpoints" / "actor" / "step_00000002" / "dcp").glob("*.distcp"))
+    with shard.open("r+b") as fh:  # 4 KB overwritten inside a .distcp file (with other bytes)
+        fh.seek(shard.stat().st_size // 2)
+        old = fh.read(4096)
+        fh.seek(shard.stat().st_size // 2)
+        fh.write(bytes(b ^ 0xA5 for b in old))
+    said: list[str] = []
+    from geartrain.trainer.run import Job
+
+    result = Job(_config(out, "trainer.total_steps=3"), resume=True, echo=said.append).run()
+    assert result.steps == 3
+    text = "\n".join(said)
+    assert f"checkpoint {out / 'checkpoints' / 'actor' / 'step_00000002'} is damaged: dcp/{shard.name}" in text
+    assert "falling back to the previous checkpoint" in text and "(step 1)" in text
+    assert "trainer.total_steps: 2 -> 3 (applied" in text
+    records = rl_records(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    for key in ("reward/mean", "actor/grad_norm", "actor/pg_loss"):  # step 2 redone from step 1: as before
+        assert records[2][key] == pytest.approx(reference[2][key], abs=1e-6), key
+
+
+def test_an_lr_that_overflows_stops_the_run(tmp_path: Path, length_reward: str) -> None:
+    config = _config(tmp_path / "run", length_reward, "actor.engine.optim.lr=1e37", "trainer.total_steps=6", "watchdog.max_skipped_steps=2")
+    with pytest.raises(TrainingStalledError, match="the last 2 steps skipped every optimizer step") as err:
+        run_job(config)
+    assert "actor.engine.optim.lr" in str(err.value)
+    records = rl_records(tmp_path / "run" / "metrics.jsonl")
+    assert [r["actor/skipped"] for r in records[1:]] == [0.0, 1.0, 1.0]  # stopped at step 3, not 6
+
+
+def test_greedy_sampling_warns_that_nothing_is_learned(tmp_path: Path, length_reward: str, caplog: pytest.LogCaptureFixture) -> None:
+    config = _config(tmp_path / "run", length_reward, "sampling.temperature=0", "sampling.n=8", "watchdog.zero_advantage_steps=2")
+    with caplog.at_level(logging.WARNING, logger="geartrain.watchdog"):
+        run_job(config)
+    warned = [r.getMessage() for r in caplog.records if r.name == "geartrain.watchdog"]
+    assert len(warned) == 1 and "advantages were all zero for the last 2 steps" in warned[0]
+    assert "sampling.temperature = 0 makes the 8 samples of a prompt identical" in warned[0]
+    assert [r["advantages/abs_mean"] for r in rl_records(tmp_path / "run" / "metrics.jsonl")[1:]] == [0.0, 0.0]
+
+
+def test_a_reward_that_always_raises_is_logged_once_and_stops_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    reward = tmp_path / "broken.py"
+    reward.write_text("def score(response, ground_truth):\n    return {'points': 1}['score']\n")
+    config = _config(tmp_path / "run", f"reward.function={reward}:score", "trainer.total_steps=5", "watchdog.max_failed_reward_steps=2")
+    with caplog.at_level(logging.WARNING), pytest.raises(TrainingStalledError, match="for 2 steps in a row"):
+        run_job(config)
+    tracebacks = [r for r in caplog.records if r.name == "geartrain.rewards" and r.exc_info]
+    assert len(tracebacks) == 1 and "KeyError" in tracebacks[0].getMessage()
+    watchdog = [r.getMessage() for r in caplog.records if r.name == "geartrain.watchdog"]
+    assert len(watchdog) == 1 and "every reward call of step 1 failed" in watchdog[0]
+    assert [r["reward/error_fraction"] for r in rl_records(tmp_path / "run" / "metrics.jsonl")[1:]] == [1.0, 1.0]
+
+
+def test_a_hanging_reward_times_out_and_the_run_goes_on(tmp_path: Path) -> None:
+    reward = tmp_path / "hangs.py"
+    reward.write_text(
+        "import threading\n"
+        "def score(response, ground_truth):\n"
+        "    if int(ground_truth) % 2:\n"
+        "        threading.Event().wait(600)  # hangs\n"
+        "    return float(response.strip() == ground_truth)\n"
+    )
+    config = _config(tmp_path / "run", f"reward.function={reward}:score", "reward.timeout_s=1", "validation.path=null")
+    start = time.monotonic()
+    assert run_job(config).steps == 2
+    assert time.monotonic() - start < 120  # liveness, generous on a loaded machine
+    records = rl_records(tmp_path / "run" / "metrics.jsonl")[1:]
+    for record in records:
+        assert record["reward/timeouts"] > 0 and record["reward/errors"] >= record["reward/timeouts"]
