@@ -193,7 +193,7 @@ def _export_rank(
         eng = Engine(
             cfg,
             ModelConfig(tiny="qwen2", config_overrides=ov),
-            EngineContext(role="actor", rank=rank, world_size=world),
+            EngineContext(role="actor", rank=rank, world_size=world, process_group=dist.group.WORLD),
         )
 
         class Sink:

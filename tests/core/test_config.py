@@ -143,3 +143,86 @@ def test_unreadable_files_are_errors(tmp_path: Path) -> None:
         load_config(Job, write(tmp_path, "x.toml", "steps = = 1\n"))
     with pytest.raises(ConfigError, match="unknown config format"):
         load_config(Job, write(tmp_path, "x.ini", "steps=1\n"))
+
+
+# ----------------------------------------------------------------------------- job configs
+
+
+def _job(overrides: list[str], *, check_plugins: bool = True):  # noqa: ANN202
+    from geartrain.trainer.config import load_train_config
+
+    return load_train_config(None, overrides, check_plugins=check_plugins)
+
+
+def test_roles_follow_the_actor_backend_and_only_built_roles_are_checked() -> None:
+    # GRPO with a rule reward builds no reference, critic or reward engine: only the actor
+    # and the rollout sections are checked, and the other roles follow the actor's backend.
+    job = _job(["actor.engine.backend=simple-test"])
+    assert (job.reference.engine.backend, job.critic.engine.backend, job.reward.engine.backend) == ("simple-test",) * 3
+    assert [path for path, _ in job.backend_sections()] == ["actor.engine", "rollout"]
+    # a role that is not built may name a backend that is not installed...
+    _job(["actor.engine.backend=simple-test", "critic.engine.backend=megatron"])
+    # ...a role that is built may not
+    with pytest.raises(ConfigError) as err:
+        _job(["actor.engine.backend=simple-test", "algorithm.use_kl_loss=true", "reference.engine.backend=megatron"])
+    assert set(dict(err.value.problems)) == {"reference.engine.backend"}
+    with pytest.raises(ConfigError) as err:
+        _job(["actor.engine.backend=simple-test", "algorithm.name=ppo", "critic.engine.options.chunk=0"])
+    assert set(dict(err.value.problems)) == {"critic.engine.options.chunk"}
+
+
+def test_optimizer_total_steps_are_derived_from_the_trainer() -> None:
+    job = _job(["trainer.total_steps=7", "algorithm.ppo_epochs=2", "algorithm.mini_batches=3", "actor.engine.optim.lr_schedule=cosine"], check_plugins=False)
+    assert job.actor.engine.optim.total_steps == 7 * 2 * 3
+    ppo = _job(["algorithm.name=ppo", "trainer.total_steps=7", "algorithm.critic_warmup_steps=2", "algorithm.mini_batches=2"], check_plugins=False)
+    assert (ppo.actor.engine.optim.total_steps, ppo.critic.engine.optim.total_steps) == (5 * 2, 7 * 2)
+    sft = _job(["sft.enabled=true", "sft.steps=9"], check_plugins=False)
+    assert sft.sft.optim.total_steps == 9
+    assert _job(["trainer.total_steps=4", "actor.engine.optim.total_steps=8", "algorithm.mini_batches=2"], check_plugins=False)
+    with pytest.raises(ConfigError) as err:
+        _job(["trainer.total_steps=4", "actor.engine.optim.total_steps=4", "algorithm.mini_batches=2"], check_plugins=False)
+    message = str(err.value)
+    assert "actor.engine.optim.total_steps = 4 disagrees with the 8 optimizer steps" in message
+    assert "trainer.total_steps (4) x algorithm.ppo_epochs (1) x algorithm.mini_batches (2)" in message
+
+
+def test_a_backend_config_error_carries_the_section_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A backend raises ConfigError with a path inside its section; the core puts the
+    section's path in front, in the Python API and in the CLI (one message, no traceback)."""
+    import types
+
+    from geartrain import Engine, EngineContext, cli, hookimpl, plugins, register_engine
+
+    module = types.ModuleType("gt_picky_engine")
+    for hook in ("forward_backward", "optimizer_step", "reshard_for_rollout", "save_checkpoint", "load_checkpoint"):
+        exec(f"def {hook}(model):\n    return None", module.__dict__)  # noqa: S102 - stubs
+        setattr(module, hook, hookimpl(getattr(module, hook)))
+
+    @hookimpl
+    def build_model(config, ctx):  # noqa: ANN001, ANN202
+        return None
+
+    @hookimpl
+    def shard(module, config, model_config, ctx):  # noqa: ANN001, ANN202
+        raise ConfigError([("parallel.dp", "the picky engine wants dp = 3")])
+
+    module.build_model, module.shard = build_model, shard
+    register_engine("picky", module)
+    try:
+        with pytest.raises(ConfigError) as err:
+            Engine(EngineConfig(backend="picky"), ModelConfig(tiny="qwen2"), EngineContext(role="critic"))
+        assert err.value.problems == [("critic.engine.parallel.dp", "the picky engine wants dp = 3")]
+        # options given in code are checked against the backend's schema, with their path
+        with pytest.raises(ConfigError) as err:
+            Engine(EngineConfig(backend="simple-test", options={"chunk": 0}), ModelConfig(tiny="qwen2"), EngineContext(role="actor"))
+        assert [p for p, _ in err.value.problems] == ["actor.engine.options.chunk"]
+
+        data = write(tmp_path, "d.jsonl", '{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
+        job = write(tmp_path, "job.toml", f'[actor.engine]\nbackend = "picky"\n[data]\npath = "{data}"\nbatch_size = 2\n'
+                    f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n[validation]\nevery_n_steps = 0\n')
+        assert cli.main(["train", str(job)]) == 2
+        err_text = capsys.readouterr().err
+        assert "actor.engine.parallel.dp: the picky engine wants dp = 3" in err_text
+        assert "Traceback" not in err_text
+    finally:
+        plugins.unregister("engine", "picky")

@@ -83,7 +83,14 @@ def make_engine(
     family: str = "qwen2", *, rank: int = 0, world: int = 1, value_head: bool = False, seed: int = 0, **kw: Any
 ) -> Engine:
     model = ModelConfig(tiny=family, value_head=value_head, seed=seed)
-    return Engine(engine_config(**kw), model, EngineContext(role="actor", rank=rank, world_size=world, seed=seed))
+    return Engine(engine_config(**kw), model, rank_context(rank, world, seed=seed))
+
+
+def rank_context(rank: int, world: int, *, seed: int = 0, role: str = "actor") -> EngineContext:
+    """The context a worker group gives a rank of ``run_ranks``: the whole gloo world is
+    the role's group."""
+    group = dist.group.WORLD if world > 1 else None
+    return EngineContext(role=role, rank=rank, world_size=world, seed=seed, process_group=group)
 
 
 def full_params(engine: Engine) -> dict[str, torch.Tensor]:

@@ -74,8 +74,9 @@ def test_two_ranks_match_plain_transformers(family: str, options: dict, tmp_path
     assert torch.allclose(got, ref_uneven, atol=1e-4, rtol=0)
     mask = uneven["loss_mask"].float()
     ref_loss = float(-(ref_uneven * mask).sum() / mask.sum())
-    for r in ranks:
-        assert r["uneven"][1]["micro_batches"] == 2.0
+    for r in ranks:  # metrics are summed over the dp ranks by the core: 2 micro-batches on each
+        assert r["uneven"][1]["micro_batches"] == 2.0 * 2
+        assert r["uneven"][1]["tokens"] == float(uneven["attention_mask"].sum())
         assert r["uneven"][1]["loss"] == pytest.approx(ref_loss, abs=1e-4)
 
     # weight sync: the receiver got every HF state_dict entry, equal to the engine's weights

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from geartrain.checkpoint import CheckpointManager
 
-from .common import full_grads, full_params, make_batch, make_engine, token_mean_loss
+from .common import full_grads, full_params, make_batch, make_engine, rank_context, token_mean_loss
 
 
 class Receiver:
@@ -70,13 +70,10 @@ def train_steps(
         # rank 0's weights while sharding
         from geartrain.config import ModelConfig
         from geartrain.engine import Engine
-        from geartrain.types import EngineContext
 
         from .common import engine_config
 
-        loaded = Engine(
-            engine_config(dp=world), ModelConfig(path=export), EngineContext(role="actor", rank=rank, world_size=world)
-        )
+        loaded = Engine(engine_config(dp=world), ModelConfig(path=export), rank_context(rank, world))
         out["loaded_params"] = full_params(loaded)
     return out
 
@@ -85,13 +82,12 @@ def sequence_parallel_step(rank: int, world: int, family: str, sp: int, override
     """One forward/backward with dp = world / sp on a packed variable-length batch."""
     from geartrain.config import ModelConfig
     from geartrain.engine import Engine
-    from geartrain.types import EngineContext
 
     from .common import engine_config
 
     config = engine_config(dp=world // sp, sp=sp, budget=budget)
     model = ModelConfig(tiny=family, config_overrides=overrides)
-    engine = Engine(config, model, EngineContext(role="actor", rank=rank, world_size=world))
+    engine = Engine(config, model, rank_context(rank, world))
     batch = make_batch(3, rows=5, prompt_max=9, response_max=12).split(engine.dp.size)[engine.dp.rank]
     res = engine.forward_backward(batch, token_mean_loss)
     return {"log_probs": res.outputs["log_probs"], "loss": res.metrics["loss"], "grads": full_grads(engine)}

@@ -9,6 +9,7 @@ is reported with that full path.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
@@ -275,13 +276,16 @@ def iter_backend_sections(config: BaseModel, prefix: str = "") -> Iterator[tuple
 
 
 def validate_backend_sections(config: BaseModel) -> list[tuple[str, str]]:
-    """Check each engine/rollout section: the backend exists and loads, its declared
+    """Check each engine/rollout section (of a job: only those of the roles it builds, its
+    ``backend_sections()``): the backend exists and loads, its declared
     capabilities cover what the section asks for, and ``options`` match its schema
     (``options`` is replaced by the validated model). Returns the problems."""
     from geartrain import plugins  # late: plugins imports nothing from here, but keep config light
 
     problems: list[tuple[str, str]] = []
-    for path, section in iter_backend_sections(config):
+    # a job config names the sections of the roles it builds; other trees: every section
+    built = getattr(config, "backend_sections", None)
+    for path, section in built() if callable(built) else iter_backend_sections(config):
         kind = "engine" if isinstance(section, EngineConfig) else "rollout"
         try:
             pm = plugins.create_manager(kind, section.backend, section.extensions)
@@ -318,6 +322,26 @@ def capability_problems(section: EngineConfig | RolloutConfig, capabilities: set
             if asked and cap not in capabilities:
                 problems.append((field_path, f"the '{section.backend}' engine does not declare '{cap}'"))
     return problems
+
+
+def section_path(role: str) -> str:
+    """The config path of a role's backend section: ``rollout`` for the rollout,
+    ``<role>.engine`` for the engine roles (``actor``, ``critic``, ``reference``, ``reward``)."""
+    return "rollout" if role == "rollout" else f"{role}.engine"
+
+
+@contextlib.contextmanager
+def backend_config_errors(path: str, backend: str) -> Iterator[None]:
+    """Re-raise a backend's :class:`ConfigError` (paths relative to its section) with the
+    section's ``path`` in front, and a pydantic error from validating its options as a
+    :class:`ConfigError` under ``<path>.options``."""
+    try:
+        yield
+    except ConfigError as exc:
+        problems = [(f"{path}.{p}" if p else path, m) for p, m in exc.problems]
+        raise ConfigError(problems, exc.source or f"the '{backend}' backend") from exc
+    except ValidationError as exc:
+        raise ConfigError(validation_problems(exc, f"{path}.options"), f"the '{backend}' backend") from exc
 
 
 def options_of(section: EngineConfig | RolloutConfig, schema: type[ConfigT]) -> ConfigT:

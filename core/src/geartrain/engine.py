@@ -8,7 +8,15 @@ from typing import Any
 from geartrain import plugins
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
-from geartrain.config import EngineConfig, ModelConfig, capability_problems, options_of
+from geartrain.cluster.reduce import sum_over_data_parallel
+from geartrain.config import (
+    EngineConfig,
+    ModelConfig,
+    backend_config_errors,
+    capability_problems,
+    options_of,
+    section_path,
+)
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.rollout import WeightReceiver
 from geartrain.types import DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats
@@ -28,11 +36,12 @@ class Engine:
         problems = capability_problems(config, set(self.info.capabilities))
         if problems:
             raise ConfigError(problems, f"engine '{config.backend}' for role {ctx.role}")
-        schema = self.pm.hook.config_schema()
-        if schema is not None:
-            config.options = options_of(config, schema)
-        module = self.pm.hook.build_model(config=model, ctx=ctx)
-        self.handle = self.pm.hook.shard(module=module, config=config, ctx=ctx)
+        with backend_config_errors(section_path(ctx.role), config.backend):
+            schema = self.pm.hook.config_schema()
+            if schema is not None:
+                config.options = options_of(config, schema)
+            module = self.pm.hook.build_model(config=model, ctx=ctx)
+            self.handle = self.pm.hook.shard(module=module, config=config, model_config=model, ctx=ctx)
         self.dp: DataParallelCoordinates = self.pm.hook.data_parallel_coordinates(
             model=self.handle
         ) or DataParallelCoordinates(rank=ctx.rank, size=ctx.world_size)
@@ -47,8 +56,19 @@ class Engine:
         return result
 
     def forward_backward(self, batch: Batch, loss_fn: LossFn | None = None, *, forward_only: bool = False) -> StepOutput:
+        """The backend's ``forward_backward`` on this rank's slice; its metrics (local to
+        the slice) come back summed over the data-parallel ranks (see
+        :mod:`geartrain.cluster.reduce`), the same on every rank."""
         out = self.pm.hook.forward_backward(model=self.handle, batch=batch, loss_fn=loss_fn, forward_only=forward_only)
-        return self._require(out, "forward_backward")
+        out = self._require(out, "forward_backward")
+        out.metrics = sum_over_data_parallel(
+            out.metrics,
+            group=self.ctx.process_group,
+            world_size=self.ctx.world_size,
+            dp=self.dp,
+            device=self.ctx.device if self.ctx.device == "cpu" else f"{self.ctx.device}:{self.ctx.local_rank}",
+        )
+        return out
 
     def compute_log_probs(self, batch: Batch, *, entropy: bool = False) -> StepOutput:
         """Forward-only per-token outputs (reference / old log-probs)."""

@@ -44,10 +44,16 @@ class PluginNotFoundError(GeartrainError):
 
 
 class ConfigError(GeartrainError):
-    """A configuration has one or more problems; ``problems`` lists ``(path, message)``."""
+    """A configuration has one or more problems; ``problems`` lists ``(path, message)``.
+
+    Backends raise it too, for a user's mistake in their section (a bad option, an
+    impossible combination), with paths relative to that section (``options.sp_size``,
+    ``parallel.tp``): the core prefixes the section's path (``actor.engine.``) and the CLI
+    prints it without a traceback."""
 
     def __init__(self, problems: list[tuple[str, str]], source: str | None = None) -> None:
         self.problems = problems
+        self.source = source
         head = f"invalid configuration{f' in {source}' if source else ''}: {len(problems)} problem(s)"
         lines = [head] + [f"  {path or '<root>'}: {msg}" for path, msg in problems]
         super().__init__("\n".join(lines))

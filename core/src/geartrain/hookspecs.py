@@ -109,13 +109,21 @@ def build_model(config: ModelConfig, ctx: EngineContext) -> torch.nn.Module:  # 
 
 
 @hookspec(firstresult=True)
-def shard(module: torch.nn.Module, config: EngineConfig, ctx: EngineContext) -> EngineModel:
+def shard(module: torch.nn.Module, config: EngineConfig, model_config: ModelConfig, ctx: EngineContext) -> EngineModel:
     """Apply the backend's parallelism to ``module`` and create its optimizer and LR
     scheduler from ``config.optim``; return the backend's handle.
 
-    Called on every rank once, right after ``build_model``. The handle is opaque to the
-    core: it is only ever passed back into this backend's hooks. Roles that never train
-    (reference, reward) get ``config.optim.lr == 0`` and the backend may skip the optimizer.
+    ``model_config`` is the :class:`~geartrain.config.ModelConfig` that ``build_model``
+    built ``module`` from: ``model_config.value_head`` tells a value model (critic, reward
+    model: per-token ``values``) from a causal LM (``log_probs``), and ``dtype``/``path``
+    are there for backends that need them. ``config.options`` is the backend's own options
+    model, already validated (``config_schema``).
+
+    Called on every rank once, right after ``build_model``. Collectives go over
+    ``ctx.process_group``. The handle is opaque to the core: it is only ever passed back into
+    this backend's hooks. Roles that never train (reference, reward) get
+    ``config.optim.lr == 0`` and the backend may skip the optimizer. A bad option or an
+    impossible combination raises :class:`geartrain.ConfigError` naming the key.
     """
 
 

@@ -9,7 +9,7 @@ import torch
 
 from geartrain import plugins
 from geartrain.batch import Batch
-from geartrain.config import ModelConfig, RolloutConfig, options_of
+from geartrain.config import ModelConfig, RolloutConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import GeartrainError
 from geartrain.modeling import torch_dtype
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
@@ -38,10 +38,11 @@ class Rollout:
         self.ctx = ctx
         self.pm = plugins.create_manager("rollout", config.backend, config.extensions)
         self.info = plugins.backend_info("rollout", config.backend)
-        schema = self.pm.hook.config_schema()
-        if schema is not None:
-            config.options = options_of(config, schema)
-        self.handle = self.pm.hook.build_rollout(config=config, model=model, ctx=ctx)
+        with backend_config_errors(section_path(ctx.role), config.backend):
+            schema = self.pm.hook.config_schema()
+            if schema is not None:
+                config.options = options_of(config, schema)
+            self.handle = self.pm.hook.build_rollout(config=config, model=model, ctx=ctx)
         if self.handle is None:
             raise GeartrainError(f"rollout '{config.backend}': build_rollout returned None")
 

@@ -35,21 +35,32 @@ RolloutEngine: TypeAlias = Any
 class EngineContext:
     """Where an engine or rollout instance runs.
 
-    The worker group fills this in before any hook is called. ``torch.distributed`` is
-    already initialised (gloo on CPU, NCCL on GPU) when ``world_size > 1``.
+    The worker group fills this in before any hook is called and passes the same values to
+    every hook that takes a ``ctx``. ``torch.distributed`` is always initialised by then
+    (gloo on CPU, NCCL on GPU), also on one rank; a backend never initialises it itself.
     """
 
     role: str
     """Role name: ``actor``, ``critic``, ``reference``, ``reward`` or ``rollout``."""
     rank: int = 0
+    """This rank's index in the role's group (``0 .. world_size - 1``); equals
+    ``torch.distributed.get_rank(process_group)``."""
     world_size: int = 1
+    """Number of ranks of the role (the product of its ``parallel`` sizes)."""
     local_rank: int = 0
+    """Index of this rank on its machine: the accelerator it uses."""
     device: str = "cpu"
     """``"cpu"`` or ``"cuda"``; a backend places tensors on ``torch.device(device, local_rank)``."""
     seed: int = 0
     """Seed for anything random the backend does at build time (initialisation, dropout)."""
     process_group: Any = None
-    """The group the role's ranks share; ``None`` means the default (world) group."""
+    """The ``torch.distributed`` process group of the role's ranks (``world_size`` members,
+    ranks in the order of ``rank``). Always provided by the worker groups: on the inline
+    placement a group of size 1 (gloo on CPU, NCCL on GPU, see
+    :mod:`geartrain.cluster.process_group`), torn down when the role shuts down; on the Ray
+    placement the group of the role's actors. A backend runs its collectives (DDP, FSDP
+    meshes, broadcasts) on this group or subgroups of it, and never creates a world of its own.
+    ``None`` only where code builds a context by hand for one rank without collectives."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,25 +68,34 @@ class DataParallelCoordinates:
     """Which slice of a batch a rank consumes.
 
     Ranks with the same ``rank`` (e.g. the members of one sequence- or tensor-parallel
-    group) receive the same slice and must return the same outputs.
+    group) receive the same slice and must return the same outputs and metrics.
     """
 
     rank: int
+    """This rank's data-parallel index, ``0 .. size - 1``: it gets slice ``rank`` of
+    ``Batch.split(size)``."""
     size: int
+    """Number of data-parallel slices the role's batches are split into."""
 
 
 @dataclass(kw_only=True, slots=True)
 class LossContext:
-    """Global counts a loss function needs so its result does not depend on how the batch
-    was split into micro-batches or across data-parallel ranks."""
+    """What the engine tells ``loss_fn`` about the step, so a loss's result does not depend
+    on how the batch was split into micro-batches or across data-parallel ranks."""
 
     global_tokens: int
-    """Number of ``loss_mask`` tokens in the whole step, summed over all data-parallel ranks."""
+    """Number of ``loss_mask`` tokens in the whole step, summed over all data-parallel ranks
+    (each rank's slice counted once, not per sequence/tensor-parallel peer)."""
     global_sequences: int
     """Number of sequences in the whole step, summed over all data-parallel ranks."""
     dp_size: int = 1
+    """Number of data-parallel ranks the step is split over (``DataParallelCoordinates.size``);
+    for losses that average per rank first (1 on one rank)."""
     micro_batch_index: int = 0
+    """Index of this micro-batch on this rank (``0 .. num_micro_batches - 1``)."""
     num_micro_batches: int = 1
+    """Number of micro-batches this rank runs in this call (the same on every rank of
+    backends that keep collectives in step, e.g. FSDP)."""
 
 
 LossFn: TypeAlias = Callable[
@@ -88,32 +108,46 @@ LossFn: TypeAlias = Callable[
 ``loss`` is this micro-batch's *share* of the global loss (e.g. a token sum divided by
 ``ctx.global_tokens``): the engine arranges for the gradient to equal the gradient of the
 sum of all shares over micro-batches and data-parallel ranks. ``metrics`` are shares in
-the same sense; the engine sums them over micro-batches and ranks.
+the same sense: the engine sums them over its micro-batches, the core over the
+data-parallel ranks (:mod:`geartrain.cluster.reduce`), so a token-mean metric divided by
+``ctx.global_tokens`` ends up as the global mean.
 """
 
 
 @dataclass(kw_only=True, slots=True)
 class StepOutput:
-    """Result of ``forward_backward``.
-
-    ``outputs`` are per-token tensors ``[B, T]`` for the batch the caller passed in, in its
-    original order, on CPU. ``metrics`` are the loss function's metrics summed over
-    micro-batches and data-parallel ranks, plus the engine's own (e.g. ``tokens``).
-    """
+    """Result of ``forward_backward``."""
 
     outputs: dict[str, torch.Tensor]
+    """Per-token tensors ``[B, T]`` (``log_probs``; ``entropy`` when asked for; ``values`` for
+    value models) for the batch the caller passed in, in its original order, on CPU, aligned
+    to its ``input_ids`` (see the module docstring)."""
     metrics: dict[str, float] = field(default_factory=dict)
+    """What the backend returns: the loss function's metrics summed over *this rank's*
+    micro-batches, plus its own counts of this rank's slice (at least ``tokens``, the real
+    tokens of the slice; the FSDP engine adds ``sequences`` and ``micro_batches``). The core
+    then sums every key over the data-parallel ranks (:mod:`geartrain.cluster.reduce`), so
+    what :meth:`geartrain.Engine.forward_backward` returns, and the trainer logs, is global
+    and the same on every rank. An engine never reduces metrics itself."""
 
 
 @dataclass(kw_only=True, slots=True)
 class SyncStats:
-    """What one weight synchronisation moved (``reshard_for_rollout``)."""
+    """What one weight synchronisation moved (``reshard_for_rollout``), measured on the
+    rank that returns it."""
 
     seconds: float
+    """Wall time of the whole sync (gathers, casts and the rollout's ``update_weights``)."""
     bytes: int
+    """Bytes of the tensors handed to the rollout (in the rollout's dtype); 0 on ranks
+    without a rollout replica."""
     num_tensors: int
+    """Number of named tensors sent."""
     num_buckets: int
+    """Number of buckets the stream was cut into (each at most ``rollout.bucket_bytes``,
+    unless one tensor alone is larger)."""
     max_bucket_bytes: int = 0
+    """Size of the largest bucket: the peak extra memory of the sync."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -125,9 +159,13 @@ class MemoryStats:
     """
 
     before: int
+    """Bytes in use before the move."""
     after: int
+    """Bytes in use after it."""
     seconds: float
+    """Wall time of the move."""
     detail: dict[str, int] = field(default_factory=dict)
+    """Optional break-down by what moved (``params``, ``grads``, ``optimizer``, ``kv_cache``...)."""
 
     @property
     def freed(self) -> int:
@@ -140,11 +178,16 @@ class SamplingParams:
     sample ``j`` of prompt ``i`` is row ``i * n + j``."""
 
     n: int = 1
+    """Samples per prompt."""
     temperature: float = 1.0
+    """Softmax temperature; ``0`` means greedy decoding."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``
+    (``1.0`` disables it)."""
     top_k: int = -1
     """``-1`` or ``0`` disables top-k."""
     max_tokens: int = 16
+    """Most response tokens per sample (a sample that reaches it finishes with ``length``)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Generation of a sample stops after it emits any of these (the stop token is kept)."""
     seed: int | None = None

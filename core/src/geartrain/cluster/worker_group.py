@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from geartrain.batch import Batch
+from geartrain.cluster.process_group import acquire_single_rank_group, release_single_rank_group
 from geartrain.errors import ConfigError
 from geartrain.types import EngineContext
 
@@ -45,13 +46,24 @@ class WorkerGroup(ABC):
 
 
 class InlineWorkerGroup(WorkerGroup):
-    """One rank in the driver's own process: calls are plain method calls."""
+    """One rank in the driver's own process: calls are plain method calls.
+
+    The rank's context carries a process group of size 1 (see
+    :mod:`geartrain.cluster.process_group`), released again by :meth:`shutdown`."""
 
     def __init__(self, role: str, worker_cls: type, *args: Any, seed: int = 0, **kwargs: Any) -> None:
         self.role = role
         self.world_size = 1
-        self.ctx = EngineContext(role=role, rank=0, world_size=1, local_rank=0, device=_device(), seed=seed)
-        self.worker = worker_cls(*args, ctx=self.ctx, **kwargs)
+        device = _device()
+        group = acquire_single_rank_group(device)
+        self.ctx = EngineContext(
+            role=role, rank=0, world_size=1, local_rank=0, device=device, seed=seed, process_group=group
+        )
+        try:
+            self.worker = worker_cls(*args, ctx=self.ctx, **kwargs)
+        except BaseException:
+            release_single_rank_group(group)
+            raise
 
     def call(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> Any:
         if dispatch is Dispatch.DP and (not args or not isinstance(args[0], Batch)):
@@ -60,9 +72,14 @@ class InlineWorkerGroup(WorkerGroup):
 
     def shutdown(self) -> None:
         close = getattr(self.worker, "close", None)
-        if close is not None:
-            close()
-        self.worker = None
+        try:
+            if close is not None:
+                close()
+        finally:
+            self.worker = None
+            if self.ctx.process_group is not None:
+                release_single_rank_group(self.ctx.process_group)
+                self.ctx.process_group = None
 
 
 def _device() -> str:

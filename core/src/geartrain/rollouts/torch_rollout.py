@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig, options_of
-from geartrain.errors import GeartrainError
+from geartrain.errors import ConfigError, GeartrainError
 from geartrain.hookspecs import hookimpl
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
@@ -96,10 +96,11 @@ def config_schema() -> type[BaseModel]:
 @hookimpl
 def build_rollout(config: RolloutConfig, model: ModelConfig, ctx: EngineContext) -> TorchRolloutEngine:
     if config.tensor_parallel_size != 1:
-        raise GeartrainError(
-            f"the torch rollout runs one model per rank; tensor_parallel_size={config.tensor_parallel_size} "
-            "is not supported (use the vllm or sglang rollout for tensor parallelism)"
-        )
+        raise ConfigError([(
+            "tensor_parallel_size",
+            f"the torch rollout runs one model per rank, got {config.tensor_parallel_size} "
+            "(use the vllm or sglang rollout for tensor parallelism)",
+        )])
     options = options_of(config, TorchRolloutOptions)
     device = torch.device(ctx.device, ctx.local_rank) if ctx.device != "cpu" else torch.device("cpu")
     dtype = torch_dtype(config.dtype)

@@ -17,6 +17,7 @@ equivalence is each backend's own test.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch
 
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
+from geartrain.cluster.process_group import acquire_single_rank_group
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig
 from geartrain.engine import Engine
 from geartrain.modeling import build_hf_model
@@ -57,6 +59,11 @@ class RecordingReceiver:
             if name in self.tensors:
                 raise AssertionError(f"tensor {name} sent twice in one sync")
             self.tensors[name] = tensor.detach().to("cpu", copy=True)
+
+
+@functools.cache
+def _suite_group() -> Any:
+    return acquire_single_rank_group("cpu")
 
 
 def _batch(seed: int = 0) -> Batch:
@@ -92,11 +99,10 @@ class EngineConformance(StandardSuite):
         return ModelConfig(tiny=family, seed=overrides.pop("seed", 3), **overrides)
 
     def make_engine(self, family: str, *, role: str = "actor", model: ModelConfig | None = None, **engine_overrides: Any) -> Engine:
-        return Engine(
-            self.engine_config(**engine_overrides),
-            model or self.model_config(family),
-            EngineContext(role=role, seed=0),
-        )
+        """An engine on one rank, with the context the inline placement gives a role: a
+        process group of size 1 (shared by the suite's engines, kept for the process)."""
+        ctx = EngineContext(role=role, seed=0, process_group=_suite_group())
+        return Engine(self.engine_config(**engine_overrides), model or self.model_config(family), ctx)
 
     @staticmethod
     def full_weights(engine: Engine) -> dict[str, torch.Tensor]:

@@ -22,11 +22,11 @@ file names only what differs. ``geartrain check`` and ``geartrain train`` load i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section, load_config
@@ -262,6 +262,81 @@ class TrainConfig(Section):
     """Directory relative data/reward paths are resolved against; set to the job file's
     directory by :func:`load_train_config`."""
 
+    # ------------------------------------------------------------------ roles
+    @property
+    def builds_reference(self) -> bool:
+        """Whether the job builds the reference role (a KL term needs it)."""
+        return self.algorithm.needs_reference
+
+    @property
+    def builds_critic(self) -> bool:
+        """Whether the job builds the critic (PPO)."""
+        return self.algorithm.name == "ppo"
+
+    def backend_sections(self) -> Iterator[tuple[str, EngineConfig | RolloutConfig]]:
+        """The engine and rollout sections of the roles this job builds, with their paths;
+        only these are checked against the installed backends."""
+        yield "actor.engine", self.actor.engine
+        yield "rollout", self.rollout
+        if self.builds_reference:
+            yield "reference.engine", self.reference.engine
+        if self.builds_critic:
+            yield "critic.engine", self.critic.engine
+        if self.reward.model is not None:
+            yield "reward.engine", self.reward.engine
+
+    def optimizer_steps(self) -> dict[str, tuple[OptimConfig, int, str]]:
+        """Each trained optimizer's section (by path) with the number of optimizer steps the
+        job takes and how that number follows from the trainer; ``optim.total_steps`` must
+        equal it."""
+        sections = {"actor.engine.optim": self.actor.engine.optim, "critic.engine.optim": self.critic.engine.optim, "sft.optim": self.sft.optim}
+        counts = optimizer_step_counts(self.algorithm, self.trainer, self.sft)
+        return {path: (sections[path], steps, how) for path, (steps, how) in counts.items()}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_decay_horizons(cls, data: Any) -> Any:
+        """Give an ``optim`` table written without ``total_steps`` the job's number of
+        optimizer steps before the table validates (a decaying schedule needs it)."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            algo = _as_section(data.get("algorithm"), AlgorithmConfig)
+            trainer = _as_section(data.get("trainer"), TrainerConfig)
+            sft = _as_section(data.get("sft"), SFTConfig)
+        except ValidationError:
+            return data  # the fields themselves are wrong: validation reports them
+        data = dict(data)
+        for path, (steps, _) in optimizer_step_counts(algo, trainer, sft).items():
+            node: Any = data
+            for key in path.split("."):
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict) and "total_steps" not in node and steps > 0:
+                _set_path(data, tuple(path.split(".")), {**node, "total_steps": steps})
+        return data
+
+    @model_validator(mode="after")
+    def _derived_settings(self) -> TrainConfig:
+        """Roles follow the actor's backend unless they name one, and each optimizer's
+        ``total_steps`` is the number of optimizer steps the job takes (derived when unset;
+        a different value is refused)."""
+        actor_backend = self.actor.engine.backend
+        for section in (self.reference.engine, self.critic.engine, self.reward.engine):
+            if "backend" not in section.model_fields_set and section.backend != actor_backend:
+                object.__setattr__(section, "backend", actor_backend)
+        problems = []
+        for path, (optim, steps, how) in self.optimizer_steps().items():
+            if optim.total_steps is None and steps > 0:
+                object.__setattr__(optim, "total_steps", steps)
+            elif optim.total_steps != steps:
+                problems.append(
+                    f"{path}.total_steps = {optim.total_steps} disagrees with the {steps} optimizer steps this job "
+                    f"takes ({how}); leave it unset to derive it"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     @model_validator(mode="after")
     def _placement_fits(self) -> TrainConfig:
         problems = placement_problems(self)
@@ -290,6 +365,42 @@ class TrainConfig(Section):
         if self.base_dir is None or expanded.is_absolute():
             return str(expanded)
         return str(Path(self.base_dir) / expanded)
+
+
+def optimizer_step_counts(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTConfig) -> dict[str, tuple[int, str]]:
+    """Optimizer steps each trained role takes in a job, by the path of its ``optim``
+    section, with the arithmetic as text: one RL step runs ``ppo_epochs x mini_batches``
+    optimizer steps on the actor (none during PPO's critic warm-up) and on the critic; the
+    SFT warm start runs at most ``sft.steps``."""
+    per_step = algo.ppo_epochs * algo.mini_batches
+    per = f"algorithm.ppo_epochs ({algo.ppo_epochs}) x algorithm.mini_batches ({algo.mini_batches})"
+    total = trainer.total_steps
+    counts = {"actor.engine.optim": (total * per_step, f"trainer.total_steps ({total}) x {per}")}
+    if algo.name == "ppo":
+        warm = algo.critic_warmup_steps
+        if warm:
+            counts["actor.engine.optim"] = (
+                max(total - warm, 0) * per_step,
+                f"(trainer.total_steps ({total}) - algorithm.critic_warmup_steps ({warm})) x {per}",
+            )
+        counts["critic.engine.optim"] = (total * per_step, f"trainer.total_steps ({total}) x {per}")
+    if sft.enabled:
+        counts["sft.optim"] = (sft.steps, f"sft.steps ({sft.steps})")
+    return counts
+
+
+def _as_section(raw: Any, schema: type[Section]) -> Any:
+    return raw if isinstance(raw, schema) else schema.model_validate(raw if raw is not None else {})
+
+
+def _set_path(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """``data[path[0]]...[path[-1]] = value``, copying the dicts on the way (the caller's
+    input is not modified)."""
+    node = data
+    for key in path[:-1]:
+        node[key] = dict(node.get(key) or {})
+        node = node[key]
+    node[path[-1]] = value
 
 
 def load_train_config(

@@ -15,6 +15,7 @@ Engines and rollouts are reached only through :class:`geartrain.Engine` /
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ class ActorRolloutWorker:
         ctx: EngineContext,
     ) -> None:
         self.engine = Engine(engine, model, ctx)
-        self.rollout = Rollout(rollout, model, EngineContext(role="rollout", rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank, device=ctx.device, seed=ctx.seed))
+        self.rollout = Rollout(rollout, model, dataclasses.replace(ctx, role="rollout"))
         self.loss_fn = make_actor_loss(loss)
         self.free_memory = free_memory
         self.device = ctx.device
@@ -215,8 +216,7 @@ class SFTWorker:
         self.engine = Engine(engine, model, ctx)
         self.rollout = None
         if rollout is not None:
-            rollout_ctx = EngineContext(role="rollout", rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank, device=ctx.device, seed=ctx.seed)
-            self.rollout = Rollout(rollout, model, rollout_ctx)
+            self.rollout = Rollout(rollout, model, dataclasses.replace(ctx, role="rollout"))
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
         """Sample from the current SFT weights (synced into the rollout first)."""

@@ -199,7 +199,7 @@ class Job:
         return ModelConfig(path=str(sft_dir.resolve()), dtype=m.dtype, attn_implementation=m.attn_implementation)
 
     def _roles(self, policy: ModelConfig) -> RLRoles:
-        cfg, algo = self.config, self.config.algorithm
+        cfg = self.config
         placement, seed = cfg.cluster.placement, cfg.trainer.seed
         actor = create_worker_group(
             placement, "actor", ActorRolloutWorker, cfg.actor.engine, policy, cfg.rollout, actor_loss_config(cfg),
@@ -207,11 +207,11 @@ class Job:
         )
         reference = (
             create_worker_group(placement, "reference", ReferenceWorker, cfg.reference.engine, policy, seed=seed)
-            if algo.needs_reference
+            if cfg.builds_reference
             else None
         )
         critic = None
-        if algo.name == "ppo":
+        if cfg.builds_critic:
             critic_model = cfg.critic.model or policy.model_copy(update={"value_head": True})
             critic = create_worker_group(
                 placement, "critic", CriticWorker, cfg.critic.engine, critic_model,

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from geartrain.config import ParallelConfig
+from geartrain.errors import ConfigError
 from geartrain.types import EngineContext
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,7 +30,7 @@ class Meshes:
     dp_group: Any = None
     sp_group: Any = None
     ctx_group: Any = None
-    """The role's whole group (``None``: the default group)."""
+    """The role's whole group (``EngineContext.process_group``)."""
 
     @property
     def distributed(self) -> bool:
@@ -44,37 +45,38 @@ def device_of(ctx: EngineContext) -> torch.device:
 
 def build_meshes(parallel: ParallelConfig, ctx: EngineContext, hsdp_replicate: int = 1) -> Meshes:
     """The ``("dp", "sp")`` mesh over the role's ranks (``world = dp * sp``) and the FSDP
-    mesh. ``torch.distributed`` must be initialised by the caller when ``world > 1``."""
+    mesh, both built from the ranks of ``ctx.process_group`` (the group the worker group
+    provides; the engine creates no world of its own). On one rank the engine runs the plain
+    module and needs no mesh."""
     device = device_of(ctx)
     dp, sp = parallel.dp, parallel.sp
     if parallel.tp != 1 or parallel.pp != 1:
-        raise ValueError("the fsdp engine has no tensor/pipeline parallelism (parallel.tp and parallel.pp must be 1)")
+        raise ConfigError([("parallel", "the fsdp engine has no tensor/pipeline parallelism (parallel.tp and parallel.pp must be 1)")])
     world = ctx.world_size
     if dp * sp != world:
-        raise ValueError(f"parallel.dp * parallel.sp = {dp * sp} but the worker group has {world} ranks")
-    if world == 1 and not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError([("parallel", f"parallel.dp * parallel.sp = {dp * sp} but the worker group has {world} ranks")])
+    if world == 1:
         if hsdp_replicate != 1:
-            raise ValueError("options.hsdp_replicate needs more than one rank")
-        return Meshes(device=device, world=1, dp=1, sp=1, dp_rank=0, sp_rank=0)
+            raise ConfigError([("options.hsdp_replicate", "needs more than one rank")])
+        return Meshes(device=device, world=1, dp=1, sp=1, dp_rank=0, sp_rank=0, ctx_group=ctx.process_group)
     if world % hsdp_replicate:
-        raise ValueError(f"options.hsdp_replicate={hsdp_replicate} does not divide the {world} ranks")
+        raise ConfigError([("options.hsdp_replicate", f"{hsdp_replicate} does not divide the {world} ranks")])
+    if ctx.process_group is None:
+        raise ValueError(
+            f"role '{ctx.role}' runs on {world} ranks but its EngineContext has no process_group; "
+            "the worker group must provide the role's group"
+        )
     dev_type = device.type
     names = ("dp", "sp")
-    if ctx.process_group is None:
-        mesh = init_device_mesh(dev_type, (dp, sp), mesh_dim_names=names)
-        fsdp_mesh = (
-            init_device_mesh(dev_type, (hsdp_replicate, world // hsdp_replicate), mesh_dim_names=("replicate", "shard"))
-            if hsdp_replicate > 1
-            else init_device_mesh(dev_type, (world,), mesh_dim_names=("fsdp",))
-        )
-    else:  # the role runs on a subset of the world: build the meshes from its ranks
-        ranks = torch.tensor(dist.get_process_group_ranks(ctx.process_group))
-        mesh = DeviceMesh(dev_type, ranks.view(dp, sp), mesh_dim_names=names)
-        fsdp_mesh = (
-            DeviceMesh(dev_type, ranks.view(hsdp_replicate, -1), mesh_dim_names=("replicate", "shard"))
-            if hsdp_replicate > 1
-            else DeviceMesh(dev_type, ranks, mesh_dim_names=("fsdp",))
-        )
+    ranks = torch.tensor(dist.get_process_group_ranks(ctx.process_group))
+    if len(ranks) != world:
+        raise ValueError(f"ctx.process_group has {len(ranks)} ranks, the role {world}")
+    mesh = DeviceMesh(dev_type, ranks.view(dp, sp), mesh_dim_names=names)
+    fsdp_mesh = (
+        DeviceMesh(dev_type, ranks.view(hsdp_replicate, -1), mesh_dim_names=("replicate", "shard"))
+        if hsdp_replicate > 1
+        else DeviceMesh(dev_type, ranks, mesh_dim_names=("fsdp",))
+    )
     coords = mesh.get_coordinate()
     assert coords is not None
     return Meshes(

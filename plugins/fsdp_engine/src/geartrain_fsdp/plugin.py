@@ -63,13 +63,13 @@ def build_model(config: ModelConfig, ctx: EngineContext) -> torch.nn.Module:
 
 
 @hookimpl
-def shard(module: torch.nn.Module, config: EngineConfig, ctx: EngineContext) -> FSDPModel:
+def shard(module: torch.nn.Module, config: EngineConfig, model_config: ModelConfig, ctx: EngineContext) -> FSDPModel:
     from geartrain.config import options_of
 
     from geartrain_fsdp.options import FSDPOptions
     from geartrain_fsdp.sharding import shard_model
 
-    return shard_model(module, config, options_of(config, FSDPOptions), ctx)
+    return shard_model(module, config, options_of(config, FSDPOptions), ctx, value_head=model_config.value_head)
 
 
 @hookimpl

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from geartrain.config import EngineConfig
+from geartrain.errors import ConfigError
 from geartrain.modeling import torch_dtype
 from geartrain.types import EngineContext
 from torch import nn
@@ -50,13 +52,15 @@ class FSDPModel:
         return [p for p in self.module.parameters() if p.requires_grad]
 
 
-def shard_model(hf: nn.Module, config: EngineConfig, options: FSDPOptions, ctx: EngineContext) -> FSDPModel:
+def shard_model(
+    hf: nn.Module, config: EngineConfig, options: FSDPOptions, ctx: EngineContext, *, value_head: bool
+) -> FSDPModel:
     """Build the meshes, wrap ``hf`` (``fully_shard`` per decoder layer, then the root),
-    and create AdamW + LR scheduler (skipped when ``config.optim.lr == 0``)."""
+    and create AdamW + LR scheduler (skipped when ``config.optim.lr == 0``). ``value_head``:
+    ``hf`` is a value model (``ModelConfig.value_head``) whose outputs are ``values``."""
     meshes = build_meshes(config.parallel, ctx, options.hsdp_replicate)
     if config.parallel.sp > 1 and not options.remove_padding:
-        raise ValueError("sequence parallel (parallel.sp > 1) needs options.remove_padding = true")
-    value_head = getattr(hf.config, "num_labels", None) == 1 and hasattr(hf, "score")
+        raise ConfigError([("options.remove_padding", "sequence parallel (parallel.sp > 1) needs remove_padding = true")])
     if options.remove_padding:
         hf.config._attn_implementation = ATTENTION_NAME
     if config.gradient_checkpointing:
@@ -66,7 +70,7 @@ def shard_model(hf: nn.Module, config: EngineConfig, options: FSDPOptions, ctx: 
 
     if meshes.distributed:
         broadcast = options.meta_init or _any_rank_on_meta(module, meshes)
-        rank0_state = _take_rank0_state(module) if broadcast else None
+        rank0_state = _take_rank0_state(module, meshes.ctx_group) if broadcast else None
         mp = None
         if config.param_dtype != "float32":
             mp = MixedPrecisionPolicy(
@@ -84,7 +88,7 @@ def shard_model(hf: nn.Module, config: EngineConfig, options: FSDPOptions, ctx: 
             fully_shard(layer, **kwargs)
         fully_shard(module, **kwargs)
         if broadcast:
-            _load_from_rank0(module, rank0_state, meshes.device, cpu_offload=options.cpu_offload)
+            _load_from_rank0(module, rank0_state, meshes, cpu_offload=options.cpu_offload)
         elif not options.cpu_offload:
             module.to(meshes.device)
     else:
@@ -104,11 +108,11 @@ def _any_rank_on_meta(module: nn.Module, meshes: Meshes) -> bool:
     return bool(on_meta.item())
 
 
-def _take_rank0_state(module: TokenOutputs) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+def _take_rank0_state(module: TokenOutputs, group: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
     """Rank 0's full weights and buffers (copies: the broadcast overwrites what it is
     given); then every rank's module is moved to the meta device before sharding."""
     state = None
-    if dist.get_rank() == 0:
+    if dist.get_rank(group) == 0:
         state = (
             {k: v.detach().clone() for k, v in module.state_dict().items()},
             {k: b.detach().clone() for k, b in module.named_buffers()},
@@ -119,17 +123,19 @@ def _take_rank0_state(module: TokenOutputs) -> tuple[dict[str, torch.Tensor], di
     return state
 
 
-def _load_from_rank0(module: nn.Module, state: tuple | None, device: torch.device, *, cpu_offload: bool) -> None:
+def _load_from_rank0(module: nn.Module, state: tuple | None, meshes: Meshes, *, cpu_offload: bool) -> None:
+    """Fill every rank's (sharded, empty) module with the weights of the role's rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    module.to_empty(device="cpu" if cpu_offload else device)
+    module.to_empty(device="cpu" if cpu_offload else meshes.device)
     weights = state[0] if state is not None else {}
     set_model_state_dict(
         module, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
     )
     # non-persistent buffers (rotary inv_freq...) are not in the state dict: broadcast them
     src = state[1] if state is not None else {}
+    group = meshes.ctx_group
     for name, buf in module.named_buffers():
-        if dist.get_rank() == 0:
+        if dist.get_rank(group) == 0:
             buf.copy_(src[name].to(buf.device))
-        dist.broadcast(buf, src=0)
+        dist.broadcast(buf, group=group, group_src=0)

@@ -93,13 +93,12 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
         [
             float(batch["loss_mask"].sum()) if "loss_mask" in batch else 0.0,
             float(len(batch)),
-            float(attention_mask.sum()),
         ],
         dtype=torch.float64,
         device=model.device,
     )
     all_reduce_(counts, meshes.dp_group)
-    global_tokens, global_sequences, global_real_tokens = (int(x) for x in counts.tolist())
+    global_tokens, global_sequences = (int(x) for x in counts.tolist()[:2])
 
     plan = _micro_batch_plan(model, attention_mask)
     forward = _forward_packed if model.options.remove_padding else _forward_padded
@@ -149,8 +148,9 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
         for key in ("values",) if model.value_head else ("log_probs",) + (("entropy",) if need_entropy else ()):
             result[key] = torch.zeros(0, width)
 
-    metrics = _reduce_metrics(metric_sums, meshes)
-    metrics.update(tokens=float(global_real_tokens), sequences=float(global_sequences), micro_batches=float(len(plan)))
+    # this rank's slice only: the core sums metrics over the data-parallel ranks
+    metrics = dict(metric_sums)
+    metrics.update(tokens=float(attention_mask.sum()), sequences=float(len(batch)), micro_batches=float(len(plan)))
     return StepOutput(outputs=result, metrics=metrics)
 
 
@@ -163,19 +163,3 @@ def _autocast(model: FSDPModel) -> contextlib.AbstractContextManager:
     from geartrain.modeling import torch_dtype
 
     return torch.autocast(model.device.type, dtype=torch_dtype(dtype))
-
-
-def _reduce_metrics(sums: dict[str, float], meshes) -> dict[str, float]:  # noqa: ANN001
-    """Sum metric shares over dp ranks (every rank must report the same keys)."""
-    if not sums and not meshes.distributed:
-        return {}
-    keys = sorted(sums)
-    if meshes.distributed and meshes.dp > 1:
-        # ranks may differ in which keys they saw (a rank with only filler micro-batches)
-        names: list[list[str]] = [[] for _ in range(meshes.dp)]
-        dist.all_gather_object(names, keys, group=meshes.dp_group)
-        keys = sorted({k for ks in names for k in ks})
-        values = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64, device=meshes.device)
-        dist.all_reduce(values, group=meshes.dp_group)
-        return dict(zip(keys, values.tolist(), strict=True))
-    return {k: sums[k] for k in keys}

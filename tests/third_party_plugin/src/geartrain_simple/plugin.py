@@ -70,7 +70,9 @@ def _lr_lambda(optim: geartrain.OptimConfig):  # noqa: ANN202
 
 
 @geartrain.hookimpl
-def shard(module: torch.nn.Module, config: geartrain.EngineConfig, ctx: geartrain.EngineContext) -> SimpleModel:
+def shard(
+    module: torch.nn.Module, config: geartrain.EngineConfig, model_config: geartrain.ModelConfig, ctx: geartrain.EngineContext
+) -> SimpleModel:
     if ctx.world_size != 1:
         raise ValueError(f"the simple engine runs on one rank, got world_size={ctx.world_size}")
     if config.options.deterministic:
@@ -80,8 +82,7 @@ def shard(module: torch.nn.Module, config: geartrain.EngineConfig, ctx: geartrai
         o = config.optim
         optimizer = torch.optim.AdamW(module.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(o))
-    value_head = getattr(module.config, "num_labels", None) == 1 and not hasattr(module, "lm_head")
-    return SimpleModel(module.train(), config, ctx, optimizer, scheduler, value_head)
+    return SimpleModel(module.train(), config, ctx, optimizer, scheduler, model_config.value_head)
 
 
 def _micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
