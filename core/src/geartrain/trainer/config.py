@@ -330,11 +330,11 @@ class TrainConfig(Section):
                 object.__setattr__(optim, "total_steps", steps)
             elif optim.total_steps != steps:
                 problems.append(
-                    f"{path}.total_steps = {optim.total_steps} disagrees with the {steps} optimizer steps this job "
+                    f"{path}.total_steps: {optim.total_steps} disagrees with the {steps} optimizer steps this job "
                     f"takes ({how}); leave it unset to derive it"
                 )
-        if problems:
-            raise ValueError("; ".join(problems))
+        if problems:  # one "key.path: message" line each (see validation_problems)
+            raise ValueError("\n".join(problems))
         return self
 
     @model_validator(mode="after")
