@@ -36,7 +36,7 @@ def build_config(overrides: list[str]) -> TrainConfig:
                       eval_every=20, min_steps=100, stop_at_accuracy=0.3),
         algorithm=AlgorithmConfig(name="grpo"),
         actor=RoleEngine(engine=EngineConfig(backend="fsdp", optim=OptimConfig(
-            lr=3e-4, weight_decay=0.0, lr_schedule="cosine", warmup_steps=50, total_steps=1200, min_lr_ratio=0.1))),
+            lr=3e-4, weight_decay=0.0, lr_schedule="cosine", warmup_steps=50, min_lr_ratio=0.1))),
         rollout=RolloutConfig(backend="torch", max_model_len=32),
         sampling=SamplingConfig(n=8, temperature=1.0, max_tokens=5),
         data=DataConfig(path=str(HERE / "data/train.jsonl"), batch_size=16, apply_chat_template=False, max_prompt_length=16),

@@ -70,14 +70,17 @@ class OptimConfig(Section):
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     total_steps: int | None = Field(None, ge=1)
-    """Needed by the cosine and linear schedules."""
+    """Optimizer steps the schedule spans (cosine and linear decay end there). In a training
+    job it is derived from the trainer (``trainer.total_steps x algorithm.ppo_epochs x
+    algorithm.mini_batches`` for the actor) and a different value is refused; an engine
+    built in code with a decaying schedule must set it."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
 
-    @model_validator(mode="after")
-    def _decay_needs_total(self) -> OptimConfig:
-        if self.lr_schedule != "constant" and self.total_steps is None:
-            raise ValueError(f"lr_schedule '{self.lr_schedule}' needs total_steps")
-        return self
+    def schedule_problems(self) -> list[tuple[str, str]]:
+        """What this section lacks to build its schedule (paths relative to it)."""
+        if self.lr > 0 and self.lr_schedule != "constant" and self.total_steps is None:
+            return [("total_steps", f"lr_schedule '{self.lr_schedule}' needs total_steps (a training job derives it)")]
+        return []
 
 
 class ParallelConfig(Section):

@@ -34,6 +34,8 @@ class Engine:
         self.pm = plugins.create_manager("engine", config.backend, config.extensions)
         self.info = plugins.backend_info("engine", config.backend)
         problems = capability_problems(config, set(self.info.capabilities))
+        problems += [(f"optim.{p}", m) for p, m in config.optim.schedule_problems()]
+        problems = [(f"{section_path(ctx.role)}.{p}", m) for p, m in problems]
         if problems:
             raise ConfigError(problems, f"engine '{config.backend}' for role {ctx.role}")
         with backend_config_errors(section_path(ctx.role), config.backend):

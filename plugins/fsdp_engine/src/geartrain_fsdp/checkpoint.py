@@ -37,10 +37,30 @@ def _rank(model: FSDPModel) -> int:
 
 
 def _app_state(model: FSDPModel) -> dict[str, Any]:
+    """Model and optimizer state for DCP. An optimizer that has not stepped yet has no state;
+    ``get_optimizer_state_dict`` then creates it by running a step with zero gradients,
+    which would start AdamW's step count (its bias correction) one step early. So a fresh
+    optimizer is put back to fresh afterwards (see :func:`_untouched`)."""
     state: dict[str, Any] = {"model": get_model_state_dict(model.module)}
     if model.optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(model.module, model.optimizer)
+        with _untouched(model.optimizer):
+            state["optim"] = get_optimizer_state_dict(model.module, model.optimizer)
     return state
+
+
+@contextlib.contextmanager
+def _untouched(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Leave an optimizer that has no state (it never stepped) without state again."""
+    fresh = not optimizer.state
+    try:
+        yield
+    finally:
+        if fresh:
+            optimizer.state.clear()
+
+
+def _optimizer_fresh(model: FSDPModel) -> bool:
+    return model.optimizer is not None and not model.optimizer.state
 
 
 def _rng_state() -> dict[str, Any]:
@@ -82,6 +102,7 @@ def _single_process_is_intended() -> Iterator[None]:
 def save(model: FSDPModel, path: Path, extra: dict[str, Any]) -> None:
     """Write everything :func:`load` restores into ``path`` (collective)."""
     path = Path(path)
+    fresh = _optimizer_fresh(model)
     with _single_process_is_intended():
         dcp.save(_app_state(model), checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
     rank = _rank(model)
@@ -92,6 +113,7 @@ def save(model: FSDPModel, path: Path, extra: dict[str, Any]) -> None:
             "scheduler": model.scheduler.state_dict() if model.scheduler is not None else None,
             "extra": extra,
             "world": model.meshes.world,
+            "optimizer_fresh": fresh,
         }
         save_state(trainer, path / "trainer.pt")
 
@@ -103,9 +125,11 @@ def load(model: FSDPModel, path: Path) -> dict[str, Any]:
     with _single_process_is_intended():
         dcp.load(state, checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
     set_model_state_dict(model.module, state["model"])
+    trainer = load_state(path / "trainer.pt")
     if model.optimizer is not None:
         set_optimizer_state_dict(model.module, model.optimizer, state["optim"])
-    trainer = load_state(path / "trainer.pt")
+        if trainer.get("optimizer_fresh", False):  # saved before the first step: resume fresh
+            model.optimizer.state.clear()
     if model.scheduler is not None and trainer["scheduler"] is not None:
         model.scheduler.load_state_dict(trainer["scheduler"])
     rng_file = path / "rng" / f"rank_{_rank(model)}.pt"
