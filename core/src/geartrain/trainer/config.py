@@ -181,6 +181,11 @@ class TrainerConfig(Section):
     while the actor trains (each switch measured in the step's metrics)."""
     torch_threads: int | None = Field(None, ge=1)
     """``torch.set_num_threads`` for the driver process (``None``: torch's default)."""
+    reuse_update_log_probs: bool = True
+    """When a batch gets exactly one optimizer step (``algorithm.ppo_epochs = 1``,
+    ``mini_batches = 1``) and no KL penalty is folded into the reward, take the old
+    log-probs from the update's own forward (detached) instead of a separate forward:
+    the same training, one forward fewer. ``false``: always run the separate forward."""
 
 
 class RankResources(Section):

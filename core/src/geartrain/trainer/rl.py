@@ -102,6 +102,24 @@ class RLTrainer:
             seed=step_seed(self.config.trainer.seed, step),
         )
 
+    def reuses_update_log_probs(self) -> bool:
+        """Whether a step skips the separate old-log-prob forward: the batch gets exactly
+        one optimizer step (one epoch, one mini-batch), so the old log-probs are the
+        detached log-probs of the update's own forward; nothing before the update needs
+        them (no KL penalty in the reward); ``trainer.reuse_update_log_probs`` is on."""
+        algo = self.config.algorithm
+        return (
+            self.config.trainer.reuse_update_log_probs
+            and algo.ppo_epochs == 1
+            and algo.mini_batches == 1
+            and self.kl_ctrl is None
+        )
+
+    @staticmethod
+    def _ref_kl(batch: Batch) -> float:
+        kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k3")
+        return float(masked_mean(kl, batch["response_mask"]))
+
     def _decode(self, batch: Batch) -> list[str]:
         ids, mask = batch["input_ids"], batch["response_mask"].bool()
         return self.tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
@@ -158,18 +176,20 @@ class RLTrainer:
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
         metrics["reward/accuracy"] = float(correct.mean())
 
+        actor_updates = step > algo.critic_warmup_steps or self.roles.critic is None
+        reuse = actor_updates and self.reuses_update_log_probs()
         start = time.perf_counter()
-        old = self.roles.actor.call("compute_log_probs", batch, dispatch=Dispatch.DP)
-        batch["old_log_probs"] = old.outputs["log_probs"]
-        if "entropy" in old.outputs:
-            metrics["actor/entropy"] = float(masked_mean(old.outputs["entropy"], mask))
-        metrics.update(mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))
+        if not reuse:
+            old = self.roles.actor.call("compute_log_probs", batch, dispatch=Dispatch.DP)
+            batch["old_log_probs"] = old.outputs["log_probs"]
+            if "entropy" in old.outputs:
+                metrics["actor/entropy"] = float(masked_mean(old.outputs["entropy"], mask))
+            metrics.update(mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))
         if self.roles.reference is not None:
             ref = self.roles.reference.call("compute_log_probs", batch, dispatch=Dispatch.DP)
             batch["ref_log_probs"] = ref.outputs["log_probs"]
-            metrics["actor/ref_kl"] = float(
-                masked_mean(kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k3"), mask)
-            )
+            if not reuse:
+                metrics["actor/ref_kl"] = self._ref_kl(batch)
         if self.roles.critic is not None:
             values = self.roles.critic.call("compute_values", batch, dispatch=Dispatch.DP)
             batch["old_values"] = values.outputs["values"]
@@ -198,7 +218,17 @@ class RLTrainer:
         seed = step_seed(cfg.trainer.seed, step, salt=1)
         if self.roles.critic is not None:
             metrics.update(self.roles.critic.call("update", batch, algo.ppo_epochs, algo.mini_batches, seed, dispatch=Dispatch.DP))
-        if step > algo.critic_warmup_steps or self.roles.critic is None:
+        if reuse:
+            # one optimizer step: its own forward gives the old log-probs (and the metrics
+            # the separate forward would have given)
+            out = self.roles.actor.call("update_once", batch, dispatch=Dispatch.DP)
+            metrics.update(out.metrics)
+            batch["old_log_probs"] = out.outputs["log_probs"]
+            metrics["actor/entropy"] = float(masked_mean(out.outputs["entropy"], mask))
+            metrics.update(mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))
+            if self.roles.reference is not None:
+                metrics["actor/ref_kl"] = self._ref_kl(batch)
+        elif actor_updates:
             metrics.update(self.roles.actor.call("update", batch, algo.ppo_epochs, algo.mini_batches, seed, dispatch=Dispatch.DP))
         metrics["timing/update_s"] = time.perf_counter() - start
 

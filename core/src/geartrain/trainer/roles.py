@@ -30,7 +30,7 @@ from geartrain.engine import Engine
 from geartrain.memory import current_memory_bytes
 from geartrain.rewards import RewardScorer, sequence_scores_from_values
 from geartrain.rollout import Rollout
-from geartrain.types import EngineContext, LossContext, SamplingParams, StepOutput
+from geartrain.types import EngineContext, LossContext, LossFn, SamplingParams, StepOutput
 
 
 def _sum_metrics(into: dict[str, float], new: dict[str, float]) -> None:
@@ -52,6 +52,19 @@ def train_epochs(engine: Engine, batch: Batch, loss_fn: Any, epochs: int, mini_b
             _sum_metrics(totals, engine.optimizer_step())
             steps += 1
     return {k: v / max(steps, 1) for k, v in totals.items()}
+
+
+def with_current_as_old(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` with each micro-batch's ``old_log_probs`` set to the detached log-probs
+    of the same forward. When a batch gets exactly one optimizer step, that is what a
+    separate old-log-prob forward would give (same weights, same micro-batches), without
+    running it."""
+
+    def wrapped(outputs: dict[str, torch.Tensor], mb: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        mb["old_log_probs"] = outputs["log_probs"].detach()
+        return loss_fn(outputs, mb, ctx)
+
+    return wrapped
 
 
 class ActorRolloutWorker:
@@ -117,6 +130,17 @@ class ActorRolloutWorker:
         metrics = train_epochs(self.engine, batch, self.loss_fn, epochs, mini_batches, seed)
         self.weights_stale = True
         return {f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()}
+
+    def update_once(self, batch: Batch) -> StepOutput:
+        """One optimizer step on the whole ``batch`` whose old log-probs are the update's
+        own (see :func:`with_current_as_old`): returns the forward's per-token
+        ``log_probs`` and ``entropy`` (detached) with the update's metrics."""
+        batch.info["need_entropy"] = True
+        out = self.engine.forward_backward(batch, with_current_as_old(self.loss_fn))
+        metrics = dict(out.metrics)
+        metrics.update(self.engine.optimizer_step())
+        self.weights_stale = True
+        return StepOutput(outputs=out.outputs, metrics={f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()})
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, root: str, step: int, extra: dict[str, Any], keep_last: int) -> str:
