@@ -194,3 +194,38 @@ def test_bf16_compute_stays_close_to_fp32() -> None:
     assert torch.allclose(a.outputs["log_probs"][mask], b.outputs["log_probs"][mask], atol=0.05)
     assert all(p.dtype == torch.float32 for p in bf16.handle.module.parameters())
     assert bf16.optimizer_step()["skipped"] == 0.0
+
+
+def test_length_grouped_attention_is_bitwise_one_call_per_sequence() -> None:
+    """Short ragged sequences (the main job's: 7-12 tokens) run one SDPA call per distinct
+    length; every number equals one causal call per sequence, forward and backward."""
+    from geartrain_fsdp.ulysses import PackedAttentionState, varlen_causal_attention
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(7, 13, (40,), generator=g).tolist()
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    q = torch.randn(1, 4, cu[-1], 8, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, cu[-1], 8, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, cu[-1], 8, generator=g, requires_grad=True)
+    out_grad = torch.randn(1, 4, cu[-1], 8, generator=g)
+
+    def one_call_each() -> torch.Tensor:
+        outs = [
+            torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True, scale=0.3, enable_gqa=True
+            )
+            for s, e in zip(cu[:-1], cu[1:], strict=True)
+        ]
+        return torch.cat(outs, dim=2)
+
+    state = PackedAttentionState(cu_seqlens=cu)
+    grouped = varlen_causal_attention(q, k, v, cu, 0.3, state)
+    assert state.groups is not None and len(state.groups.groups) == len(set(lengths))  # it really grouped
+    want = one_call_each()
+    assert torch.equal(grouped, want)
+    got_grads = torch.autograd.grad(grouped, (q, k, v), out_grad)
+    want_grads = torch.autograd.grad(want, (q, k, v), out_grad)
+    for got, ref in zip(got_grads, want_grads, strict=True):
+        assert torch.equal(got, ref)

@@ -4,10 +4,11 @@ models, through transformers' attention-function registry.
 The engine sets ``config._attn_implementation = ATTENTION_NAME`` on packed runs. Every
 attention layer then calls :func:`packed_attention` with its local ``[1, heads, n, d]``
 query/key/value. Outside sequence parallelism it runs causal SDPA per sequence
-(``cu_seqlens``), so no token attends across a sequence boundary. With ``sp > 1`` each
-rank holds ``n = N / sp`` consecutive tokens of the packed row; an all-to-all trades heads
-for sequence (each rank gets ``heads / sp`` heads over all ``N`` tokens), attention runs
-per sequence, and a second all-to-all trades back. KV heads that ``sp`` does not divide
+(``cu_seqlens``; sequences of one length batched into one call), so no token attends
+across a sequence boundary. With ``sp > 1`` each rank holds ``n = N / sp`` consecutive
+tokens of the packed row; an all-to-all trades heads for sequence (each rank gets
+``heads / sp`` heads over all ``N`` tokens), attention runs per sequence, and a second
+all-to-all trades back. KV heads that ``sp`` does not divide
 are repeated first (as GQA would) so each rank gets whole KV groups.
 
 No mask function is registered for the name, so transformers builds no ``N x N`` mask.
@@ -37,6 +38,9 @@ class PackedAttentionState:
     """Boundaries of the sequences in the full packed row (length ``N``)."""
     sp_group: Any = None
     sp_size: int = 1
+    groups: LengthGroups | None = None
+    """The sequences grouped by length; built by the first attention layer of the
+    forward, reused by the others."""
 
 
 _local = threading.local()
@@ -109,17 +113,76 @@ def kv_repeats_for(num_heads: int, num_kv_heads: int, sp: int) -> int:
     return num_heads // num_kv_heads
 
 
+@dataclass(kw_only=True, slots=True)
+class LengthGroups:
+    """The packed row's sequences grouped by length: ``order`` ``[N]`` lists the packed
+    token indices group by group (shortest length first, sequences in packed order),
+    ``inverse`` ``[N]`` puts them back, ``groups`` holds ``(length, count)`` per group."""
+
+    order: torch.Tensor
+    inverse: torch.Tensor
+    groups: list[tuple[int, int]]
+
+    @classmethod
+    def build(cls, cu_seqlens: list[int], device: torch.device) -> LengthGroups:
+        by_length: dict[int, list[int]] = {}
+        for i, (s, e) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)):
+            by_length.setdefault(e - s, []).append(i)
+        spans, groups = [], []
+        for length in sorted(by_length):
+            spans += [torch.arange(cu_seqlens[i], cu_seqlens[i + 1]) for i in by_length[length]]
+            groups.append((length, len(by_length[length])))
+        order = torch.cat(spans)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        return cls(order=order.to(device), inverse=inverse.to(device), groups=groups)
+
+
+def grouped_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: LengthGroups, scaling: float | None
+) -> torch.Tensor:
+    """:func:`varlen_causal_attention` with one batched SDPA call per distinct sequence
+    length: the sequences of a group are gathered into ``[count, h, length, d]`` rows."""
+    gqa = k.shape[1] != q.shape[1]
+    sizes = [length * count for length, count in layout.groups]
+    parts = zip(*(x.index_select(2, layout.order).split(sizes, dim=2) for x in (q, k, v)), strict=True)
+    outs = []
+    for (length, count), (qi, ki, vi) in zip(layout.groups, parts, strict=True):
+
+        def rows(x: torch.Tensor, count: int = count, length: int = length) -> torch.Tensor:
+            return x[0].reshape(x.shape[1], count, length, x.shape[3]).transpose(0, 1)
+
+        out = F.scaled_dot_product_attention(rows(qi), rows(ki), rows(vi), is_causal=True, scale=scaling, enable_gqa=gqa)
+        outs.append(out.transpose(0, 1).reshape(1, q.shape[1], length * count, q.shape[3]))
+    return torch.cat(outs, dim=2).index_select(2, layout.inverse)
+
+
 def varlen_causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scaling: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: list[int],
+    scaling: float | None,
+    state: PackedAttentionState | None = None,
 ) -> torch.Tensor:
     """Causal attention inside each ``[cu[i], cu[i+1])`` segment of ``[1, H, N, d]``
     tensors (``k``/``v`` may have fewer heads: grouped-query).
 
-    One SDPA call per segment: a sequence's numbers then do not depend on which other
-    sequences share its micro-batch (micro-batching leaves results bitwise unchanged).
-    Segments of one common length run as a single batched call."""
+    Segments of one common length run as one batched SDPA call; with several lengths,
+    one batched call per length (:func:`grouped_causal_attention`; the grouping is built
+    once per forward in ``state``): many short sequences then cost a few calls, not one
+    each. A sequence's numbers do not depend on which other sequences share its
+    micro-batch (batching rows of one length leaves each row's results bitwise unchanged)."""
     gqa = k.shape[1] != q.shape[1]  # SDPA maps query-head groups onto KV heads itself
     lengths = [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)]
+    distinct = len(set(lengths))
+    if 1 < distinct < len(lengths):
+        layout = state.groups if state is not None else None
+        if layout is None:
+            layout = LengthGroups.build(cu_seqlens, q.device)
+            if state is not None:
+                state.groups = layout
+        return grouped_causal_attention(q, k, v, layout, scaling)
     if len(set(lengths)) == 1:  # equal lengths: the rows are a view of the packed row
         length, d = lengths[0], q.shape[3]
 
@@ -163,7 +226,7 @@ def packed_attention(
         query = heads_to_sequence(query, state.sp_group, sp)
         key = heads_to_sequence(key, state.sp_group, sp)
         value = heads_to_sequence(value, state.sp_group, sp)
-    out = varlen_causal_attention(query, key, value, state.cu_seqlens, scaling)
+    out = varlen_causal_attention(query, key, value, state.cu_seqlens, scaling, state)
     if sp > 1:
         out = sequence_to_heads(out, state.sp_group, sp)
     return out.transpose(1, 2).contiguous(), None
@@ -207,10 +270,12 @@ def local_slice(length: int, sp: int, rank: int) -> slice:
 __all__ = [
     "ATTENTION_NAME",
     "PackedAttentionState",
+    "LengthGroups",
     "gather_sequence",
     "kv_repeats_for",
     "local_slice",
     "packed_attention",
     "packed_attention_state",
+    "grouped_causal_attention",
     "varlen_causal_attention",
 ]
