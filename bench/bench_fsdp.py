@@ -7,13 +7,19 @@
 3. Weight export (``sync_weights`` into a receiver that keeps nothing) MB/s against a plain
    copy of the same bytes.
 
+4. The main job's update (``--main-job``): the arithmetic GRPO actor step (128 sequences of
+   7-12 real tokens, the main job's model, the GRPO loss, AdamW) through the engine against
+   a plain PyTorch loop on the same batch, both clocks (wall and process CPU) in one run.
+
 Usage: ``python bench/bench_fsdp.py [--repeats 5] [--hidden 256] [--layers 4] [--cpu-time]``;
+``python bench/bench_fsdp.py --main-job [--threads 1]``;
 ``python bench/bench_fsdp.py --export-two-ranks`` times the export from 2 FSDP ranks (gloo).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -169,6 +175,82 @@ def main() -> None:
     )
 
 
+def main_job_batch(rows: int = 128, seed: int = 0) -> Batch:
+    """The main job's actor batch: ``[left pad | prompt (5-7) | response (2-5) | right pad]``
+    in a 16 + 5 wide layout, with GRPO advantages and old log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    width_p, width_r = 16, 5
+    ids = torch.zeros(rows, width_p + width_r, dtype=torch.long)
+    att, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i in range(rows):
+        p = int(torch.randint(5, 8, (1,), generator=g))
+        r = int(torch.randint(2, 6, (1,), generator=g))
+        ids[i, width_p - p : width_p + r] = torch.randint(4, 20, (p + r,), generator=g)
+        att[i, width_p - p : width_p + r] = 1
+        loss_mask[i, width_p : width_p + r] = 1
+    adv = torch.randn(rows, 1, generator=g).expand(rows, width_p + width_r) * loss_mask
+    old = torch.zeros(rows, width_p + width_r)
+    return Batch({"input_ids": ids, "attention_mask": att, "loss_mask": loss_mask, "advantages": adv, "old_log_probs": old})
+
+
+def main_job(repeats: int, threads: int) -> None:
+    """Engine vs plain loop on the main job's actor update, wall and CPU clocks together."""
+    from geartrain.algorithms import ActorLossConfig, make_actor_loss
+
+    torch.set_num_threads(threads)
+    overrides = dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    model_cfg = ModelConfig(tiny="qwen2", config_overrides=overrides)
+    optim = OptimConfig(lr=1e-4, clip_grad=1.0)
+    batch = main_job_batch()
+    eng = Engine(EngineConfig(backend="fsdp", optim=optim), model_cfg, EngineContext(role="actor"))
+    actor_loss = make_actor_loss(ActorLossConfig())
+
+    def engine_step() -> None:
+        eng.forward_backward(batch, actor_loss)
+        eng.optimizer_step()
+
+    hf = build_hf_model(model_cfg).train()
+    opt = torch.optim.AdamW(hf.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
+    real_cols = batch["attention_mask"].bool().any(0).nonzero().squeeze(1)
+    cols = slice(int(real_cols[0]), int(real_cols[-1]) + 1)  # the plain loop skips all-padding columns too
+
+    def plain_step() -> None:
+        ids, mask = batch["input_ids"][:, cols], batch["attention_mask"][:, cols]
+        position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+        logits = hf(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        lm = batch["loss_mask"][:, cols][:, 1:].float()
+        ratio = torch.exp(logp - batch["old_log_probs"][:, cols][:, 1:])
+        loss = -(ratio * batch["advantages"][:, cols][:, 1:] * lm).sum() / lm.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), optim.clip_grad)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        engine_step()
+        plain_step()
+    clocks = {"engine": ([], []), "plain": ([], [])}
+    for _ in range(repeats):  # interleaved, so load from other processes hits both alike
+        for name, fn in (("engine", engine_step), ("plain", plain_step)):
+            w, c = time.perf_counter(), time.process_time()
+            fn()
+            clocks[name][0].append(time.perf_counter() - w)
+            clocks[name][1].append(time.process_time() - c)
+    med = {name: (statistics.median(w), statistics.median(c)) for name, (w, c) in clocks.items()}
+    tokens = int(batch["attention_mask"].sum())
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  torch {torch.__version__}  "
+        f"threads {threads}  load(1 min) {os.getloadavg()[0]:.1f}"
+    )
+    print(f"main-job actor update: {len(batch)} sequences, {tokens} real tokens, model hidden 128 x 2 layers")
+    for clock, i in (("wall", 0), ("cpu", 1)):
+        e, p = med["engine"][i], med["plain"][i]
+        print(f"  {clock:4s}: engine {1000 * e:.1f} ms/step, plain loop {1000 * p:.1f} ms/step, engine speed / plain {p / e:.2f}")
+
+
 def _export_rank(
     rank: int, world: int, store_path: str, hidden: int, layers: int, repeats: int, result_path: str
 ) -> None:
@@ -242,5 +324,8 @@ if __name__ == "__main__":
 
     if "--export-two-ranks" in sys.argv:
         export_two_ranks(hidden=256, layers=4, repeats=5)
+    elif "--main-job" in sys.argv:
+        threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 1
+        main_job(repeats=30, threads=threads)
     else:
         main()

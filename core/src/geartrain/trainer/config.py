@@ -181,6 +181,19 @@ class TrainerConfig(Section):
     while the actor trains (each switch measured in the step's metrics)."""
     torch_threads: int | None = Field(None, ge=1)
     """``torch.set_num_threads`` for the driver process (``None``: torch's default)."""
+    async_rollout: bool = False
+    """Overlap generation with training (one-step off-policy): the rollout generates the
+    next steps' samples on a thread of its own, with the weights of an earlier step, while
+    the actor trains; each thread runs torch ops with ``torch_threads`` intra-op threads.
+    The gap is corrected with truncated importance sampling against the rollout's
+    log-probs (``algorithm.tis_cap``, default ``async_tis_cap``). Per-sample staleness and
+    IS weights are recorded in ``metrics.jsonl`` (``samples/staleness``,
+    ``samples/is_weight``)."""
+    max_staleness: int = Field(1, ge=1)
+    """Async rollout: how many policy updates a batch's weights may lag behind the policy
+    that trains on it (the number of steps generated ahead)."""
+    async_tis_cap: float = Field(2.0, gt=0)
+    """Async rollout: the IS weight cap when ``algorithm.tis_cap`` is not set."""
     reuse_update_log_probs: bool = True
     """When a batch gets exactly one optimizer step (``algorithm.ppo_epochs = 1``,
     ``mini_batches = 1``) and no KL penalty is folded into the reward, take the old
@@ -347,6 +360,12 @@ class TrainConfig(Section):
         problems = placement_problems(self)
         if problems:
             raise ValueError("\n".join(f"{key}: {message}" for key, message in problems))
+        return self
+
+    @model_validator(mode="after")
+    def _async_fits(self) -> TrainConfig:
+        if self.trainer.async_rollout and self.trainer.free_memory:
+            raise ValueError("trainer.async_rollout generates while the actor trains: set trainer.free_memory = false")
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ checkpoints every ``trainer.save_every`` steps.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from geartrain.algorithms import (
     make_kl_controller,
     masked_mean,
     mismatch_metrics,
+    truncated_is_weights,
 )
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
@@ -48,7 +50,7 @@ def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
         entropy_coef=algo.entropy_coef,
         kl_loss_coef=algo.kl_loss_coef if algo.use_kl_loss else 0.0,
         kl_loss_kind=algo.kl_loss_kind,
-        tis_cap=algo.tis_cap,
+        tis_cap=algo.tis_cap if algo.tis_cap is not None or not config.trainer.async_rollout else config.trainer.async_tis_cap,
         # seq-mean-token-sum-norm divides by the padded response length; batches are [B, T]
         # with the prompt in front, so the constant is the response budget, not T.
         norm_length=config.sampling.max_tokens,
@@ -88,6 +90,15 @@ class RLTrainer:
             else None
         )
         self.stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.is_cap = actor_loss_config(config).tis_cap
+        # async rollout: prompts of the steps generated ahead, with the loader's state
+        # before each (a checkpoint must resume at the first step not trained yet)
+        self.ahead: deque[tuple[PromptBatch, dict[str, Any]]] = deque()
+
+    def loader_state(self) -> dict[str, Any]:
+        """The data loader's position for a checkpoint: before the prompts of the first
+        step not trained yet (async rollout draws prompts ahead of training)."""
+        return self.ahead[0][1] if self.ahead else self.loader.state_dict()
 
     # ------------------------------------------------------------------ helpers
     def _sampling(self, step: int) -> SamplingParams:
@@ -115,6 +126,24 @@ class RLTrainer:
             and self.kl_ctrl is None
         )
 
+    def _off_policy_record(self, batch: Batch) -> dict[str, Any]:
+        """Per-sample staleness and mean truncated IS weight (the correction the loss
+        applied, ``min(exp(old - rollout), cap)`` over the response), plus summaries."""
+        mask = batch["response_mask"]
+        staleness = batch["staleness"]
+        record: dict[str, Any] = {
+            "async/staleness_mean": float(staleness.mean()),
+            "async/staleness_max": float(staleness.max()),
+            "samples/staleness": [int(s) for s in staleness.tolist()],
+        }
+        if self.is_cap is not None and "old_log_probs" in batch:
+            weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=self.is_cap)
+            per_sample = (weights * mask).sum(1) / mask.sum(1).clamp(min=1)
+            record["async/is_weight_mean"] = float(masked_mean(weights, mask))
+            record["async/is_weight_capped"] = float(masked_mean((weights >= self.is_cap).float(), mask))
+            record["samples/is_weight"] = [round(w, 6) for w in per_sample.tolist()]
+        return record
+
     @staticmethod
     def _ref_kl(batch: Batch) -> float:
         kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k3")
@@ -126,10 +155,28 @@ class RLTrainer:
 
     def _rollout(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
         batch, metrics = self.roles.actor.call("generate", prompts.prompt_ids, sampling)
-        for key, values in prompts.sample_meta(sampling.n).items():
+        return self._annotate(batch, prompts, sampling.n), metrics
+
+    def _annotate(self, batch: Batch, prompts: PromptBatch, n: int) -> Batch:
+        for key, values in prompts.sample_meta(n).items():
             batch[key] = values
         batch["response_text"] = self._decode(batch)
-        return batch, metrics
+        return batch
+
+    def _next_rollout(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """Step ``step``'s samples. Async rollout: keep generations queued for steps
+        ``step .. step + max_staleness`` and take this step's (generated while earlier
+        steps trained)."""
+        if not self.config.trainer.async_rollout:
+            return self._rollout(self.loader.next_batch(), self._sampling(step))
+        while len(self.ahead) <= self.config.trainer.max_staleness:
+            state = self.loader.state_dict()
+            prompts = self.loader.next_batch()
+            self.roles.actor.call("submit_generate", prompts.prompt_ids, self._sampling(step + len(self.ahead)))
+            self.ahead.append((prompts, state))
+        prompts, _ = self.ahead.popleft()
+        batch, metrics = self.roles.actor.call("take_generated")
+        return self._annotate(batch, prompts, self.config.sampling.n), metrics
 
     def _score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         scores, metrics, acc = self.roles.reward.call("score", batch, dispatch=Dispatch.DP)
@@ -163,8 +210,7 @@ class RLTrainer:
         t_step = time.perf_counter()
         metrics: dict[str, float] = {}
 
-        prompts = self.loader.next_batch()
-        batch, hybrid = self._rollout(prompts, self._sampling(step))
+        batch, hybrid = self._next_rollout(step)
         metrics.update(hybrid)
         mask = batch["response_mask"]
         batch["loss_mask"] = mask
@@ -231,6 +277,8 @@ class RLTrainer:
         elif actor_updates:
             metrics.update(self.roles.actor.call("update", batch, algo.ppo_epochs, algo.mini_batches, seed, dispatch=Dispatch.DP))
         metrics["timing/update_s"] = time.perf_counter() - start
+        if "staleness" in batch:
+            metrics.update(self._off_policy_record(batch))
 
         lengths = mask.sum(-1).float()
         metrics["response/length_mean"] = float(lengths.mean())

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from geartrain.engine import Engine
 from geartrain.memory import current_memory_bytes
 from geartrain.rewards import RewardScorer, sequence_scores_from_values
 from geartrain.rollout import Rollout
+from geartrain.trainer.async_rollout import Generated, GenerationQueue, WeightSnapshot
 from geartrain.types import EngineContext, LossContext, LossFn, SamplingParams, StepOutput
 
 
@@ -78,6 +81,7 @@ class ActorRolloutWorker:
         loss: ActorLossConfig,
         *,
         free_memory: bool,
+        async_rollout: bool = False,
         ctx: EngineContext,
     ) -> None:
         self.engine = Engine(engine, model, ctx)
@@ -87,12 +91,27 @@ class ActorRolloutWorker:
         self.device = ctx.device
         self.rollout_released = False
         self.weights_stale = True
+        self.version = 0
+        """Policy updates so far; a batch's staleness is this minus its weights' version."""
+        self.queue: GenerationQueue | None = None
+        self.pending: deque[Future[Generated]] = deque()
+        if async_rollout:
+            if free_memory:
+                raise ValueError("trainer.async_rollout generates while the actor trains: it cannot free_memory")
+            self.queue = GenerationQueue(self.rollout)
+            self._queue_weights()
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
         """Train mode -> weight sync -> (free training memory) -> generate -> (free rollout
         memory) -> train mode. Returns the rollout batch and the switch's measurements."""
         metrics: dict[str, float] = {}
+        if self.queue is not None:  # behind the queued work, with the newest queued weights
+            submitted = time.perf_counter()
+            done = self.queue.generate(prompts, sampling).result()
+            metrics["timing/generate_s"] = done.seconds
+            metrics["timing/rollout_wait_s"] = time.perf_counter() - submitted
+            return done.batch, metrics
         if self.rollout_released:
             stats = self.rollout.resume()
             metrics["hybrid/rollout_resume_s"] = stats.seconds
@@ -121,6 +140,38 @@ class ActorRolloutWorker:
         metrics["hybrid/memory_bytes"] = float(current_memory_bytes(self.device))
         return batch, metrics
 
+    def submit_generate(self, prompts: list[list[int]], sampling: SamplingParams) -> None:
+        """Async rollout: queue a generation; it runs on the rollout's thread with the
+        newest weights queued before it. :meth:`take_generated` returns the results in
+        submission order."""
+        assert self.queue is not None, "submit_generate needs trainer.async_rollout"
+        self.pending.append(self.queue.generate(prompts, sampling))
+
+    def take_generated(self) -> tuple[Batch, dict[str, float]]:
+        """The oldest queued generation (waits for it), with ``staleness`` ``[B]``: the
+        policy updates made since the weights that generated each sample."""
+        start = time.perf_counter()
+        done = self.pending.popleft().result()
+        batch = done.batch
+        batch["staleness"] = torch.full((len(batch),), float(self.version - done.version))
+        return batch, {"timing/generate_s": done.seconds, "timing/rollout_wait_s": time.perf_counter() - start}
+
+    def _queue_weights(self) -> float:
+        """Async rollout: snapshot the current weights and queue their load into the
+        rollout (after the generations already queued). Returns the snapshot's seconds."""
+        assert self.queue is not None
+        snapshot = WeightSnapshot(self.rollout.dtype, self.rollout.bucket_bytes)
+        seconds = self.engine.sync_weights(snapshot).seconds
+        self.queue.load(snapshot, self.version)
+        return seconds
+
+    def _updated(self) -> dict[str, float]:
+        self.version += 1
+        if self.queue is None:
+            self.weights_stale = True
+            return {}
+        return {"timing/weight_snapshot_s": self._queue_weights()}
+
     # ------------------------------------------------------------------ training
     def compute_log_probs(self, batch: Batch, entropy: bool = True) -> StepOutput:
         return self.engine.compute_log_probs(batch, entropy=entropy)
@@ -128,7 +179,7 @@ class ActorRolloutWorker:
     def update(self, batch: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
         batch.info["need_entropy"] = False
         metrics = train_epochs(self.engine, batch, self.loss_fn, epochs, mini_batches, seed)
-        self.weights_stale = True
+        metrics.update(self._updated())
         return {f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()}
 
     def update_once(self, batch: Batch) -> StepOutput:
@@ -139,7 +190,7 @@ class ActorRolloutWorker:
         out = self.engine.forward_backward(batch, with_current_as_old(self.loss_fn))
         metrics = dict(out.metrics)
         metrics.update(self.engine.optimizer_step())
-        self.weights_stale = True
+        metrics.update(self._updated())
         return StepOutput(outputs=out.outputs, metrics={f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()})
 
     # ------------------------------------------------------------------ state
@@ -149,12 +200,16 @@ class ActorRolloutWorker:
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         extra = self.engine.load_checkpoint(path)
         self.weights_stale = True
+        if self.queue is not None:
+            self._queue_weights()
         return extra
 
     def export_hf(self, path: str, tokenizer: Any) -> str:
         return str(self.engine.export_hf(path, tokenizer))
 
     def close(self) -> None:
+        if self.queue is not None:
+            self.queue.close()
         self.rollout.shutdown()
 
 

@@ -203,7 +203,7 @@ class Job:
         placement, seed = cfg.cluster.placement, cfg.trainer.seed
         actor = create_worker_group(
             placement, "actor", ActorRolloutWorker, cfg.actor.engine, policy, cfg.rollout, actor_loss_config(cfg),
-            free_memory=cfg.trainer.free_memory, seed=seed,
+            free_memory=cfg.trainer.free_memory, async_rollout=cfg.trainer.async_rollout, seed=seed,
         )
         reference = (
             create_worker_group(placement, "reference", ReferenceWorker, cfg.reference.engine, policy, seed=seed)
@@ -230,7 +230,7 @@ class Job:
         keep = self.config.trainer.keep_last
         extra = {
             "step": step,
-            "loader": trainer.loader.state_dict(),
+            "loader": trainer.loader_state(),
             "accuracy_before": accuracy_before,
             "kl_coef": trainer.kl_ctrl.value if trainer.kl_ctrl is not None else None,
             "python_random": random.getstate(),
