@@ -190,7 +190,9 @@ def main_job_batch(rows: int = 128, seed: int = 0) -> Batch:
         loss_mask[i, width_p : width_p + r] = 1
     adv = torch.randn(rows, 1, generator=g).expand(rows, width_p + width_r) * loss_mask
     old = torch.zeros(rows, width_p + width_r)
-    return Batch({"input_ids": ids, "attention_mask": att, "loss_mask": loss_mask, "advantages": adv, "old_log_probs": old})
+    return Batch(
+        {"input_ids": ids, "attention_mask": att, "loss_mask": loss_mask, "advantages": adv, "old_log_probs": old}
+    )
 
 
 def main_job(repeats: int, threads: int) -> None:
@@ -212,7 +214,9 @@ def main_job(repeats: int, threads: int) -> None:
         eng.optimizer_step()
 
     hf = build_hf_model(model_cfg).train()
-    opt = torch.optim.AdamW(hf.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
+    opt = torch.optim.AdamW(
+        hf.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+    )
     real_cols = batch["attention_mask"].bool().any(0).nonzero().squeeze(1)
     cols = slice(int(real_cols[0]), int(real_cols[-1]) + 1)  # the plain loop skips all-padding columns too
 
@@ -248,7 +252,10 @@ def main_job(repeats: int, threads: int) -> None:
     print(f"main-job actor update: {len(batch)} sequences, {tokens} real tokens, model hidden 128 x 2 layers")
     for clock, i in (("wall", 0), ("cpu", 1)):
         e, p = med["engine"][i], med["plain"][i]
-        print(f"  {clock:4s}: engine {1000 * e:.1f} ms/step, plain loop {1000 * p:.1f} ms/step, engine speed / plain {p / e:.2f}")
+        print(
+            f"  {clock:4s}: engine {1000 * e:.1f} ms/step, plain loop {1000 * p:.1f} ms/step, "
+            f"engine speed / plain {p / e:.2f}"
+        )
 
 
 def _export_rank(

@@ -43,8 +43,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_CONFIG = ROOT / "examples" / "arithmetic" / "grpo.toml"
 sys.path.insert(0, str(MAIN_CONFIG.parent))
-from task import exact_match  # noqa: E402  (the main job's reward)
-
 from geartrain.config import ModelConfig  # noqa: E402
 from geartrain.modeling import load_tokenizer  # noqa: E402
 from geartrain.trainer.config import TrainConfig, load_train_config  # noqa: E402
@@ -52,6 +50,7 @@ from geartrain.trainer.metrics import JsonlLogger  # noqa: E402
 from geartrain.trainer.rl import RLTrainer  # noqa: E402
 from geartrain.trainer.run import Job  # noqa: E402
 from geartrain.types import SamplingParams  # noqa: E402
+from task import exact_match  # noqa: E402  (the main job's reward)
 
 try:  # the optimizer code moves into the core (geartrain.optim)
     from geartrain.optim import lr_factor
@@ -144,7 +143,9 @@ def cut_at_eos(tokens: list[int], eos: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------- geartrain
-def run_geartrain(sft: Path, threads: int, steps: int, eval_every: int, target: float | None, out: Path, *, async_rollout: bool) -> tuple[Side, list[list[int]], list[list[str]]]:
+def run_geartrain(
+    sft: Path, threads: int, steps: int, eval_every: int, target: float | None, out: Path, *, async_rollout: bool
+) -> tuple[Side, list[list[int]], list[list[str]]]:
     torch.set_num_threads(threads)
     cfg = config(out, threads, ["sft.enabled=false", f"trainer.async_rollout={str(async_rollout).lower()}"])
     policy = ModelConfig(path=str(sft))
@@ -162,9 +163,17 @@ def run_geartrain(sft: Path, threads: int, steps: int, eval_every: int, target: 
     batch, _ = roles.actor.call("generate", [r.prompt_ids for r in rows], greedy)
     mask = batch["response_mask"].bool()
     tokens0 = [cut_at_eos(batch["input_ids"][i][mask[i]].tolist(), eos) for i in range(len(rows))]
-    hf = roles.actor.worker.engine.handle.hf
+    from transformers import AutoModelForCausalLM
+
+    trained = roles.actor.worker.engine.handle.hf  # runs the engine's packed attention
+    evaluator = AutoModelForCausalLM.from_pretrained(str(sft), dtype=torch.float32, attn_implementation="sdpa")
+
+    def evaluate() -> float:
+        evaluator.load_state_dict(trained.state_dict())
+        return accuracy(evaluator, tokenizer, rows)
+
     side = Side("geartrain" + (" async" if async_rollout else ""))
-    side.evals.append((0, accuracy(hf, tokenizer, rows)))
+    side.evals.append((0, evaluate()))
     for step in range(1, steps + 1):
         w, c = time.perf_counter(), time.process_time()
         metrics = trainer.step(step)
@@ -173,7 +182,7 @@ def run_geartrain(sft: Path, threads: int, steps: int, eval_every: int, target: 
         side.lrs.append(metrics["actor/lr"])
         side.rewards.append(metrics["reward/mean"])
         if step % eval_every == 0:
-            side.evals.append((step, accuracy(hf, tokenizer, rows)))
+            side.evals.append((step, evaluate()))
             if target is not None and side.evals[-1][1] >= target:
                 break
     for group in (roles.actor, roles.reward):
@@ -182,9 +191,11 @@ def run_geartrain(sft: Path, threads: int, steps: int, eval_every: int, target: 
 
 
 # ---------------------------------------------------------------------- TRL
-def run_trl(sft: Path, threads: int, steps: int, eval_every: int, target: float | None, out: Path, order: list[list[str]]) -> tuple[Side, list[list[int]], list[list[str]]]:
+def run_trl(
+    sft: Path, threads: int, steps: int, eval_every: int, target: float | None, out: Path, order: list[list[str]]
+) -> tuple[Side, list[list[int]], list[list[str]]]:
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(threads)
@@ -200,12 +211,17 @@ def run_trl(sft: Path, threads: int, steps: int, eval_every: int, target: float 
     answers = {r.prompt: r.ground_truth for r in Job(cfg)._data(tokenizer)[0].dataset.rows}
     data = Dataset.from_list([{"prompt": p, "ground_truth": answers[p]} for batch in order for p in batch])
     seen: list[list[str]] = []
+    side = Side("TRL")
 
     def reward(prompts: list[str], completions: list[str], ground_truth: list[str], **_: Any) -> list[float]:
         seen.append(list(prompts[:: sampling.n]))
-        return [exact_match(c, g)["score"] for c, g in zip(completions, ground_truth, strict=True)]
+        scores = [exact_match(c, g)["score"] for c, g in zip(completions, ground_truth, strict=True)]
+        side.rewards.append(statistics.fmean(scores))
+        return scores
 
-    opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, optim))
     args = GRPOConfig(
         output_dir=str(out),
@@ -230,7 +246,6 @@ def run_trl(sft: Path, threads: int, steps: int, eval_every: int, target: float 
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    side = Side("TRL")
     clock: dict[str, float] = {}
 
     class Clock(TrainerCallback):
@@ -250,10 +265,6 @@ def run_trl(sft: Path, threads: int, steps: int, eval_every: int, target: float 
                 control.should_training_stop = True
             return control
 
-        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
-            if logs and "reward" in logs:
-                side.rewards.append(float(logs["reward"]))
-
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward],
@@ -263,12 +274,20 @@ def run_trl(sft: Path, threads: int, steps: int, eval_every: int, target: float 
         callbacks=[Clock()],
         optimizers=(opt, sched),
     )
+    trainer.remove_callback(PrinterCallback)  # no log line per step on stdout
     prompts = [r.prompt_ids for r in rows]
     width = max(map(len, prompts))
     ids = torch.tensor([[tokenizer.pad_token_id or 0] * (width - len(p)) + p for p in prompts])
     att = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
     with torch.no_grad():
-        gen = model.generate(input_ids=ids, attention_mask=att, do_sample=False, max_new_tokens=sampling.max_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id or 0)
+        gen = model.generate(
+            input_ids=ids,
+            attention_mask=att,
+            do_sample=False,
+            max_new_tokens=sampling.max_tokens,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id or 0,
+        )
     tokens0 = [cut_at_eos(g[width:].tolist(), eos) for g in gen]
     side.evals.append((0, accuracy(model, tokenizer, rows)))
     trainer.train()
@@ -296,7 +315,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="GRPO steps per run (upper bound with --to-accuracy)")
     ap.add_argument("--to-accuracy", type=float, default=None, help="stop each run once held-out accuracy reaches this")
     ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--async", dest="async_rollout", action="store_true", help="also run geartrain with trainer.async_rollout")
+    ap.add_argument(
+        "--async", dest="async_rollout", action="store_true", help="also run geartrain with trainer.async_rollout"
+    )
     ap.add_argument("--sft-dir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = ap.parse_args()
@@ -305,37 +326,70 @@ def main() -> None:
     import transformers
     import trl
 
+    transformers.utils.logging.disable_progress_bar()
+
     work = Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  {os.cpu_count()} cores  "
-          f"load(1 min) {os.getloadavg()[0]:.1f}  torch {torch.__version__}  transformers {transformers.__version__}  trl {trl.__version__}")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  {os.cpu_count()} cores  "
+        f"load(1 min) {os.getloadavg()[0]:.1f}  torch {torch.__version__}  "
+        f"transformers {transformers.__version__}  trl {trl.__version__}"
+    )
     sft = args.sft_dir or sft_checkpoint(work / "sft")
     results: dict[str, Any] = {}
     for threads in args.threads:
-        gear, g_tokens, order = run_geartrain(sft, threads, args.steps, args.eval_every, args.to_accuracy, work / f"g{threads}", async_rollout=False)
-        trl_side, t_tokens, seen = run_trl(sft, threads, args.steps, args.eval_every, args.to_accuracy, work / f"t{threads}", order)
+        gear, g_tokens, order = run_geartrain(
+            sft, threads, args.steps, args.eval_every, args.to_accuracy, work / f"g{threads}", async_rollout=False
+        )
+        trl_side, t_tokens, seen = run_trl(
+            sft, threads, args.steps, args.eval_every, args.to_accuracy, work / f"t{threads}", order
+        )
         sides = [gear, trl_side]
         if args.async_rollout:
-            sides.append(run_geartrain(sft, threads, args.steps, args.eval_every, args.to_accuracy, work / f"a{threads}", async_rollout=True)[0])
+            sides.append(
+                run_geartrain(
+                    sft,
+                    threads,
+                    args.steps,
+                    args.eval_every,
+                    args.to_accuracy,
+                    work / f"a{threads}",
+                    async_rollout=True,
+                )[0]
+            )
         # fairness checks
         same_tokens = sum(a == b for a, b in zip(g_tokens, t_tokens, strict=True))
-        assert same_tokens == len(g_tokens), f"step-0 greedy tokens differ on {len(g_tokens) - same_tokens} held-out prompts"
+        assert same_tokens == len(g_tokens), (
+            f"step-0 greedy tokens differ on {len(g_tokens) - same_tokens} held-out prompts"
+        )
         assert gear.evals[0][1] == trl_side.evals[0][1], (gear.evals[0], trl_side.evals[0])
         assert seen == order[: len(seen)], "TRL saw other prompts (or another order) than geartrain"
         n = min(len(gear.lrs), len(trl_side.lrs))
         worst_lr = max(abs(a - b) for a, b in zip(gear.lrs[:n], trl_side.lrs[:n], strict=True))
         assert worst_lr < 1e-12, f"lr schedules differ by {worst_lr}"
-        print(f"\nthreads {threads}: fairness ok (greedy tokens identical on {same_tokens} held-out prompts, "
-              f"start accuracy {100 * gear.evals[0][1]:.1f} %, {len(seen)} steps of identical prompts, lr equal at {n} steps)")
-        print("| side | steps | s/step wall (median) | s/step CPU | vs TRL (wall) | mean train reward | final acc | "
-              f"time to {100 * target:.0f} % wall / CPU |")
+        print(
+            f"\nthreads {threads}: fairness ok (greedy tokens identical on {same_tokens} held-out prompts, "
+            f"start accuracy {100 * gear.evals[0][1]:.1f} %, {len(seen)} steps of identical prompts, "
+            f"lr equal at {n} steps)"
+        )
+        print(
+            "| side | steps | s/step wall (median) | s/step CPU | vs TRL (wall) | mean train reward | final acc | "
+            f"time to {100 * target:.0f} % wall / CPU |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         ref = summary(trl_side, target)
         for side in sides:
             s = summary(side, target)
             results[f"{side.name}@{threads}"] = s
-            to = "-" if s["to_target_wall_s"] is None else f"{s['to_target_wall_s']:.1f} s / {s['to_target_cpu_s']:.1f} s"
-            print(f"| {side.name} | {s['steps']} | {s['wall_s_per_step']:.4f} | {s['cpu_s_per_step']:.4f} | "
-                  f"{s['wall_s_per_step'] / ref['wall_s_per_step']:.2f} | {s['mean_reward']:.4f} | {100 * s['accuracy']:.1f} % | {to} |")
+            to = (
+                "-"
+                if s["to_target_wall_s"] is None
+                else f"{s['to_target_wall_s']:.1f} s / {s['to_target_cpu_s']:.1f} s"
+            )
+            print(
+                f"| {side.name} | {s['steps']} | {s['wall_s_per_step']:.4f} | {s['cpu_s_per_step']:.4f} | "
+                f"{s['wall_s_per_step'] / ref['wall_s_per_step']:.2f} | {s['mean_reward']:.4f} | "
+                f"{100 * s['accuracy']:.1f} % | {to} |"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

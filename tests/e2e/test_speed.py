@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from e2e_helpers import MAIN_CONFIG
 from geartrain.modeling import load_tokenizer
 from geartrain.trainer.config import load_train_config
@@ -17,7 +16,9 @@ from geartrain.trainer.run import Job
 SHORT = ["sft.enabled=false", "trainer.tensorboard=false", "trainer.export_hf=false", "trainer.plot=false"]
 
 
-def _train(tmp: Path, reuse: bool, steps: int, extra: list[str] = ()) -> tuple[dict[str, torch.Tensor], list[dict], int]:
+def _train(
+    tmp: Path, reuse: bool, steps: int, extra: list[str] = ()
+) -> tuple[dict[str, torch.Tensor], list[dict], int]:
     overrides = [*SHORT, f"trainer.output_dir={tmp}", f"trainer.reuse_update_log_probs={str(reuse).lower()}", *extra]
     cfg = load_train_config(MAIN_CONFIG, overrides)
     torch.manual_seed(cfg.trainer.seed)
@@ -60,7 +61,13 @@ def test_reusing_the_update_log_probs_trains_bitwise_identically(tmp_path: Path)
         assert torch.equal(value, shortcut[name]), f"{name}: max diff {(value - shortcut[name]).abs().max()}"
     # the metrics the separate forward gave come from the update's forward, unchanged
     for a, b in zip(rec_a, rec_b, strict=True):
-        for key in ("actor/entropy", "rollout_mismatch/mean_abs_diff", "actor/pg_loss", "actor/grad_norm", "reward/mean"):
+        for key in (
+            "actor/entropy",
+            "rollout_mismatch/mean_abs_diff",
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "reward/mean",
+        ):
             assert a[key] == b[key], (key, a[key], b[key])
     # training moved the weights (an untrained comparison would prove nothing)
     assert all(r["actor/grad_norm"] > 0 for r in rec_b)

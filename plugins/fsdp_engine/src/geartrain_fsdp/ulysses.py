@@ -152,7 +152,9 @@ def grouped_causal_attention(
         def rows(x: torch.Tensor, count: int = count, length: int = length) -> torch.Tensor:
             return x[0].reshape(x.shape[1], count, length, x.shape[3]).transpose(0, 1)
 
-        out = F.scaled_dot_product_attention(rows(qi), rows(ki), rows(vi), is_causal=True, scale=scaling, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(
+            rows(qi), rows(ki), rows(vi), is_causal=True, scale=scaling, enable_gqa=gqa
+        )
         outs.append(out.transpose(0, 1).reshape(1, q.shape[1], length * count, q.shape[3]))
     return torch.cat(outs, dim=2).index_select(2, layout.inverse)
 
