@@ -146,8 +146,11 @@ def cut_at_eos(tokens: list[int], eos: int) -> list[int]:
 def run_geartrain(
     sft: Path, threads: int, steps: int, eval_every: int, target: float | None, out: Path, *, async_rollout: bool
 ) -> tuple[Side, list[list[int]], list[list[str]]]:
-    torch.set_num_threads(threads)
-    cfg = config(out, threads, ["sft.enabled=false", f"trainer.async_rollout={str(async_rollout).lower()}"])
+    # async: the budget is split between the training and the generating thread (torch's
+    # intra-op thread count applies to each Python thread)
+    per_thread = max(1, threads // 2) if async_rollout else threads
+    torch.set_num_threads(per_thread)
+    cfg = config(out, per_thread, ["sft.enabled=false", f"trainer.async_rollout={str(async_rollout).lower()}"])
     policy = ModelConfig(path=str(sft))
     job = Job(cfg)
     tokenizer = load_tokenizer(policy)
@@ -344,7 +347,7 @@ def main() -> None:
             sft, threads, args.steps, args.eval_every, args.to_accuracy, work / f"t{threads}", order
         )
         sides = [gear, trl_side]
-        if args.async_rollout:
+        if args.async_rollout and threads >= 2:
             sides.append(
                 run_geartrain(
                     sft,
