@@ -47,6 +47,7 @@ from geartrain.config import ModelConfig  # noqa: E402
 from geartrain.modeling import load_tokenizer  # noqa: E402
 from geartrain.trainer.config import TrainConfig, load_train_config  # noqa: E402
 from geartrain.trainer.metrics import JsonlLogger  # noqa: E402
+from geartrain.trainer.preflight import preflight  # noqa: E402
 from geartrain.trainer.rl import RLTrainer  # noqa: E402
 from geartrain.trainer.run import Job  # noqa: E402
 from geartrain.types import SamplingParams  # noqa: E402
@@ -96,11 +97,11 @@ def config(out: Path, threads: int, extra: list[str] = ()) -> TrainConfig:
 def sft_checkpoint(out: Path) -> Path:
     """The main job's SFT warm start, exported as a Hugging Face directory."""
     cfg = config(out, threads=torch.get_num_threads())
-    job = Job(cfg, echo=lambda line: print(f"  {line}"))
-    tokenizer = load_tokenizer(cfg.model)
+    pre = preflight(cfg)
+    job = Job(cfg, reward_fn=pre.reward, echo=lambda line: print(f"  {line}"))
     out.mkdir(parents=True, exist_ok=True)
     jsonl = JsonlLogger(out / "sft.jsonl")
-    policy = job._sft(tokenizer, jsonl, None)
+    policy = job._sft(pre, jsonl, None)
     jsonl.close()
     return Path(policy.path)
 
@@ -152,10 +153,11 @@ def run_geartrain(
     torch.set_num_threads(per_thread)
     cfg = config(out, per_thread, ["sft.enabled=false", f"trainer.async_rollout={str(async_rollout).lower()}"])
     policy = ModelConfig(path=str(sft))
-    job = Job(cfg)
     tokenizer = load_tokenizer(policy)
-    loader, val = job._data(tokenizer)
-    order_loader, _ = job._data(tokenizer)  # the same seed: the prompts in training order
+    pre = preflight(cfg, tokenizer=tokenizer)
+    job = Job(cfg, reward_fn=pre.reward)
+    loader, val = job._data(pre)
+    order_loader, _ = job._data(pre)  # the same seed: the prompts in training order
     order = [[r.prompt for r in order_loader.next_batch().rows] for _ in range(steps + cfg.trainer.max_staleness + 1)]
     roles = job._roles(policy)
     trainer = RLTrainer(cfg, roles, tokenizer, loader)
@@ -205,13 +207,14 @@ def run_trl(
     cfg = config(out, threads)
     optim, sampling = cfg.actor.engine.optim, cfg.sampling
     tokenizer = load_tokenizer(ModelConfig(path=str(sft)))
-    _, val = Job(cfg)._data(tokenizer)
+    pre = preflight(cfg, tokenizer=tokenizer)
+    val = pre.datasets.get("validation.path")
     assert val is not None
     rows = val.rows
     eos = tokenizer.eos_token_id
     model = AutoModelForCausalLM.from_pretrained(str(sft), dtype=torch.float32, attn_implementation="sdpa")
 
-    answers = {r.prompt: r.ground_truth for r in Job(cfg)._data(tokenizer)[0].dataset.rows}
+    answers = {r.prompt: r.ground_truth for r in pre.datasets["data.path"].rows}
     data = Dataset.from_list([{"prompt": p, "ground_truth": answers[p]} for batch in order for p in batch])
     seen: list[list[str]] = []
     side = Side("TRL")

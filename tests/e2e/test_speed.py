@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 from e2e_helpers import MAIN_CONFIG
-from geartrain.modeling import load_tokenizer
 from geartrain.trainer.config import load_train_config
+from geartrain.trainer.preflight import preflight
 from geartrain.trainer.rl import RLTrainer
 from geartrain.trainer.run import Job
 
@@ -22,9 +22,9 @@ def _train(
     overrides = [*SHORT, f"trainer.output_dir={tmp}", f"trainer.reuse_update_log_probs={str(reuse).lower()}", *extra]
     cfg = load_train_config(MAIN_CONFIG, overrides)
     torch.manual_seed(cfg.trainer.seed)
-    job = Job(cfg)
-    tokenizer = load_tokenizer(cfg.model)
-    loader, _ = job._data(tokenizer)
+    pre = preflight(cfg)
+    job = Job(cfg, reward_fn=pre.reward)
+    loader, _ = job._data(pre)
     roles = job._roles(cfg.model)
     worker = roles.actor.worker
     calls = {"compute_log_probs": 0}
@@ -35,7 +35,7 @@ def _train(
         return real(*args, **kwargs)
 
     worker.compute_log_probs = counted
-    trainer = RLTrainer(cfg, roles, tokenizer, loader)
+    trainer = RLTrainer(cfg, roles, pre.tokenizer, loader)
     records = [trainer.step(step) for step in range(1, steps + 1)]
     params = {k: v.detach().clone() for k, v in worker.engine.handle.hf.state_dict().items()}
     roles.actor.shutdown()
