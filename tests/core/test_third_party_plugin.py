@@ -57,7 +57,7 @@ def test_install_list_build_conform_uninstall(tmp_path: Path) -> None:
     assert "simple" not in listed_names()
 
 
-@pytest.mark.parametrize(("folder", "dist", "name"), [("megatron_engine", "geartrain-megatron", "megatron"), ("sglang_rollout", "geartrain-sglang", "sglang")])
+@pytest.mark.parametrize(("folder", "dist", "name"), [("sglang_rollout", "geartrain-sglang", "sglang")])
 def test_skeleton_backends_say_they_are_not_built_yet(folder: str, dist: str, name: str) -> None:
     path = PACKAGE.parents[1] / "plugins" / folder
     install = run("-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(path))

@@ -1,7 +1,110 @@
-"""Entry point of the 'megatron' backend. Not implemented yet: loading it fails with a message
-that says so, which geartrain reports as a plugin error (the other plugins still load)."""
+"""The ``megatron`` engine's hook implementations (entry point ``geartrain.engines: megatron``).
 
-raise NotImplementedError(
-    "geartrain-megatron 0.0.1 is a skeleton: the 'megatron' backend (megatron-core TP/PP/VPP/CP/EP engine) is not implemented yet. "
-    "Uninstall it (pip uninstall geartrain-megatron) or leave it out with GEARTRAIN_PLUGINS."
-)
+Each hook is a thin call into the module that does the work; megatron-core is imported on
+first use, so loading the plugin (``capabilities``, ``config_schema``) stays cheap and works
+without megatron-core installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from geartrain.hookspecs import hookimpl
+from geartrain.types import Capability, DataParallelCoordinates, EngineContext, LossFn, StepOutput, SyncStats
+
+if TYPE_CHECKING:
+    from geartrain.batch import Batch
+    from geartrain.config import EngineConfig, ModelConfig
+    from geartrain.rollout import WeightReceiver
+
+    from geartrain_megatron.engine import MegatronModel
+    from geartrain_megatron.options import MegatronOptions
+
+
+@hookimpl
+def capabilities() -> Iterable[str]:
+    return [
+        Capability.CPU,
+        Capability.CUDA,
+        Capability.DATA_PARALLEL,
+        Capability.TENSOR_PARALLEL,
+        Capability.PIPELINE_PARALLEL,
+        Capability.VALUE_HEAD,
+        Capability.HF_EXPORT,
+    ]
+
+
+@hookimpl
+def config_schema() -> type[MegatronOptions]:
+    from geartrain_megatron.options import MegatronOptions
+
+    return MegatronOptions
+
+
+@hookimpl
+def build_model(config: ModelConfig, ctx: EngineContext) -> torch.nn.Module:
+    """The transformers model whose weights ``shard`` maps into megatron's layout."""
+    from geartrain.modeling import build_hf_model
+
+    return build_hf_model(config)
+
+
+@hookimpl
+def shard(module: torch.nn.Module, config: EngineConfig, ctx: EngineContext) -> MegatronModel:
+    from geartrain.config import options_of
+
+    from geartrain_megatron.engine import shard_model
+    from geartrain_megatron.options import MegatronOptions
+
+    return shard_model(module, config, options_of(config, MegatronOptions), ctx)
+
+
+@hookimpl
+def data_parallel_coordinates(model: MegatronModel) -> DataParallelCoordinates:
+    """Ranks of one TP/PP group (one model replica) share a data-parallel slice."""
+    return DataParallelCoordinates(rank=model.layout.dp_rank, size=model.layout.dp)
+
+
+@hookimpl
+def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
+    from geartrain_megatron import train
+
+    return train.forward_backward(model, batch, loss_fn, forward_only)
+
+
+@hookimpl
+def optimizer_step(model: MegatronModel) -> dict[str, float]:
+    from geartrain_megatron.optim import clipped_step
+
+    return clipped_step(model)
+
+
+@hookimpl
+def reshard_for_rollout(model: MegatronModel, rollout: WeightReceiver | None) -> SyncStats:
+    from geartrain_megatron import weights
+
+    return weights.reshard_for_rollout(model, rollout)
+
+
+@hookimpl
+def save_checkpoint(model: MegatronModel, path: Path, extra: dict[str, Any]) -> None:
+    from geartrain_megatron import checkpoint
+
+    checkpoint.save(model, path, extra)
+
+
+@hookimpl
+def load_checkpoint(model: MegatronModel, path: Path) -> dict[str, Any]:
+    from geartrain_megatron import checkpoint
+
+    return checkpoint.load(model, path)
+
+
+@hookimpl
+def export_hf(model: MegatronModel, path: Path, tokenizer: Any | None) -> None:
+    from geartrain_megatron import weights
+
+    weights.export_hf(model, Path(path), tokenizer)

@@ -1,0 +1,115 @@
+"""Running megatron-core's CUDA-assuming code paths on a CPU-only machine.
+
+megatron-core assumes a GPU in a handful of places that the real TP/PP/DP code passes
+through even with the local (non-TransformerEngine) layer spec: tensors created with
+``device="cuda"`` or ``device=torch.cuda.current_device()`` (attention masks, rotary
+embeddings, pipeline shape exchange, optimizer bookkeeping), ``Tensor.cuda()`` (tied
+embeddings under PP), ``torch.cuda.synchronize()``, and the model-parallel RNG tracker,
+which swaps CUDA generator states. :func:`cpu_compat` bridges them while it is active:
+
+* a :class:`~torch.overrides.TorchFunctionMode` rewrites every CUDA device argument to
+  ``cpu`` and turns ``Tensor.cuda()`` into a no-op;
+* ``torch.cuda.current_device``/``synchronize`` and the CUDA RNG entry points are
+  replaced by CPU equivalents: the CPU default generator plays the role of "the device
+  generator", so the RNG tracker's ``fork()`` swaps CPU generator states exactly as it
+  swaps CUDA ones on a GPU.
+
+It is active only when no GPU is present (:func:`needed`); with a GPU it does nothing.
+Every hook of the engine runs inside it; outside, torch is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+_lock = threading.RLock()
+_depth = 0
+_saved: dict[tuple[Any, str], Any] = {}
+
+
+def needed() -> bool:
+    """True when megatron-core must run on the CPU (no CUDA device)."""
+    return not torch.cuda.is_available()
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True  # torch.cuda.current_device() style ordinals
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Maps CUDA device arguments to the CPU and makes ``Tensor.cuda()`` a no-op."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs = {**kwargs, "device": _CPU}
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], _CPU, *args[2:])
+        return func(*args, **kwargs)
+
+
+def _cpu_rng_state(*_: Any, **__: Any) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _set_cpu_rng_state(new_state: torch.Tensor, *_: Any, **__: Any) -> None:
+    torch.set_rng_state(new_state)
+
+
+def _seed_cpu(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def _patches() -> list[tuple[Any, str, Any]]:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    return [
+        (torch.cuda, "current_device", lambda: 0),
+        (torch.cuda, "synchronize", lambda *a, **k: None),
+        (torch.cuda, "get_rng_state", _cpu_rng_state),
+        (torch.cuda, "set_rng_state", _set_cpu_rng_state),
+        (torch.cuda, "manual_seed", _seed_cpu),
+        (torch.cuda, "manual_seed_all", _seed_cpu),
+        (torch.cuda.random, "get_rng_state", _cpu_rng_state),
+        (mrandom, "_get_cuda_rng_state", _cpu_rng_state),
+        (mrandom, "_set_cuda_rng_state", _set_cpu_rng_state),
+    ]
+
+
+@contextlib.contextmanager
+def cpu_compat() -> Iterator[None]:
+    """Run the body with megatron-core's CUDA spots bridged to the CPU (re-entrant;
+    a no-op when a GPU is present)."""
+    global _depth
+    if not needed():
+        yield
+        return
+    with _lock:
+        if _depth == 0:
+            for owner, name, replacement in _patches():
+                _saved[(owner, name)] = getattr(owner, name)
+                setattr(owner, name, replacement)
+        _depth += 1
+    try:
+        with _CudaToCpu():
+            yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                for (owner, name), original in _saved.items():
+                    setattr(owner, name, original)
+                _saved.clear()

@@ -1,0 +1,112 @@
+"""megatron's DDP wrapper (contiguous fp32 gradient buffers, one all-reduce per step),
+megatron's optimizer (Adam with decoupled weight decay on every parameter, as the core's
+``OptimConfig`` says; optionally the distributed optimizer), the LR schedule and the
+clipped step that skips non-finite gradients."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from geartrain.config import OptimConfig
+from torch import nn
+
+from geartrain_megatron.compat import cpu_compat
+from geartrain_megatron.options import MegatronOptions
+
+if TYPE_CHECKING:
+    from geartrain_megatron.engine import MegatronModel
+
+
+def lr_factor(step: int, cfg: OptimConfig) -> float:
+    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): the core's schedule
+    (linear warmup from ``1 / warmup_steps``, then constant or cosine/linear decay to
+    ``min_lr_ratio`` at ``total_steps``), as documented on :class:`OptimConfig`."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    assert cfg.total_steps is not None
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
+    decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1.0 - progress
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+
+def wrap_ddp(chunks: list[nn.Module], options: MegatronOptions) -> list[nn.Module]:
+    """Wrap each chunk in megatron's ``DistributedDataParallel`` and register the gradient
+    finalisation (DP all-reduce, tied-embedding all-reduce across the first and last
+    stage) that the pipeline schedules call after the last backward."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+    config = chunks[0].config
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=options.use_distributed_optimizer,
+    )
+    wrapped = [
+        DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
+        for i, chunk in enumerate(chunks)
+    ]
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = [w.no_sync for w in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+    return wrapped
+
+
+def build_optimizer(model: MegatronModel) -> Any:
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    cfg = model.config.optim
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=cfg.lr,
+        min_lr=cfg.lr * cfg.min_lr_ratio,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.betas[0],
+        adam_beta2=cfg.betas[1],
+        adam_eps=cfg.eps,
+        decoupled_weight_decay=True,
+        clip_grad=cfg.clip_grad,
+        use_distributed_optimizer=model.options.use_distributed_optimizer,
+    )
+    # config_overrides={}: every parameter decays (megatron's default exempts biases and
+    # norms; the core's OptimConfig, and the other engines, decay everything)
+    return get_megatron_optimizer(config, model.chunks, config_overrides={})
+
+
+def clipped_step(model: MegatronModel) -> dict[str, float]:
+    """See :func:`geartrain.hookspecs.optimizer_step`."""
+    if model.optimizer is None:
+        raise RuntimeError(f"role '{model.ctx.role}' has no optimizer (optim.lr == 0)")
+    cfg = model.config.optim
+    lr = cfg.lr * lr_factor(model.steps, cfg)
+    optimizer = model.optimizer
+    with cpu_compat():
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.prepare_grads()
+        grad_norm = float(optimizer.get_grad_norm())
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            _clip(optimizer, cfg.clip_grad, grad_norm)
+            optimizer.step_with_ready_grads()
+            model.steps += 1
+        for chunk in model.chunks:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+    return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
+
+
+@torch.no_grad()
+def _clip(optimizer: Any, max_norm: float, total_norm: float) -> None:
+    """Scale the main gradients by ``max_norm / total_norm`` when that is below 1 (the
+    norm is megatron's, over all TP/PP/DP shards). Done here rather than with megatron's
+    ``clip_grad_by_total_norm_fp32``, which insists on CUDA tensors."""
+    coeff = max_norm / (total_norm + 1.0e-6)
+    if coeff >= 1.0:
+        return
+    for param in optimizer.get_parameters():
+        if param.grad is not None:
+            param.grad.mul_(coeff)

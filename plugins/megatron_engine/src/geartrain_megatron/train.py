@@ -1,0 +1,175 @@
+"""``forward_backward`` over megatron's pipeline schedules (no pipelining, 1F1B, or
+interleaved 1F1B with virtual stages), with vocabulary-parallel log-probs and entropy and
+the core's loss contract.
+
+Gradient scaling: the schedule divides each micro-batch's loss by the number of
+micro-batches and megatron's DDP averages gradients over the data-parallel ranks, so the
+loss function's share is multiplied by both: the result is the gradient of the sum of all
+shares over micro-batches and data-parallel ranks, as :data:`geartrain.types.LossFn` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from geartrain.batch import Batch
+from geartrain.types import LossContext, LossFn, StepOutput
+
+from geartrain_megatron import parallel
+from geartrain_megatron.compat import cpu_compat
+from geartrain_megatron.engine import MegatronModel
+from geartrain_megatron.logprobs import vocab_parallel_log_probs
+from geartrain_megatron.micro import MicroBatch, make_micro_batch, plan_micro_batches
+
+
+def _plan(model: MegatronModel, attention_mask: torch.Tensor) -> list[list[int]]:
+    lengths = attention_mask.sum(1).tolist()
+    plan = plan_micro_batches(lengths, model.config.max_tokens_per_micro_batch)
+    pp = model.layout.pp
+    if model.layout.vpp and len(plan) % pp:
+        # the interleaved schedule runs micro-batches in groups of pp
+        plan = plan_micro_batches(lengths, model.config.max_tokens_per_micro_batch, min_count=-(-len(plan) // pp) * pp)
+    return plan
+
+
+def _outputs(model: MegatronModel, mb: MicroBatch, output: torch.Tensor, need_entropy: bool) -> dict[str, torch.Tensor]:
+    """Per-token outputs ``[b, T]`` from the last stage's output ``[b, L, V / tp]``
+    (logits of this rank's vocabulary slice) or ``[b, L, 1]`` (values)."""
+    if model.value_head:
+        return {"values": mb.scatter(output[..., 0].float())}
+    lay = model.layout
+    local_vocab = output.shape[-1]
+    logp, entropy = vocab_parallel_log_probs(
+        output,
+        mb.targets.to(output.device),
+        vocab_start=lay.tp_rank * local_vocab,
+        vocab_size=model.dims.vocab_size,
+        group=parallel.groups()["tp"],
+        need_entropy=need_entropy,
+    )
+    out = {"log_probs": mb.scatter(logp)}
+    if entropy is not None:
+        out["entropy"] = mb.scatter(entropy)
+    return out
+
+
+def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
+    """See :func:`geartrain.hookspecs.forward_backward`."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    lay = model.layout
+    groups = parallel.groups()
+    input_ids = batch["input_ids"]
+    attention_mask = batch["attention_mask"]
+    need_entropy = bool(batch.info.get("need_entropy", False))
+    train = not forward_only and loss_fn is not None
+    dev = model.device
+
+    counts = torch.tensor(
+        [
+            float(batch["loss_mask"].sum()) if "loss_mask" in batch else 0.0,
+            float(len(batch)),
+            float(attention_mask.sum()),
+        ],
+        dtype=torch.float64,
+    )
+    parallel.all_reduce_(counts, groups["dp"])
+    global_tokens, global_sequences, global_real_tokens = (int(x) for x in counts.tolist())
+
+    plan = _plan(model, attention_mask)
+    width = input_ids.shape[1]
+    micro = [make_micro_batch(batch.index(rows) if rows else None, rows, width) for rows in plan]
+    n = len(micro)
+    scale = float(lay.dp * n)
+    store: list[dict[str, Any]] = []
+
+    def loss_func(mb: MicroBatch, index: int, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        outputs = _outputs(model, mb, output, need_entropy)
+        loss = sum(v.sum() * 0.0 for v in outputs.values())  # keeps fillers in the graph
+        metrics: dict[str, float] = {}
+        if mb.batch is not None and loss_fn is not None:
+            ctx = LossContext(
+                global_tokens=global_tokens,
+                global_sequences=global_sequences,
+                dp_size=lay.dp,
+                micro_batch_index=index,
+                num_micro_batches=n,
+            )
+            share, metrics = loss_fn(outputs, mb.batch, ctx)
+            loss = loss + share
+        record = {"rows": mb.rows, "outputs": {k: v.detach().to("cpu") for k, v in outputs.items()}, "metrics": metrics}
+        store.append(record)
+        return loss * scale, record
+
+    index_of = {id(mb): i for i, mb in enumerate(micro)}
+
+    def forward_step(data_iterator: Any, chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
+        mb: MicroBatch = next(data_iterator)
+        tokens = mb.tokens.to(dev)
+        positions = torch.arange(tokens.shape[1], device=dev).unsqueeze(0).expand_as(tokens)
+        output = chunk(input_ids=tokens, position_ids=positions, attention_mask=None)
+        return output, partial(loss_func, mb, index_of[id(mb)])
+
+    func = get_forward_backward_func()
+    data = [iter(micro) for _ in model.chunks] if len(model.chunks) > 1 else iter(micro)
+    grad_ctx = contextlib.nullcontext() if train else torch.no_grad()
+    with cpu_compat(), grad_ctx:
+        for chunk in model.chunks:
+            chunk.train(train)
+        func(
+            forward_step_func=forward_step,
+            data_iterator=data,
+            model=model.chunks,
+            num_microbatches=n,
+            seq_length=max(mb.tokens.shape[1] for mb in micro),
+            micro_batch_size=max(mb.tokens.shape[0] for mb in micro),
+            forward_only=not train,
+        )
+
+    result, sums = _collect(model, store, len(batch), width, need_entropy)
+    metrics = _reduce_metrics(sums, lay.dp, groups["dp"])
+    metrics.update(tokens=float(global_real_tokens), sequences=float(global_sequences), micro_batches=float(n))
+    return StepOutput(outputs=result, metrics=metrics)
+
+
+def _collect(
+    model: MegatronModel, store: list[dict[str, Any]], rows: int, width: int, need_entropy: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The last stage's per-micro-batch records -> ``[B, T]`` outputs in batch order and
+    summed metrics, broadcast to every pipeline stage."""
+    lay = model.layout
+    keys = ("values",) if model.value_head else ("log_probs",) + (("entropy",) if need_entropy else ())
+    payload: list[Any] = [None]
+    if lay.is_last_stage:
+        result = {k: torch.zeros(rows, width) for k in keys}
+        sums: dict[str, float] = {}
+        for record in store:
+            if record["rows"]:
+                for k in keys:
+                    result[k][record["rows"]] = record["outputs"][k].to(result[k].dtype)
+            for k, v in record["metrics"].items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        payload = [(result, sums)]
+    if lay.pp > 1:
+        from megatron.core import parallel_state as ps
+
+        dist.broadcast_object_list(
+            payload, src=ps.get_pipeline_model_parallel_last_rank(), group=parallel.groups()["pp"]
+        )
+    return payload[0]
+
+
+def _reduce_metrics(sums: dict[str, float], dp: int, group: Any) -> dict[str, float]:
+    """Sum metric shares over data-parallel ranks (ranks may differ in which keys they saw)."""
+    if dp == 1:
+        return dict(sorted(sums.items()))
+    names: list[Any] = [None] * dp
+    dist.all_gather_object(names, sorted(sums), group=group)
+    keys = sorted({k for ks in names for k in ks})
+    values = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
+    dist.all_reduce(values, group=group)
+    return dict(zip(keys, values.tolist(), strict=True))
