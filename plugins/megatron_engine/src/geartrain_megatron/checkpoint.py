@@ -33,9 +33,8 @@ def _sharded_state(model: MegatronModel, *, loading: bool) -> dict[str, Any]:
         for i, chunk in enumerate(modules):
             state[f"model{i}"] = chunk.sharded_state_dict()
     if model.optimizer is not None:
-        merged: dict[str, Any] = {}
-        for key in sorted(k for k in state if k.startswith("model")):
-            merged.update(state[key])
+        # nested, not merged: chunks share local key names (their layers differ)
+        merged = {key: state[key] for key in state if key.startswith("model")}
         metadata = (
             {"distrib_optim_sharding_type": _DIST_OPTIM_FORMAT} if model.options.use_distributed_optimizer else None
         )

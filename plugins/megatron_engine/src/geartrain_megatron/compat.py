@@ -8,7 +8,8 @@ embeddings under PP), ``torch.cuda.synchronize()``, and the model-parallel RNG t
 which swaps CUDA generator states. :func:`cpu_compat` bridges them while it is active:
 
 * a :class:`~torch.overrides.TorchFunctionMode` rewrites every CUDA device argument to
-  ``cpu`` and turns ``Tensor.cuda()`` into a no-op;
+  ``cpu``, turns ``Tensor.cuda()`` into a no-op and reports CPU tensors' ``type()`` as the
+  CUDA type megatron's optimizer checks for;
 * ``torch.cuda.current_device``/``synchronize`` and the CUDA RNG entry points are
   replaced by CPU equivalents: the CPU default generator plays the role of "the device
   generator", so the RNG tracker's ``fork()`` swaps CPU generator states exactly as it
@@ -54,6 +55,10 @@ class _CudaToCpu(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # megatron checks `t.type() == "torch.cuda.FloatTensor"` (optimizer, clipping)
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs = {**kwargs, "device": _CPU}
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):

@@ -69,16 +69,35 @@ class MicroBatch:
     dst: tuple[torch.Tensor, torch.Tensor]
     """Where those results go in the caller's ``[b, T]`` layout."""
     width: int
+    num_rows: int
 
     @property
     def num_tokens(self) -> int:
         return int(self.tokens.numel())
 
+    def padded(self, rows: int, length: int) -> MicroBatch:
+        """The same micro-batch with ``tokens``/``targets`` padded to ``[rows, length]``
+        (trailing padding only: results of real tokens do not change)."""
+        b, n = self.tokens.shape
+        tokens = self.tokens.new_zeros(rows, length)
+        tokens[:b, :n] = self.tokens
+        targets = self.targets.new_zeros(rows, length)
+        targets[:b, :n] = self.targets
+        return MicroBatch(
+            batch=self.batch,
+            rows=self.rows,
+            tokens=tokens,
+            targets=targets,
+            src=self.src,
+            dst=self.dst,
+            width=self.width,
+            num_rows=self.num_rows,
+        )
+
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """``[b, L]`` results at positions ``j`` -> ``[b, T]`` aligned to the caller's
         tokens (0 on first tokens and padding). Differentiable in ``values``."""
-        b = self.tokens.shape[0]
-        out = values.new_zeros(b, self.width)
+        out = values.new_zeros(self.num_rows, self.width)
         return out.index_put((self.dst[0].to(values.device), self.dst[1].to(values.device)), values[self.src])
 
 
@@ -87,7 +106,9 @@ def make_micro_batch(batch: Batch | None, rows: list[int], width: int) -> MicroB
     if batch is None:
         z = torch.zeros(1, 1, dtype=torch.long)
         empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
-        return MicroBatch(batch=None, rows=[], tokens=z, targets=z.clone(), src=empty, dst=empty, width=width)
+        return MicroBatch(
+            batch=None, rows=[], tokens=z, targets=z.clone(), src=empty, dst=empty, width=width, num_rows=0
+        )
     ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     lengths = mask.sum(1)
     b, longest = ids.shape[0], max(int(lengths.max()), 1)
@@ -104,4 +125,4 @@ def make_micro_batch(batch: Batch | None, rows: list[int], width: int) -> MicroB
         dst_c += cols[1:].tolist()
     src = (torch.tensor(src_r, dtype=torch.long), torch.tensor(src_j, dtype=torch.long))
     dst = (src[0], torch.tensor(dst_c, dtype=torch.long))
-    return MicroBatch(batch=batch, rows=rows, tokens=tokens, targets=targets, src=src, dst=dst, width=width)
+    return MicroBatch(batch=batch, rows=rows, tokens=tokens, targets=targets, src=src, dst=dst, width=width, num_rows=b)

@@ -86,7 +86,10 @@ def transformer_config(hf_config, layout: Layout, *, recompute: bool):  # noqa: 
         # micro-batches of different shapes (padding removed per micro-batch): the stages
         # exchange shapes before each activation
         variable_seq_lengths=True,
-        moe_token_dispatcher_type="alltoall",  # the default (allgather) refuses variable lengths
+        moe_token_dispatcher_type="alltoall",
+        # gloo matches messages between two ranks by order; batched p2p then pairs the
+        # activation and the gradient of interleaved stages wrongly when pp = 2 (measured)
+        batch_p2p_comm=not on_cpu(),  # the default (allgather) refuses variable lengths
         use_cpu_initialization=on_cpu(),
         perform_initialization=False,  # every weight is loaded from the HF model
         **extra,
@@ -178,3 +181,16 @@ def load_hf_weights(
                     f"{name}: the HF weights give shape {tuple(local.shape)}, megatron expects {tuple(param.shape)}"
                 )
             param.copy_(local)
+            _mark_tensor_parallel(param, rule.kind)
+
+
+_SPLIT_DIM = {"rows": 0, "vocab": 0, "qkv": 0, "gated": 0, "cols": 1}
+
+
+def _mark_tensor_parallel(param: nn.Parameter, kind: str) -> None:
+    """megatron sets these attributes only when it initialises weights itself; the gradient
+    norm and clipping need them to count each TP shard once (and replicated tensors once)."""
+    from megatron.core import tensor_parallel
+
+    if kind in _SPLIT_DIM and getattr(param, "tensor_model_parallel", None) is None:
+        tensor_parallel.set_tensor_model_parallel_attributes(param, True, _SPLIT_DIM[kind], 1)

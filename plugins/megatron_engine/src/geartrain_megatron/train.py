@@ -83,6 +83,12 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
     plan = _plan(model, attention_mask)
     width = input_ids.shape[1]
     micro = [make_micro_batch(batch.index(rows) if rows else None, rows, width) for rows in plan]
+    if lay.vpp:
+        # the interleaved schedule pairs activation and gradient exchanges of different
+        # micro-batches: it needs one shape for all of them (trailing padding only)
+        rows_max = max(mb.tokens.shape[0] for mb in micro)
+        length_max = max(mb.tokens.shape[1] for mb in micro)
+        micro = [mb.padded(rows_max, length_max) for mb in micro]
     n = len(micro)
     scale = float(lay.dp * n)
     store: list[dict[str, Any]] = []
