@@ -64,7 +64,16 @@ def make_engine(
         max_tokens_per_micro_batch=budget,
         options=options or {},
     )
-    return Engine(config, model_config(family), EngineContext(role="actor", rank=rank, world_size=world, seed=0))
+    return Engine(config, model_config(family), rank_context(rank, world))
+
+
+def rank_context(rank: int, world: int) -> EngineContext:
+    """The context a worker group gives a rank: the whole gloo world of ``run_ranks`` is
+    the role's group; one rank gets the inline placement's group of size 1."""
+    from geartrain.cluster.process_group import acquire_single_rank_group
+
+    group = dist.group.WORLD if world > 1 else acquire_single_rank_group("cpu")
+    return EngineContext(role="actor", rank=rank, world_size=world, seed=0, process_group=group)
 
 
 class Receiver:

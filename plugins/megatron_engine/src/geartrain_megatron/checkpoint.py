@@ -24,7 +24,17 @@ from geartrain_megatron.engine import MegatronModel
 _DIST_OPTIM_FORMAT = "dp_reshardable"
 
 
-def _sharded_state(model: MegatronModel, *, loading: bool) -> dict[str, Any]:
+def _torch_optimizers(model: MegatronModel) -> list[Any]:
+    opt = model.optimizer
+    return [o.optimizer for o in getattr(opt, "chained_optimizers", [opt])]
+
+
+def _has_optimizer_state(model: MegatronModel) -> bool:
+    """False before the first step: there are no moments to save yet."""
+    return model.optimizer is not None and any(len(o.state) for o in _torch_optimizers(model))
+
+
+def _sharded_state(model: MegatronModel, *, loading: bool, optimizer: bool) -> dict[str, Any]:
     modules = model.modules  # megatron's DDP wrapper would prefix every key with 'module.'
     state: dict[str, Any] = {}
     if len(modules) == 1:
@@ -32,7 +42,7 @@ def _sharded_state(model: MegatronModel, *, loading: bool) -> dict[str, Any]:
     else:
         for i, chunk in enumerate(modules):
             state[f"model{i}"] = chunk.sharded_state_dict()
-    if model.optimizer is not None:
+    if optimizer:
         # nested, not merged: chunks share local key names (their layers differ)
         merged = {key: state[key] for key in state if key.startswith("model")}
         metadata = (
@@ -80,13 +90,21 @@ def save(model: MegatronModel, path: Path, extra: dict[str, Any]) -> None:
     rank = dist.get_rank()
     with cpu_compat():
         (path / "dist").mkdir(parents=True, exist_ok=True)
-        dist_checkpointing.save(_sharded_state(model, loading=False), str(path / "dist"))
+        # a fresh optimizer (no step yet) is saved as "no optimizer state", so that saving
+        # and resuming leave it exactly as fresh as it was
+        with_optimizer = _has_optimizer_state(model)
+        dist_checkpointing.save(_sharded_state(model, loading=False, optimizer=with_optimizer), str(path / "dist"))
         (path / "rng").mkdir(exist_ok=True)
         torch.save(_rng_state(), path / "rng" / f"rank_{rank}.pt")
         if rank == 0:
             layout = model.layout
             torch.save(
-                {"steps": model.steps, "extra": extra, "layout": (layout.tp, layout.pp, layout.vpp, layout.dp)},
+                {
+                    "steps": model.steps,
+                    "extra": extra,
+                    "layout": (layout.tp, layout.pp, layout.vpp, layout.dp),
+                    "optimizer": with_optimizer,
+                },
                 path / "trainer.pt",
             )
         dist.barrier()
@@ -99,15 +117,21 @@ def load(model: MegatronModel, path: Path) -> dict[str, Any]:
 
     path = Path(path)
     with cpu_compat():
-        state = dist_checkpointing.load(_sharded_state(model, loading=True), str(path / "dist"))
+        trainer = torch.load(path / "trainer.pt", weights_only=False)
+        with_optimizer = model.optimizer is not None and trainer.get("optimizer", True)
+        state = dist_checkpointing.load(
+            _sharded_state(model, loading=True, optimizer=with_optimizer), str(path / "dist")
+        )
         if len(model.modules) == 1:
             model.modules[0].load_state_dict(state["model"], strict=True)
         else:
             for i, chunk in enumerate(model.modules):
                 chunk.load_state_dict(state[f"model{i}"], strict=True)
-        if model.optimizer is not None and "optimizer" in state:
+        if with_optimizer:
             model.optimizer.load_state_dict(state["optimizer"])
-        trainer = torch.load(path / "trainer.pt", weights_only=False)
+        elif model.optimizer is not None:
+            for opt in _torch_optimizers(model):  # saved before the first step: fresh again
+                opt.state.clear()
         model.steps = int(trainer["steps"])
         saved_layout = trainer.get("layout")
         layout = model.layout

@@ -79,7 +79,9 @@ def _hf_tensors(hf: nn.Module) -> Callable[[str], torch.Tensor]:
     return get
 
 
-def shard_model(hf: nn.Module, config: EngineConfig, options: MegatronOptions, ctx: EngineContext) -> MegatronModel:
+def shard_model(
+    hf: nn.Module, config: EngineConfig, options: MegatronOptions, ctx: EngineContext, *, value_head: bool
+) -> MegatronModel:
     """Set up the parallel state, build this rank's chunks, load ``hf``'s weights into them,
     wrap them in megatron's DDP and create the optimizer (not when ``config.optim.lr == 0``)."""
     if config.param_dtype != "float32":
@@ -88,7 +90,6 @@ def shard_model(hf: nn.Module, config: EngineConfig, options: MegatronOptions, c
         )
     layout = parallel.setup(config.parallel, ctx)
     hf_config = hf.config
-    value_head = getattr(hf_config, "num_labels", None) == 1 and hasattr(hf, "score")
     with cpu_compat():
         chunks = modeling.build_chunks(
             hf_config,

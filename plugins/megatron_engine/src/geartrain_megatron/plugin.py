@@ -53,13 +53,15 @@ def build_model(config: ModelConfig, ctx: EngineContext) -> torch.nn.Module:
 
 
 @hookimpl
-def shard(module: torch.nn.Module, config: EngineConfig, ctx: EngineContext) -> MegatronModel:
+def shard(
+    module: torch.nn.Module, config: EngineConfig, model_config: ModelConfig, ctx: EngineContext
+) -> MegatronModel:
     from geartrain.config import options_of
 
     from geartrain_megatron.engine import shard_model
     from geartrain_megatron.options import MegatronOptions
 
-    return shard_model(module, config, options_of(config, MegatronOptions), ctx)
+    return shard_model(module, config, options_of(config, MegatronOptions), ctx, value_head=model_config.value_head)
 
 
 @hookimpl

@@ -136,9 +136,9 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
             forward_only=not train,
         )
 
-    result, sums = _collect(model, store, len(batch), width, need_entropy)
-    metrics = _reduce_metrics(sums, lay.dp, groups["dp"])
-    metrics.update(tokens=float(global_real_tokens), sequences=float(global_sequences), micro_batches=float(n))
+    result, metrics = _collect(model, store, len(batch), width, need_entropy)
+    # this rank's slice only: the core sums metrics over the data-parallel ranks
+    metrics.update(tokens=float(attention_mask.sum()), sequences=float(len(batch)), micro_batches=float(n))
     return StepOutput(outputs=result, metrics=metrics)
 
 
@@ -167,15 +167,3 @@ def _collect(
             payload, src=ps.get_pipeline_model_parallel_last_rank(), group=parallel.groups()["pp"]
         )
     return payload[0]
-
-
-def _reduce_metrics(sums: dict[str, float], dp: int, group: Any) -> dict[str, float]:
-    """Sum metric shares over data-parallel ranks (ranks may differ in which keys they saw)."""
-    if dp == 1:
-        return dict(sorted(sums.items()))
-    names: list[Any] = [None] * dp
-    dist.all_gather_object(names, sorted(sums), group=group)
-    keys = sorted({k for ks in names for k in ks})
-    values = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
-    dist.all_reduce(values, group=group)
-    return dict(zip(keys, values.tolist(), strict=True))
