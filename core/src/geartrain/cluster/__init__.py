@@ -1,11 +1,28 @@
 """Where roles run: worker groups of ranks, behind one interface.
 
 Every call the trainer makes on a role (actor, rollout, reference, critic, reward) goes
-through :class:`WorkerGroup`, so a placement that runs ranks elsewhere (Ray actors) slots
-in without touching the trainer. Only the ``inline`` placement exists today: one rank, in
-the driver process.
+through :class:`WorkerGroup`. Two placements create them: ``inline`` (one rank, in the
+driver process) and ``ray`` (each rank a Ray actor; :mod:`geartrain.cluster.ray_placement`,
+needs the ``geartrain[ray]`` extra). :mod:`geartrain.cluster.dispatch` splits batches across
+data-parallel ranks and gathers results back in order.
 """
 
-from geartrain.cluster.worker_group import Dispatch, InlineWorkerGroup, WorkerGroup, create_worker_group
+from geartrain.cluster.worker_group import (
+    Dispatch,
+    InlinePlacement,
+    InlineWorkerGroup,
+    Placement,
+    WorkerGroup,
+    create_worker_group,
+    make_placement,
+)
 
-__all__ = ["Dispatch", "InlineWorkerGroup", "WorkerGroup", "create_worker_group"]
+__all__ = [
+    "Dispatch",
+    "InlinePlacement",
+    "InlineWorkerGroup",
+    "Placement",
+    "WorkerGroup",
+    "create_worker_group",
+    "make_placement",
+]

@@ -7,10 +7,16 @@ are laid out:
 
 * ``Dispatch.ALL``: every rank gets the same arguments (SPMD); the result of rank 0 is
   returned (collective calls return the same value everywhere).
-* ``Dispatch.DP``: the first argument is a :class:`~geartrain.batch.Batch`, split into
-  the ranks' data-parallel slices (``Batch.split``); each rank's result is a
-  :class:`~geartrain.batch.Batch` or a :class:`~geartrain.types.StepOutput`, and the
-  group concatenates them back in the original order.
+* ``Dispatch.DP``: the first argument is a :class:`~geartrain.batch.Batch` (or a list of
+  them: mini-batches, each split), divided into the ranks' data-parallel slices by the
+  backend's ``data_parallel_coordinates`` (ranks of one TP/SP/PP group get the same slice),
+  balanced by token count unless ``cluster.balance_tokens`` is off. Results are gathered
+  back in the caller's row order (:func:`geartrain.cluster.dispatch.gather`): batches,
+  step outputs, per-row tensors and lists are concatenated, metric dicts reduced.
+
+A :class:`Placement` creates the groups of one job and owns what they share (the Ray
+instance, the ranks colocated roles live in); ``make_placement`` picks it from
+``cluster.placement``.
 """
 
 from __future__ import annotations
@@ -66,8 +72,8 @@ class InlineWorkerGroup(WorkerGroup):
             raise
 
     def call(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> Any:
-        if dispatch is Dispatch.DP and (not args or not isinstance(args[0], Batch)):
-            raise TypeError(f"{self.role}.{method}: Dispatch.DP needs a Batch as the first argument")
+        if dispatch is Dispatch.DP and not _is_dp_argument(args):
+            raise TypeError(f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument")
         return getattr(self.worker, method)(*args, **kwargs)
 
     def shutdown(self) -> None:
@@ -82,6 +88,13 @@ class InlineWorkerGroup(WorkerGroup):
                 self.ctx.process_group = None
 
 
+def _is_dp_argument(args: tuple[Any, ...]) -> bool:
+    if not args:
+        return False
+    first = args[0]
+    return isinstance(first, Batch) or (isinstance(first, list) and bool(first) and all(isinstance(b, Batch) for b in first))
+
+
 def _device() -> str:
     import torch
 
@@ -89,8 +102,54 @@ def _device() -> str:
 
 
 def create_worker_group(placement: str, role: str, worker_cls: type, *args: Any, seed: int = 0, **kwargs: Any) -> WorkerGroup:
-    """A worker group of ``placement`` (``inline``; ``ray`` is not built yet) running
-    ``worker_cls(*args, ctx=..., **kwargs)`` on each rank."""
+    """An ``inline`` worker group running ``worker_cls(*args, ctx=..., **kwargs)``. Groups
+    on other placements come from a :class:`Placement` (``make_placement``), which owns
+    what they share."""
     if placement == "inline":
         return InlineWorkerGroup(role, worker_cls, *args, seed=seed, **kwargs)
-    raise ConfigError([("cluster.placement", f"placement '{placement}' is not available yet; use 'inline'")])
+    raise ConfigError([("cluster.placement", f"placement '{placement}' needs a Placement: use geartrain.cluster.make_placement")])
+
+
+class Placement(ABC):
+    """Creates a job's worker groups and frees what they share on :meth:`close`."""
+
+    @abstractmethod
+    def group(
+        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0, **kwargs: Any
+    ) -> WorkerGroup:
+        """A group of ``world_size`` ranks each running ``worker_cls(*args, ctx=..., **kwargs)``.
+        Roles given the same ``pool`` name live in the same processes (colocation); ``None``
+        gives the role processes of its own."""
+
+    def close(self) -> None:
+        """Stop every rank this placement started."""
+
+    def __enter__(self) -> Placement:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class InlinePlacement(Placement):
+    """Every role is one rank in the driver's process."""
+
+    def group(
+        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0, **kwargs: Any
+    ) -> WorkerGroup:
+        if world_size != 1:
+            raise ConfigError([(f"{role}.engine.parallel", f"the inline placement runs 1 rank, not {world_size}; set cluster.placement = \"ray\"")])
+        return InlineWorkerGroup(role, worker_cls, *args, seed=seed, **kwargs)
+
+
+def make_placement(cluster: Any, *, log_dir: str | None = None) -> Placement:
+    """The placement ``cluster`` (a :class:`~geartrain.trainer.config.ClusterConfig`) asks
+    for. ``log_dir``: where Ray ranks write their logs (default: a temporary directory)."""
+    if cluster.placement == "inline":
+        return InlinePlacement()
+    if cluster.placement == "ray":
+        from geartrain.cluster.ray_placement import RayPlacement, require_ray
+
+        require_ray()
+        return RayPlacement(cluster, log_dir=log_dir)
+    raise ConfigError([("cluster.placement", f"unknown placement '{cluster.placement}' (use 'inline' or 'ray')")])

@@ -256,6 +256,9 @@ def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
             problems.append((key, f"{sizes}, but '{role}' is colocated with the actor (cluster.colocate) and gets "
                              f"its {actor_ranks} ranks; make the product {actor_ranks}, or remove '{role}' from "
                              "cluster.colocate to give it ranks of its own"))
+    if cluster.placement == "ray" and config.trainer.async_rollout:
+        problems.append(("trainer.async_rollout", "the async rollout runs on one rank only for now; "
+                         "set trainer.async_rollout = false with cluster.placement = \"ray\""))
     return problems
 
 

@@ -29,10 +29,12 @@ from geartrain.algorithms import (
 )
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
+from geartrain.cluster.dispatch import prompt_batch
 from geartrain.data import PromptBatch, PromptLoader, PromptRow
 from geartrain.rewards import token_level_scores
 from geartrain.seeding import step_seed
 from geartrain.trainer.config import TrainConfig
+from geartrain.trainer.roles import plan_mini_batches
 from geartrain.types import SamplingParams
 
 
@@ -154,7 +156,8 @@ class RLTrainer:
         return self.tokenizer.batch_decode([ids[i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
 
     def _rollout(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
-        batch, metrics = self.roles.actor.call("generate", prompts.prompt_ids, sampling)
+        # each data-parallel rollout replica generates its share of the prompts
+        batch, metrics = self.roles.actor.call("generate", prompt_batch(prompts.prompt_ids), sampling, dispatch=Dispatch.DP)
         return self._annotate(batch, prompts, sampling.n), metrics
 
     def _annotate(self, batch: Batch, prompts: PromptBatch, n: int) -> Batch:
@@ -262,8 +265,10 @@ class RLTrainer:
 
         start = time.perf_counter()
         seed = step_seed(cfg.trainer.seed, step, salt=1)
+        # mini-batches are planned here, over the whole batch: each is then split across ranks
+        plan = plan_mini_batches(batch, algo.ppo_epochs, algo.mini_batches, seed)
         if self.roles.critic is not None:
-            metrics.update(self.roles.critic.call("update", batch, algo.ppo_epochs, algo.mini_batches, seed, dispatch=Dispatch.DP))
+            metrics.update(self.roles.critic.call("update", plan, dispatch=Dispatch.DP))
         if reuse:
             # one optimizer step: its own forward gives the old log-probs (and the metrics
             # the separate forward would have given)
@@ -275,7 +280,7 @@ class RLTrainer:
             if self.roles.reference is not None:
                 metrics["actor/ref_kl"] = self._ref_kl(batch)
         elif actor_updates:
-            metrics.update(self.roles.actor.call("update", batch, algo.ppo_epochs, algo.mini_batches, seed, dispatch=Dispatch.DP))
+            metrics.update(self.roles.actor.call("update", plan, dispatch=Dispatch.DP))
         metrics["timing/update_s"] = time.perf_counter() - start
         if "staleness" in batch:
             metrics.update(self._off_policy_record(batch))

@@ -41,20 +41,50 @@ def _sum_metrics(into: dict[str, float], new: dict[str, float]) -> None:
         into[key] = into.get(key, 0.0) + float(value)
 
 
-def train_epochs(engine: Engine, batch: Batch, loss_fn: Any, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
-    """``epochs`` passes over ``batch`` in ``mini_batches`` shuffled mini-batches, one
-    optimizer step each. Metrics are averaged over the optimizer steps."""
-    totals: dict[str, float] = {}
-    steps = 0
+def plan_mini_batches(batch: Batch, epochs: int, mini_batches: int, seed: int) -> list[Batch]:
+    """``epochs`` passes over ``batch`` in ``mini_batches`` shuffled mini-batches: one
+    optimizer step each. Planned on the driver over the whole step's batch, so that every
+    mini-batch is the same set of samples however many data-parallel ranks share it."""
+    parts: list[Batch] = []
     generator = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = torch.randperm(len(batch), generator=generator) if mini_batches > 1 else torch.arange(len(batch))
-        for part in batch.index(order).split(mini_batches):
-            out = engine.forward_backward(part, loss_fn)
-            _sum_metrics(totals, out.metrics)
-            _sum_metrics(totals, engine.optimizer_step())
-            steps += 1
-    return {k: v / max(steps, 1) for k, v in totals.items()}
+        parts += batch.index(order).split(mini_batches)
+    return parts
+
+
+def train_mini_batches(engine: Engine, parts: list[Batch], loss_fn: Any) -> dict[str, float]:
+    """One ``forward_backward`` + optimizer step per mini-batch (this rank's share of it).
+    Metrics are averaged over the optimizer steps."""
+    totals: dict[str, float] = {}
+    for part in parts:
+        out = engine.forward_backward(part, loss_fn)
+        _sum_metrics(totals, out.metrics)
+        _sum_metrics(totals, engine.optimizer_step())
+    return {k: v / max(len(parts), 1) for k, v in totals.items()}
+
+
+def train_epochs(engine: Engine, batch: Batch | list[Batch], loss_fn: Any, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
+    """``batch`` as planned mini-batches (a list, see :func:`plan_mini_batches`), or a whole
+    batch planned here into ``epochs`` x ``mini_batches`` optimizer steps."""
+    parts = batch if isinstance(batch, list) else plan_mini_batches(batch, epochs, mini_batches, seed)
+    return train_mini_batches(engine, parts, loss_fn)
+
+
+def _prompts_and_sampling(prompts: list[list[int]] | Batch, sampling: SamplingParams) -> tuple[list[list[int]], SamplingParams]:
+    """A generate call's prompts: token-id lists, or a data-parallel share of a prompt batch
+    (:func:`geartrain.cluster.dispatch.prompt_batch`) whose ``prompt_index`` keeps the
+    samples placement-invariant."""
+    if isinstance(prompts, Batch):
+        return prompts["prompt_ids"], dataclasses.replace(sampling, prompt_indices=list(prompts["prompt_index"]))
+    return prompts, sampling
+
+
+def _global_prompt_index(batch: Batch, sampling: SamplingParams) -> Batch:
+    """Rows' ``prompt_index`` in the whole call rather than in this rank's share."""
+    if sampling.prompt_indices is not None and "prompt_index" in batch.meta:
+        batch.meta["prompt_index"] = [sampling.prompt_indices[i] for i in batch.meta["prompt_index"]]
+    return batch
 
 
 def with_current_as_old(loss_fn: LossFn) -> LossFn:
@@ -102,9 +132,11 @@ class ActorRolloutWorker:
             self._queue_weights()
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+    def generate(self, prompts: list[list[int]] | Batch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
         """Train mode -> weight sync -> (free training memory) -> generate -> (free rollout
-        memory) -> train mode. Returns the rollout batch and the switch's measurements."""
+        memory) -> train mode. Returns the rollout batch and the switch's measurements.
+        ``prompts`` may be this rank's data-parallel share of a prompt batch."""
+        prompts, sampling = _prompts_and_sampling(prompts, sampling)
         metrics: dict[str, float] = {}
         if self.queue is not None:  # behind the queued work, with the newest queued weights
             submitted = time.perf_counter()
@@ -120,6 +152,7 @@ class ActorRolloutWorker:
         if self.weights_stale:
             sync = self.engine.sync_weights(self.rollout)
             metrics["timing/weight_sync_s"] = sync.seconds
+            metrics["hybrid/weight_sync_s"] = sync.seconds
             metrics["hybrid/weight_sync_bytes"] = float(sync.bytes)
             metrics["hybrid/weight_sync_buckets"] = float(sync.num_buckets)
             self.weights_stale = False
@@ -128,7 +161,7 @@ class ActorRolloutWorker:
             metrics["hybrid/actor_offload_s"] = stats.seconds
             metrics["hybrid/actor_offload_freed_bytes"] = float(stats.freed)
         start = time.perf_counter()
-        batch = self.rollout.generate(prompts, sampling)
+        batch = _global_prompt_index(self.rollout.generate(prompts, sampling), sampling)
         metrics["timing/generate_s"] = time.perf_counter() - start
         if self.free_memory:
             stats = self.rollout.release()
@@ -176,8 +209,10 @@ class ActorRolloutWorker:
     def compute_log_probs(self, batch: Batch, entropy: bool = True) -> StepOutput:
         return self.engine.compute_log_probs(batch, entropy=entropy)
 
-    def update(self, batch: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
-        batch.info["need_entropy"] = False
+    def update(self, batch: Batch | list[Batch], epochs: int = 1, mini_batches: int = 1, seed: int = 0) -> dict[str, float]:
+        """Train on ``batch``: planned mini-batches (a list), or one batch planned here."""
+        for part in batch if isinstance(batch, list) else [batch]:
+            part.info["need_entropy"] = False
         metrics = train_epochs(self.engine, batch, self.loss_fn, epochs, mini_batches, seed)
         metrics.update(self._updated())
         return {f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()}
@@ -233,7 +268,7 @@ class CriticWorker:
     def compute_values(self, batch: Batch) -> StepOutput:
         return self.engine.compute_log_probs(batch)
 
-    def update(self, batch: Batch, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
+    def update(self, batch: Batch | list[Batch], epochs: int = 1, mini_batches: int = 1, seed: int = 0) -> dict[str, float]:
         metrics = train_epochs(self.engine, batch, self.loss_fn, epochs, mini_batches, seed)
         return {f"critic/{k}" if "/" not in k else k: v for k, v in metrics.items()}
 
@@ -297,11 +332,12 @@ class SFTWorker:
         if rollout is not None:
             self.rollout = Rollout(rollout, model, dataclasses.replace(ctx, role="rollout"))
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: list[list[int]] | Batch, sampling: SamplingParams) -> Batch:
         """Sample from the current SFT weights (synced into the rollout first)."""
         assert self.rollout is not None, "SFTWorker was built without a rollout"
+        prompts, sampling = _prompts_and_sampling(prompts, sampling)
         self.engine.sync_weights(self.rollout)
-        return self.rollout.generate(prompts, sampling)
+        return _global_prompt_index(self.rollout.generate(prompts, sampling), sampling)
 
     def close(self) -> None:
         if self.rollout is not None:

@@ -20,7 +20,8 @@ import torch
 
 from geartrain.algorithms import CriticLossConfig
 from geartrain.checkpoint import CheckpointManager
-from geartrain.cluster import create_worker_group
+from geartrain.cluster import Dispatch, InlineWorkerGroup, Placement, WorkerGroup, make_placement
+from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
 from geartrain.data import PromptDataset, PromptLoader
 from geartrain.errors import CheckpointError, GeartrainError
@@ -72,7 +73,7 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
     ``generate`` syncs the weights first)."""
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     sampling = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop_token_ids=stop, seed=0)
-    batch = group.call("generate", [r.prompt_ids for r in rows], sampling)
+    batch = group.call("generate", prompt_batch([r.prompt_ids for r in rows]), sampling, dispatch=Dispatch.DP)
     mask = batch["response_mask"].bool()
     texts = tokenizer.batch_decode([batch["input_ids"][i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
     batch["response_text"] = texts
@@ -165,9 +166,9 @@ class Job:
         dataset = pre.datasets["sft.path"]
         engine = cfg.actor.engine.model_copy(update={"optim": cfg.sft.optim})
         dev = pre.datasets.get("sft.dev_path")
-        group = create_worker_group(
-            cfg.cluster.placement, "actor", SFTWorker, engine, cfg.model, cfg.rollout if dev is not None else None,
-            seed=cfg.trainer.seed,
+        group = self.placement.group(
+            "actor", SFTWorker, engine, cfg.model, cfg.rollout if dev is not None else None,
+            world_size=engine.parallel.world_size, pool="actor", seed=cfg.trainer.seed,
         )
         evaluate = None
         if dev is not None:
@@ -200,27 +201,39 @@ class Job:
 
     def _roles(self, policy: ModelConfig) -> RLRoles:
         cfg = self.config
-        placement, seed = cfg.cluster.placement, cfg.trainer.seed
-        actor = create_worker_group(
-            placement, "actor", ActorRolloutWorker, cfg.actor.engine, policy, cfg.rollout, actor_loss_config(cfg),
-            free_memory=cfg.trainer.free_memory, async_rollout=cfg.trainer.async_rollout, seed=seed,
+        placement, seed = self.placement, cfg.trainer.seed
+
+        def pool(role: str) -> str | None:  # colocated roles live in the actor's ranks
+            return "actor" if role in cfg.cluster.colocate else None
+
+        actor = placement.group(
+            "actor", ActorRolloutWorker, cfg.actor.engine, policy, cfg.rollout, actor_loss_config(cfg),
+            free_memory=cfg.trainer.free_memory, async_rollout=cfg.trainer.async_rollout,
+            world_size=cfg.actor.engine.parallel.world_size, pool="actor", seed=seed,
         )
         reference = (
-            create_worker_group(placement, "reference", ReferenceWorker, cfg.reference.engine, policy, seed=seed)
+            placement.group("reference", ReferenceWorker, cfg.reference.engine, policy,
+                            world_size=cfg.reference.engine.parallel.world_size, pool=pool("reference"), seed=seed)
             if cfg.builds_reference
             else None
         )
         critic = None
         if cfg.builds_critic:
             critic_model = cfg.critic.model or policy.model_copy(update={"value_head": True})
-            critic = create_worker_group(
-                placement, "critic", CriticWorker, cfg.critic.engine, critic_model,
-                CriticLossConfig(norm_length=cfg.sampling.max_tokens), seed=seed,
+            critic = placement.group(
+                "critic", CriticWorker, cfg.critic.engine, critic_model,
+                CriticLossConfig(norm_length=cfg.sampling.max_tokens),
+                world_size=cfg.critic.engine.parallel.world_size, pool=pool("critic"), seed=seed,
             )
-        reward = create_worker_group(
-            placement, "reward", RewardWorker, self.reward_fn if cfg.reward.model is None else None,
-            cfg.reward.engine, cfg.reward.model, timeout_s=cfg.reward.timeout_s, seed=seed,
-        )
+        if cfg.reward.model is None:  # a rule function needs no model: it runs in the driver
+            reward: WorkerGroup = InlineWorkerGroup(
+                "reward", RewardWorker, self.reward_fn, None, None, timeout_s=cfg.reward.timeout_s, seed=seed
+            )
+        else:
+            reward = placement.group(
+                "reward", RewardWorker, None, cfg.reward.engine, cfg.reward.model, timeout_s=cfg.reward.timeout_s,
+                world_size=cfg.reward.engine.parallel.world_size, pool=pool("reward"), seed=seed,
+            )
         return RLRoles(actor=actor, reward=reward, reference=reference, critic=critic)
 
     def _data(self, pre: Preflight) -> tuple[PromptLoader, PromptDataset | None]:
@@ -254,6 +267,16 @@ class Job:
 
     # ------------------------------------------------------------------ the job
     def run(self) -> JobResult:
+        """Run the job; every rank the placement started is stopped at the end, also on an
+        error or Ctrl-C."""
+        self.placement: Placement | None = None
+        try:
+            return self._run()
+        finally:
+            if self.placement is not None:
+                self.placement.close()
+
+    def _run(self) -> JobResult:
         cfg = self.config
         started = time.perf_counter()
         if cfg.trainer.torch_threads:
@@ -272,6 +295,8 @@ class Job:
         if removed:
             self.echo(f"--overwrite: deleted the previous run's {', '.join(removed)} in {self.out}")
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
+        # ranks start once every check passed (a local Ray instance takes seconds)
+        self.placement = make_placement(cfg.cluster, log_dir=str(self.out / "logs"))
         resume_step = CheckpointManager.step_of(latest) if latest is not None else None
         jsonl = JsonlLogger(self.out / "metrics.jsonl", resume_step=resume_step)
         tb = TensorBoardLogger(self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None) if cfg.trainer.tensorboard else None

@@ -1,0 +1,377 @@
+"""The ``ray`` placement: every rank is a Ray actor (needs ``pip install 'geartrain[ray]'``).
+
+* A **rank pool** is ``world_size`` Ray actors (:class:`RankHost`) reserved together in a
+  placement group (bundles of ``cluster.resources_per_rank``, ``PACK``: a pool's ranks fill
+  one node before the next). The pool's ranks form one ``torch.distributed`` world (gloo on
+  CPU, NCCL on GPU; rank 0's node is the rendezvous), and that world is every hosted role's
+  ``EngineContext.process_group``.
+* **Colocation**: several roles may live in one pool (the actor, its rollout and the
+  reference of one rank share a process), so the hybrid engine's weight sync stays inside
+  each process. A role given no pool gets one of its own.
+* **Failures**: a rank that dies or raises ends the call at once with a
+  :class:`RankFailure` naming the role, rank, node and the last lines of the rank's log;
+  a rank pool that cannot be scheduled (not enough CPUs/GPUs) is refused after
+  ``cluster.startup_timeout_s`` with what it asked for and what the cluster has, never a
+  silent pending actor.
+* ``cluster.address`` joins a running cluster; otherwise a local Ray instance is started
+  (no dashboard, no usage stats, no token auth) and stopped by :meth:`RayPlacement.close`.
+
+Each rank writes its output (stdout and stderr, C libraries included) to
+``<log_dir>/<pool>-rank<r>.log``; on a multi-node cluster ``log_dir`` must be on a shared
+filesystem for the driver to quote a failed rank's log (as checkpoints must be).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from geartrain.cluster.dispatch import dp_rows, gather, reduce_metrics, shard_value
+from geartrain.cluster.worker_group import Dispatch, Placement, WorkerGroup, _is_dp_argument
+from geartrain.errors import ConfigError, GeartrainError
+from geartrain.types import DataParallelCoordinates, EngineContext
+
+INSTALL_HINT = "pip install 'geartrain[ray]'"
+LOG_TAIL_LINES = 20
+
+
+class RankFailure(GeartrainError):
+    """A rank died or raised; the message names role, rank, node and its last log lines."""
+
+
+def require_ray() -> None:
+    """Raise a clear error when Ray is not installed."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise GeartrainError(f"cluster.placement = 'ray' needs Ray, which is not installed here; install it with: {INSTALL_HINT}") from exc
+
+
+def ray_environment() -> None:
+    """Environment Ray reads at start-up: no token auth (it would write a token file in the
+    home directory), no usage stats, its own temporary directory. Caller's values win."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "geartrain-ray"))
+    Path(os.environ["RAY_TMPDIR"]).mkdir(parents=True, exist_ok=True)
+
+
+# ----------------------------------------------------------------------------- in the actor
+
+
+class RankHost:
+    """One rank: a process hosting the worker objects of every role of its pool."""
+
+    def __init__(self, pool: str, rank: int, world_size: int, log_path: str, threads: int, device: str) -> None:
+        self.pool, self.rank, self.world_size, self.device = pool, rank, world_size, device
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.workers: dict[str, Any] = {}
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        self._log(f"rank {rank} of {world_size} in pool '{pool}', pid {os.getpid()}, node {socket.gethostname()} (Ray node {node})")
+
+    def _log(self, text: str) -> None:
+        print(f"[geartrain {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    def where(self) -> dict[str, Any]:
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+                "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_distributed(self, address: str, port: int, timeout_s: float) -> None:
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        self._log(f"torch.distributed ({backend}) ready: rank {self.rank} of {self.world_size}")
+
+    def add(self, role: str, worker_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], seed: int) -> tuple[int, int]:
+        """Build ``role``'s worker here; returns its data-parallel coordinates."""
+        import torch.distributed as dist
+
+        self._log(f"building {role} ({worker_cls.__name__})")
+        ctx = EngineContext(role=role, rank=self.rank, world_size=self.world_size, local_rank=0, device=self.device,
+                            seed=seed, process_group=dist.group.WORLD)
+        worker = worker_cls(*args, ctx=ctx, **kwargs)
+        self.workers[role] = worker
+        coords = getattr(getattr(worker, "engine", None), "dp", None)
+        if not isinstance(coords, DataParallelCoordinates):
+            coords = DataParallelCoordinates(rank=self.rank, size=self.world_size)
+        return coords.rank, coords.size
+
+    def call(self, role: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._log(f"{role}.{method}")
+        return getattr(self.workers[role], method)(*args, **kwargs)
+
+    # Ray resolves object refs passed as top-level arguments: arguments shared by every
+    # rank travel through the object store once, as one ``(args, kwargs)`` pair.
+    def add_shared(self, role: str, worker_cls: type, shared: tuple[tuple[Any, ...], dict[str, Any]], seed: int) -> tuple[int, int]:
+        return self.add(role, worker_cls, shared[0], shared[1], seed)
+
+    def call_shared(self, role: str, method: str, shared: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+        return self.call(role, method, shared[0], shared[1])
+
+    def call_share(self, role: str, method: str, share: Any, rest: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+        """``method(share, *rest_args, **rest_kwargs)``: ``share`` is this rank's slice."""
+        return self.call(role, method, (share, *rest[0]), rest[1])
+
+    def remove(self, role: str) -> None:
+        worker = self.workers.pop(role, None)
+        close = getattr(worker, "close", None)
+        if close is not None:
+            close()
+        self._log(f"removed {role}")
+
+    def close(self) -> None:
+        for role in list(self.workers):
+            self.remove(role)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- the driver's side
+
+
+class RankPool:
+    """``size`` ranks reserved together; see the module docstring."""
+
+    def __init__(self, name: str, size: int, cluster: Any, log_dir: Path) -> None:
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.name, self.size = name, size
+        self.timeout_s = cluster.startup_timeout_s
+        res = cluster.resources_per_rank
+        bundle = {"CPU": res.cpus, **({"GPU": res.gpus} if res.gpus else {})}
+        need = {k: v * size for k, v in bundle.items()}
+        total = ray.cluster_resources()
+        short = {k: (v, total.get(k, 0.0)) for k, v in need.items() if total.get(k, 0.0) < v}
+        if short:
+            raise ConfigError([("cluster.resources_per_rank", self._short_message(short, bundle))])
+        self.pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK", name=f"geartrain-{name}-{os.getpid()}")
+        ready, _ = ray.wait([self.pg.ready()], timeout=self.timeout_s)
+        if not ready:
+            available = ray.available_resources()
+            remove_placement_group(self.pg)
+            short = {k: (v, available.get(k, 0.0)) for k, v in need.items()}
+            raise ConfigError([("cluster.resources_per_rank", self._short_message(short, bundle, waited=self.timeout_s))])
+        self.log_paths = [str(log_dir / f"{name}-rank{r}.log") for r in range(size)]
+        device = "cuda" if res.gpus else "cpu"
+        remote = ray.remote(RankHost)
+        self.hosts = [
+            remote.options(
+                num_cpus=res.cpus, num_gpus=res.gpus, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=r),
+            ).remote(name, r, size, self.log_paths[r], int(res.cpus), device)
+            for r in range(size)
+        ]
+        self.where: list[dict[str, Any]] = [{"host": "?", "node_id": "?"} for _ in range(size)]
+        self.where = self.get([h.where.remote() for h in self.hosts], "(start-up)", "where")
+        address, port = self.get([self.hosts[0].rendezvous_address.remote()], "(start-up)", "rendezvous_address")[0]
+        self.get([h.init_distributed.remote(address, port, self.timeout_s) for h in self.hosts], "(start-up)", "init_distributed")
+
+    def _short_message(self, short: dict[str, tuple[float, float]], bundle: dict[str, float], waited: float | None = None) -> str:
+        parts = ", ".join(f"{k} {need:g} (the cluster has {have:g}{' free' if waited else ''})" for k, (need, have) in short.items())
+        when = f" within {waited:g} s" if waited else ""
+        return (f"the '{self.name}' ranks ({self.size} x {bundle}) could not be placed{when}: they need {parts}; "
+                "lower cluster.resources_per_rank (e.g. cpus = 0.5), fewer ranks, or add nodes")
+
+    # ------------------------------------------------------------------ calls
+    def get(self, refs: Sequence[Any], role: str, method: str) -> list[Any]:
+        """Every rank's result, in rank order; the first failure ends the wait at once."""
+        import ray
+
+        index = {ref: r for r, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                try:
+                    results[index[ref]] = ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                    self._fail(index[ref], exc, pending, index, role, method)
+        return results
+
+    def _fail(self, rank: int, exc: Exception, pending: list[Any], index: dict[Any, int], role: str, method: str) -> None:
+        import ray
+
+        # A peer of a dead rank fails too ("connection closed by peer"): give the others a
+        # moment and report a rank that died in preference to one that only lost its peer.
+        failures = {rank: exc}
+        if pending:
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=3.0)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as other:
+                    failures[index[ref]] = other
+        died = [r for r, e in sorted(failures.items()) if isinstance(e, ray.exceptions.RayActorError)]
+        rank = died[0] if died else min(failures)
+        exc = failures[rank]
+        where = self.where[rank]
+        if isinstance(exc, ray.exceptions.RayActorError):
+            what = "died (its process ended: killed, out of memory or crashed)"
+        else:
+            cause = getattr(exc, "cause", None)
+            what = f"raised {type(cause).__name__}: {cause}" if cause is not None else f"failed: {exc}"
+        tail = _tail(self.log_paths[rank])
+        raise RankFailure(
+            f"role '{role}' rank {rank} of {self.size} (pool '{self.name}') on node {where.get('host')} "
+            f"(Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid', '?')}) {what} during {method}.\n"
+            f"last lines of its log {self.log_paths[rank]}:\n{tail}"
+        ) from exc
+
+    def close(self, graceful: bool = True) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if graceful:
+            refs = [h.close.remote() for h in self.hosts]
+            ray.wait(refs, num_returns=len(refs), timeout=15.0)
+        for host in self.hosts:
+            try:
+                ray.kill(host)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        try:
+            remove_placement_group(self.pg)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"  (cannot read it here: {exc})"
+    return "\n".join(f"  | {line}" for line in text[-lines:]) or "  (empty)"
+
+
+class RayWorkerGroup(WorkerGroup):
+    """One role's worker on each rank of a :class:`RankPool`."""
+
+    def __init__(self, pool: RankPool, role: str, worker_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, seed: int, balance: bool) -> None:
+        import ray
+
+        self.pool, self.role, self.world_size, self.balance = pool, role, pool.size, balance
+        shared = ray.put((args, kwargs))
+        coords = pool.get([h.add_shared.remote(role, worker_cls, shared, seed) for h in pool.hosts], role, "build")
+        self.dp_of = [c[0] for c in coords]
+        self.dp_size = coords[0][1]
+        self.leaders = [self.dp_of.index(d) for d in range(self.dp_size)]
+        self.closed = False
+
+    def call(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> Any:
+        import ray
+
+        hosts = self.pool.hosts
+        if dispatch is Dispatch.ALL:
+            shared = ray.put((args, kwargs))
+            results = self.pool.get([h.call_shared.remote(self.role, method, shared) for h in hosts], self.role, method)
+            return _merge_metrics(results[0], results)
+        if not _is_dp_argument(args):
+            raise TypeError(f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument")
+        rows = dp_rows(args[0], self.dp_size, balance=self.balance)
+        shares = [shard_value(args[0], rows[d]) for d in range(self.dp_size)]
+        rest = ray.put((args[1:], kwargs))
+        refs = [h.call_share.remote(self.role, method, shares[self.dp_of[r]], rest) for r, h in enumerate(hosts)]
+        results = self.pool.get(refs, self.role, method)
+        total = len(args[0]) if not isinstance(args[0], list) else len(args[0][0])
+        merged = gather([results[r] for r in self.leaders], [rows[d][0] for d in range(self.dp_size)], total)
+        return _merge_metrics(merged, results)
+
+    def shutdown(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool.get([h.remove.remote(self.role) for h in self.pool.hosts], self.role, "shutdown")
+
+
+def _merge_metrics(value: Any, per_rank: list[Any]) -> Any:
+    """Metric dicts (alone or inside a tuple) reduced over every rank, not only the
+    data-parallel leaders: each rank switches phases and syncs weights."""
+    if isinstance(value, dict):
+        return reduce_metrics(per_rank)
+    if isinstance(value, tuple):
+        return tuple(
+            reduce_metrics([r[i] for r in per_rank]) if isinstance(v, dict) else v for i, v in enumerate(value)
+        )
+    return value
+
+
+class RayPlacement(Placement):
+    """Rank pools on a Ray cluster (joined, or a local one started here)."""
+
+    def __init__(self, cluster: Any, *, log_dir: str | Path | None = None) -> None:
+        ray_environment()
+        import ray
+
+        self.cluster = cluster
+        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="geartrain-ranks-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.started = False
+        if not ray.is_initialized():
+            if cluster.address:
+                ray.init(address=cluster.address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+                self.started = True
+        self.pools: dict[str, RankPool] = {}
+        self.groups: list[RayWorkerGroup] = []
+
+    def group(
+        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0, **kwargs: Any
+    ) -> WorkerGroup:
+        name = pool or role
+        rank_pool = self.pools.get(name)
+        if rank_pool is None:
+            rank_pool = self.pools[name] = RankPool(name, world_size, self.cluster, self.log_dir)
+        elif rank_pool.size != world_size:
+            raise ConfigError([(f"{role}.engine.parallel", f"'{role}' needs {world_size} ranks but shares the {rank_pool.size} ranks of pool '{name}'")])
+        group = RayWorkerGroup(rank_pool, role, worker_cls, args, kwargs, seed=seed, balance=self.cluster.balance_tokens)
+        self.groups.append(group)
+        return group
+
+    def close(self, graceful: bool = True) -> None:
+        import ray
+
+        for pool in self.pools.values():
+            pool.close(graceful=graceful)
+        self.pools.clear()
+        if self.started and ray.is_initialized():
+            ray.shutdown()
+            self.started = False

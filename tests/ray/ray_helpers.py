@@ -1,0 +1,47 @@
+"""Shared pieces of the Ray tests: a short GRPO job on the main job's tiny model, and a
+reward with partial credit so that even an untrained policy gets gradients."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN_CONFIG = ROOT / "examples" / "arithmetic" / "grpo.toml"
+
+#: GRPO from the random tiny model: no warm start, no validation set, nothing optional.
+SHORT = [
+    "sft.enabled=false",
+    "validation.path=null",
+    "trainer.tensorboard=false",
+    "trainer.plot=false",
+    "trainer.export_hf=false",
+    "trainer.progress=false",
+    "data.batch_size=8",
+    "sampling.n=4",
+]
+
+RAY2 = ["cluster.placement=ray", "actor.engine.parallel.dp=2"]
+
+
+def digit_reward(response: str, ground_truth: str) -> float:
+    """Partial credit: the share of the answer's characters the response gets right, in
+    place. A random policy earns some, so advantages and gradients are not all zero."""
+    hits = sum(a == b for a, b in zip(response, ground_truth))
+    return hits / max(len(ground_truth), 1) - 0.1 * abs(len(response) - len(ground_truth))
+
+
+def records(path: Path) -> list[dict]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("phase") == "rl"]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "geartrain.cli", *args]
+
+
+def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(cli(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

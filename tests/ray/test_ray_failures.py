@@ -1,0 +1,88 @@
+"""A rank killed mid-step ends the job quickly with a message that names it; ``--resume``
+then finishes the run on 2 Ray ranks, and a copy resumes on 1 rank (inline) from the same
+2-rank checkpoint (FSDP's DCP reshards)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ray_helpers import MAIN_CONFIG, RAY2, ROOT, SHORT, cli, records, run_cli
+
+pytestmark = [pytest.mark.slow]
+
+STEPS = 6
+REWARD = Path(__file__).resolve().parent / "ray_helpers.py"
+ARGS = [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=2", f"reward.function={REWARD}:digit_reward"]
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _steps_done(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return max((r["step"] for r in records(path)), default=-1) if path.exists() else -1
+
+
+def test_killed_rank_ends_the_job_then_resume_on_two_and_on_one_rank(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    log = (tmp_path / "driver.log").open("w")
+    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, f"trainer.output_dir={out}"), cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        rank_log = out / "logs" / "actor-rank1.log"
+        _wait_for(lambda: _steps_done(out) >= 3 or proc.poll() is not None, 600, "step 3")
+        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        calls = rank_log.read_text().count("actor.")
+        _wait_for(lambda: rank_log.read_text().count("actor.") > calls, 120, "the next call on rank 1")  # mid-step
+        pid = int(re.search(r"pid (\d+)", rank_log.read_text()).group(1))
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=90)
+        seconds = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    text = (tmp_path / "driver.log").read_text()
+    assert proc.returncode != 0
+    assert seconds < 60, f"the driver took {seconds:.0f}s to notice"
+    assert "role 'actor' rank 1 of 2" in text and "died" in text, text[-3000:]
+    assert re.search(r"on node \S+", text) and "last lines of its log" in text, text[-3000:]
+    assert re.search(r"\| \[geartrain [\d:]+\] actor\.\w+", text), "the rank's last log lines are quoted"
+    killed_step = _steps_done(out)
+    assert killed_step < STEPS
+
+    # resume on one rank, inline, from a copy of the 2-rank checkpoints
+    one = tmp_path / "one"
+    shutil.copytree(out, one)
+    resumed = run_cli("train", str(MAIN_CONFIG), *ARGS, f"trainer.output_dir={one}", "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    start = int(re.search(r"resumed from \S+ \(step (\d+)\)", resumed.stdout).group(1))
+    assert start >= 2 and start % 2 == 0
+    steps = [r["step"] for r in records(one / "metrics.jsonl")]
+    assert steps == list(range(STEPS + 1)), steps
+
+    # resume on two Ray ranks
+    resumed = run_cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, f"trainer.output_dir={out}", "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"(step {start})" in resumed.stdout
+    ray_records = records(out / "metrics.jsonl")
+    assert [r["step"] for r in ray_records] == list(range(STEPS + 1))
+    # the same checkpoint, the same samples: both continuations agree
+    one_records = records(one / "metrics.jsonl")
+    for a, b in zip(one_records[start + 1 :], ray_records[start + 1 :], strict=True):
+        assert abs(a["reward/mean"] - b["reward/mean"]) < 1e-4, (a["step"], a["reward/mean"], b["reward/mean"])
