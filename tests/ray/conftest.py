@@ -13,7 +13,7 @@ pytest.importorskip("ray")
 pytest.importorskip("geartrain_fsdp")
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def no_ray_left_behind() -> Iterator[None]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -244,16 +244,20 @@ class RankPool:
         rank = died[0] if died else min(failures)
         exc = failures[rank]
         where = self.where[rank]
+        who = (f"role '{role}' rank {rank} of {self.size} (pool '{self.name}') on node {where.get('host')} "
+               f"(Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid', '?')})")
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, GeartrainError):
+            # geartrain's own errors already say what is wrong and how to fix it: keep their type
+            cause.add_note(f"(raised by {who} during {method})")
+            raise cause from None
         if isinstance(exc, ray.exceptions.RayActorError):
             what = "died (its process ended: killed, out of memory or crashed)"
         else:
-            cause = getattr(exc, "cause", None)
-            what = f"raised {type(cause).__name__}: {cause}" if cause is not None else f"failed: {exc}"
-        tail = _tail(self.log_paths[rank])
+            lines = str(exc).strip().splitlines()
+            what = "raised an error:\n" + "\n".join(f"  {line}" for line in lines[-12:])
         raise RankFailure(
-            f"role '{role}' rank {rank} of {self.size} (pool '{self.name}') on node {where.get('host')} "
-            f"(Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid', '?')}) {what} during {method}.\n"
-            f"last lines of its log {self.log_paths[rank]}:\n{tail}"
+            f"{who} {what}\nduring {method}; last lines of its log {self.log_paths[rank]}:\n{_tail(self.log_paths[rank])}"
         ) from exc
 
     def close(self, graceful: bool = True) -> None:
@@ -370,7 +374,8 @@ class RayPlacement(Placement):
         import ray
 
         for pool in self.pools.values():
-            pool.close(graceful=graceful)
+            if ray.is_initialized():  # someone may have shut Ray down already: nothing left to stop
+                pool.close(graceful=graceful)
         self.pools.clear()
         if self.started and ray.is_initialized():
             ray.shutdown()

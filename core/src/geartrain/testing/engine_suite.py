@@ -11,15 +11,16 @@ A training-backend plugin proves it meets the hook contract by subclassing
 Every test compares numbers against a plain transformers model built from the same
 config: log-probs and entropy of a forward, a training step against ``torch.optim.AdamW``,
 micro-batching invariance, weight export names/shapes/values, checkpoint round trips, the HF
-export, and error behaviour. Tests run on one rank (the inline placement); multi-rank
-equivalence is each backend's own test.
+export, and error behaviour. Tests run on one rank in-process, or — with ``parallel = {"dp": 2}``
+(any parallel sizes) — on that many Ray ranks behind the same interface, where they must give
+the same numbers (:mod:`geartrain.testing.multirank`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,7 +30,7 @@ import torch
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
 from geartrain.cluster.process_group import acquire_single_rank_group
-from geartrain.config import EngineConfig, ModelConfig, OptimConfig
+from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig
 from geartrain.engine import Engine
 from geartrain.modeling import build_hf_model
 from geartrain.testing.guard import StandardSuite
@@ -96,6 +97,35 @@ class EngineConformance(StandardSuite):
     checkpoint_bitwise: ClassVar[bool] = True
     """Whether a checkpoint (saving, and resuming from it) must reproduce the following steps
     bit for bit."""
+    #: Parallel sizes (``{"dp": 2}``, ``{"sp": 2}``, ``{"tp": 2, "pp": 2}``...): run every test
+    #: on that many ranks through the ``ray`` placement (needs ``geartrain[ray]``); empty: one
+    #: rank in this process. See :mod:`geartrain.testing.multirank`.
+    parallel: ClassVar[dict[str, int]] = {}
+    #: CPUs Ray reserves per rank in multi-rank mode (fractions let 4 ranks share 2 cores).
+    multirank_cpus_per_rank: ClassVar[float] = 0.5
+    _placement: ClassVar[Any] = None
+
+    # ------------------------------------------------------------------ multi-rank mode
+    @pytest.fixture(scope="class", autouse=True)
+    def _multirank_placement(self, request: pytest.FixtureRequest) -> Iterator[None]:
+        if not self.parallel:
+            yield
+            return
+        from geartrain.testing.multirank import start_placement
+
+        request.cls._placement = start_placement(ParallelConfig(**self.parallel).world_size, self.multirank_cpus_per_rank)
+        try:
+            yield
+        finally:
+            request.cls._placement.close()
+            request.cls._placement = None
+
+    @pytest.fixture(autouse=True)
+    def _multirank_engines(self) -> Iterator[None]:
+        self._ranked: list[Any] = []
+        yield
+        for engine in self._ranked:
+            engine.close()
 
     # ------------------------------------------------------------------ helpers
     def engine_config(self, **overrides: Any) -> EngineConfig:
@@ -117,6 +147,13 @@ class EngineConformance(StandardSuite):
     def make_engine(self, family: str, *, role: str = "actor", model: ModelConfig | None = None, **engine_overrides: Any) -> Engine:
         """An engine on one rank, with the context the inline placement gives a role: a
         process group of size 1 (shared by the suite's engines, kept for the process)."""
+        if self.parallel:
+            from geartrain.testing.multirank import RankedEngine
+
+            config = self.engine_config(parallel=ParallelConfig(**self.parallel), **engine_overrides)
+            ranked = RankedEngine(type(self)._placement, config, model or self.model_config(family), role)
+            self._ranked.append(ranked)
+            return ranked  # type: ignore[return-value]
         ctx = EngineContext(role=role, seed=0, process_group=_suite_group())
         return Engine(self.engine_config(**engine_overrides), model or self.model_config(family), ctx)
 
@@ -144,8 +181,9 @@ class EngineConformance(StandardSuite):
         assert torch.all(out.outputs["log_probs"][~valid] == 0), "undefined positions (padding, first tokens) must hold 0"
 
     def test_one_rank_consumes_the_whole_batch(self, family: str) -> None:
+        """One data-parallel slice per ``dp`` rank (sequence/tensor/pipeline peers share one)."""
         engine = self.make_engine(family)
-        assert (engine.dp.rank, engine.dp.size) == (0, 1)
+        assert (engine.dp.rank, engine.dp.size) == (0, self.parallel.get("dp", 1))
 
     def test_outputs_follow_the_batch_order(self, family: str) -> None:
         engine = self.make_engine(family, max_tokens_per_micro_batch=16)
@@ -209,17 +247,19 @@ class EngineConformance(StandardSuite):
     def test_loss_context_counts_are_global(self, family: str) -> None:
         engine = self.make_engine(family, max_tokens_per_micro_batch=12)
         batch = _batch(seed=6)
-        seen: list[LossContext] = []
 
+        # Reported through the metrics (summed over micro-batches and ranks), so the check
+        # holds where loss_fn runs on other ranks: the sums equal calls x the global counts
+        # only if every call saw the global counts.
         def recording_loss(outputs: dict[str, torch.Tensor], micro: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
-            seen.append(ctx)
-            return token_mean_nll_loss(outputs, micro, ctx)
+            loss, metrics = token_mean_nll_loss(outputs, micro, ctx)
+            return loss, {**metrics, "calls": 1.0, "seen_tokens": float(ctx.global_tokens), "seen_sequences": float(ctx.global_sequences)}
 
-        engine.forward_backward(batch, recording_loss)
+        metrics = engine.forward_backward(batch, recording_loss).metrics
         engine.optimizer_step()
-        assert seen, "loss_fn was never called"
-        assert {c.global_tokens for c in seen} == {int(batch["loss_mask"].sum())}
-        assert {c.global_sequences for c in seen} == {len(batch)}
+        assert metrics.get("calls", 0) >= 1, "loss_fn was never called"
+        assert metrics["seen_tokens"] == metrics["calls"] * int(batch["loss_mask"].sum())
+        assert metrics["seen_sequences"] == metrics["calls"] * len(batch)
 
     def test_non_finite_loss_skips_the_step(self, family: str) -> None:
         engine = self.make_engine(family)

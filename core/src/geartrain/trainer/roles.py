@@ -117,6 +117,7 @@ class ActorRolloutWorker:
         self.engine = Engine(engine, model, ctx)
         self.rollout = Rollout(rollout, model, dataclasses.replace(ctx, role="rollout"))
         self.loss_fn = make_actor_loss(loss)
+        self.rank = ctx.rank
         self.free_memory = free_memory
         self.device = ctx.device
         self.rollout_released = False
@@ -162,6 +163,7 @@ class ActorRolloutWorker:
             metrics["hybrid/actor_offload_freed_bytes"] = float(stats.freed)
         start = time.perf_counter()
         batch = _global_prompt_index(self.rollout.generate(prompts, sampling), sampling)
+        batch.meta["rollout_rank"] = [self.rank] * len(batch)  # which replica sampled each row
         metrics["timing/generate_s"] = time.perf_counter() - start
         if self.free_memory:
             stats = self.rollout.release()

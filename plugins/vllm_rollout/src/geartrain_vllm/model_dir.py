@@ -21,6 +21,9 @@ def model_directory(config: ModelConfig, work_dir: Path) -> Path:
     target = work_dir / "model"
     target.mkdir(parents=True, exist_ok=True)
     model = build_hf_model(config)
+    # transformers writes only on torch.distributed rank 0, but this directory is this
+    # process's own (every rank of a multi-rank job starts its own engine from it)
+    model.should_save_on_this_rank = lambda is_main_process: True  # type: ignore[method-assign]
     model.save_pretrained(target, safe_serialization=True)
     load_tokenizer(config).save_pretrained(target)
     del model
