@@ -86,3 +86,28 @@ def test_killed_rank_ends_the_job_then_resume_on_two_and_on_one_rank(tmp_path: P
     one_records = records(one / "metrics.jsonl")
     for a, b in zip(one_records[start + 1 :], ray_records[start + 1 :], strict=True):
         assert abs(a["reward/mean"] - b["reward/mean"]) < 1e-4, (a["step"], a["reward/mean"], b["reward/mean"])
+
+
+def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> None:
+    import psutil
+
+    out = tmp_path / "run"
+    log = (tmp_path / "driver.log").open("w")
+    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", f"trainer.output_dir={out}"),
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        _wait_for(lambda: _steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
+        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        ranks = [int(re.search(r"pid (\d+)", (out / "logs" / f"actor-rank{r}.log").read_text()).group(1)) for r in (0, 1)]
+        raylets = [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "raylet" in " ".join(p.cmdline())]
+        assert raylets, "the job started no local Ray instance"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert proc.returncode != 0
+    _wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                              for p in ranks + raylets), 30, "the ranks and the raylet to stop")

@@ -98,6 +98,10 @@ class RankHost:
         return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
                 "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
+    def cpu_seconds(self) -> float:
+        """CPU time this rank's process has used (for benchmarks)."""
+        return time.process_time()
+
     def rendezvous_address(self) -> tuple[str, int]:
         import ray
 
@@ -219,7 +223,8 @@ class RankPool:
         results: list[Any] = [None] * len(refs)
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            # a bounded wait: control returns to Python every second, so Ctrl-C is handled
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             for ref in ready:
                 try:
                     results[index[ref]] = ray.get(ref)

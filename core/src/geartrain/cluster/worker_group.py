@@ -121,8 +121,9 @@ class Placement(ABC):
         Roles given the same ``pool`` name live in the same processes (colocation); ``None``
         gives the role processes of its own."""
 
-    def close(self) -> None:
-        """Stop every rank this placement started."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop every rank this placement started (``graceful``: let each rank close its
+        workers first; otherwise stop them at once, e.g. after an error or Ctrl-C)."""
 
     def __enter__(self) -> Placement:
         return self

@@ -271,10 +271,14 @@ class Job:
         error or Ctrl-C."""
         self.placement: Placement | None = None
         try:
-            return self._run()
-        finally:
-            if self.placement is not None:
-                self.placement.close()
+            result = self._run()
+        except BaseException:
+            if self.placement is not None:  # ranks may be mid-call: stop them without waiting
+                self.placement.close(graceful=False)
+            raise
+        if self.placement is not None:
+            self.placement.close()
+        return result
 
     def _run(self) -> JobResult:
         cfg = self.config
