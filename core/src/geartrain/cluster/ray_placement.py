@@ -357,7 +357,8 @@ class RayPlacement(Placement):
             if cluster.address:
                 ray.init(address=cluster.address, log_to_driver=False)
             else:
-                ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+                # "local": always a new instance, never another job's that happens to run here
+                ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
                 self.started = True
         self.pools: dict[str, RankPool] = {}
         self.groups: list[RayWorkerGroup] = []

@@ -121,6 +121,13 @@ class Job:
         self.out = Path(config.trainer.output_dir)
         self.ckpt_root = self.out / "checkpoints"
         self.algo_label = config.algorithm.name.upper()
+        self.placement: Placement | None = None
+
+    def _placement(self) -> Placement:
+        """Where the roles run (``cluster.placement``), created on first use."""
+        if self.placement is None:
+            self.placement = make_placement(self.config.cluster, log_dir=str(self.out / "logs"))
+        return self.placement
 
     # ------------------------------------------------------------------ phases
     def _latest_checkpoint(self) -> Path | None:
@@ -166,7 +173,7 @@ class Job:
         dataset = pre.datasets["sft.path"]
         engine = cfg.actor.engine.model_copy(update={"optim": cfg.sft.optim})
         dev = pre.datasets.get("sft.dev_path")
-        group = self.placement.group(
+        group = self._placement().group(
             "actor", SFTWorker, engine, cfg.model, cfg.rollout if dev is not None else None,
             world_size=engine.parallel.world_size, pool="actor", seed=cfg.trainer.seed,
         )
@@ -201,7 +208,7 @@ class Job:
 
     def _roles(self, policy: ModelConfig) -> RLRoles:
         cfg = self.config
-        placement, seed = self.placement, cfg.trainer.seed
+        placement, seed = self._placement(), cfg.trainer.seed
 
         def pool(role: str) -> str | None:  # colocated roles live in the actor's ranks
             return "actor" if role in cfg.cluster.colocate else None
@@ -269,7 +276,6 @@ class Job:
     def run(self) -> JobResult:
         """Run the job; every rank the placement started is stopped at the end, also on an
         error or Ctrl-C."""
-        self.placement: Placement | None = None
         try:
             result = self._run()
         except BaseException:
@@ -299,8 +305,7 @@ class Job:
         if removed:
             self.echo(f"--overwrite: deleted the previous run's {', '.join(removed)} in {self.out}")
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
-        # ranks start once every check passed (a local Ray instance takes seconds)
-        self.placement = make_placement(cfg.cluster, log_dir=str(self.out / "logs"))
+        self._placement()  # ranks start once every check passed (a local Ray instance takes seconds)
         resume_step = CheckpointManager.step_of(latest) if latest is not None else None
         jsonl = JsonlLogger(self.out / "metrics.jsonl", resume_step=resume_step)
         tb = TensorBoardLogger(self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None) if cfg.trainer.tensorboard else None
