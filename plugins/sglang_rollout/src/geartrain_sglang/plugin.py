@@ -1,7 +1,64 @@
-"""Entry point of the 'sglang' backend. Not implemented yet: loading it fails with a message
-that says so, which geartrain reports as a plugin error (the other plugins still load)."""
+"""The rollout hooks of the ``sglang`` backend; each delegates to :class:`SglangRollout`.
 
-raise NotImplementedError(
-    "geartrain-sglang 0.0.1 is a skeleton: the 'sglang' backend (SGLang Engine rollout) is not implemented yet. "
-    "Uninstall it (pip uninstall geartrain-sglang) or leave it out with GEARTRAIN_PLUGINS."
-)
+The hook contracts are in :mod:`geartrain.hookspecs`. ``capabilities`` and
+``config_schema`` import nothing heavy; SGLang is imported when an engine starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from geartrain.config import ModelConfig, RolloutConfig, options_of
+from geartrain.hookspecs import hookimpl
+from geartrain.types import Capability, EngineContext, MemoryStats, SamplingParams
+
+from geartrain_sglang.options import SglangOptions
+
+if TYPE_CHECKING:
+    from geartrain.batch import Batch
+
+    from geartrain_sglang.rollout import SglangRollout
+
+
+@hookimpl
+def capabilities() -> list[str]:
+    return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY]
+
+
+@hookimpl
+def config_schema() -> type[SglangOptions]:
+    return SglangOptions
+
+
+@hookimpl
+def build_rollout(config: RolloutConfig, model: ModelConfig, ctx: EngineContext) -> SglangRollout:
+    from geartrain_sglang.rollout import SglangRollout
+
+    return SglangRollout(config, model, ctx, options_of(config, SglangOptions))
+
+
+@hookimpl
+def generate(rollout: SglangRollout, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
+    return rollout.generate(prompts, sampling)
+
+
+@hookimpl
+def update_weights(rollout: SglangRollout, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    rollout.update_weights(named_tensors)
+
+
+@hookimpl
+def release(rollout: SglangRollout) -> MemoryStats:
+    return rollout.release()
+
+
+@hookimpl
+def resume(rollout: SglangRollout) -> MemoryStats:
+    return rollout.resume()
+
+
+@hookimpl
+def shutdown(rollout: SglangRollout) -> None:
+    rollout.shutdown()

@@ -1,0 +1,218 @@
+"""The SGLang rollout handle: one ``sglang.Engine`` plus what is needed to release and resume it."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from geartrain.batch import Batch
+from geartrain.config import ModelConfig, RolloutConfig
+from geartrain.errors import GeartrainError
+from geartrain.modeling import build_hf_model
+from geartrain.types import EngineContext, MemoryStats, SamplingParams
+
+from geartrain_sglang import engine, weights
+from geartrain_sglang.model_dir import model_directory, pad_token_id
+from geartrain_sglang.options import SglangOptions
+from geartrain_sglang.outputs import samples_from_outputs, to_batch
+from geartrain_sglang.requests import build_requests
+
+
+class SglangRollout:
+    """What ``build_rollout`` returns and the other hooks receive.
+
+    On GPU, ``release``/``resume`` are SGLang's ``release_memory_occupation`` /
+    ``resume_memory_occupation``. On CPU those free nothing (they need CUDA's memory saver),
+    so ``release`` shuts the engine down (its scheduler process, holding weights and KV
+    cache, exits) and ``resume`` starts a new one and loads the last synced weights (kept
+    in :attr:`weight_copy`) into it.
+    """
+
+    def __init__(self, config: RolloutConfig, model: ModelConfig, ctx: EngineContext, options: SglangOptions) -> None:
+        self.config = config
+        self.model = model
+        self.ctx = ctx
+        self.options = options
+        self.device = "cuda" if ctx.device.startswith("cuda") else "cpu"
+        if importlib.util.find_spec("sglang") is None:
+            raise GeartrainError(
+                "sglang rollout: SGLang is not installed here; on GPUs `pip install geartrain-sglang[gpu]`, "
+                "on CPU follow the recipe in the plugin's README (plugins/sglang_rollout/README.md)"
+            )
+        self._owns_work_dir = options.work_dir is None
+        self.work_dir = Path(options.work_dir or tempfile.mkdtemp(prefix="geartrain-sglang-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.model_dir = model_directory(model, self.work_dir)
+        self.pad_token_id = pad_token_id(model, options.pad_token_id)
+        # The names update_weights accepts: the transformers state dict's (built on meta, free).
+        skeleton = build_hf_model(model, meta=True)
+        self.tensor_names = frozenset(skeleton.state_dict())
+        self.tied = weights.tied_aliases(skeleton)
+        architecture = type(skeleton).__name__
+        del skeleton
+        self.engine_kwargs = engine.engine_kwargs(config, model, options, self.model_dir, self.device, architecture)
+        keep = options.keep_weights_copy if options.keep_weights_copy is not None else self.device == "cpu"
+        self.weight_copy: weights.WeightCopy | None = (
+            weights.WeightCopy(self.work_dir / "synced_weights.safetensors") if keep else None
+        )
+        self.last_sync: weights.SyncStats | None = None
+        self.released = False
+        self._sender: weights.DistributedSender | None = None
+        self.engine: Any = None
+        self._pids: set[int] = set()
+        self._start()
+
+    # ------------------------------------------------------------------ engine lifetime
+    def _start(self) -> None:
+        before = engine.child_pids()
+        self.engine = engine.start_engine(self.engine_kwargs, self.device)
+        self._pids = engine.child_pids() - before
+
+    def _stop(self) -> None:
+        if self._sender is not None:
+            self._sender.close(None)
+            self._sender = None
+        eng, self.engine = self.engine, None
+        engine.stop_engine(eng, self._pids)
+        self._pids = set()
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
+        """``sampling.n`` samples per prompt, prompt-major, with the model's log-probs
+        (see :func:`geartrain_sglang.requests.build_requests`)."""
+        self._require_running("generate")
+        self._check_prompts(prompts)
+        requests = build_requests(prompts, sampling, self.config.max_model_len)
+        outputs = self.engine.generate(
+            input_ids=requests.input_ids, sampling_params=requests.params, return_logprob=True
+        )
+        return to_batch(samples_from_outputs(prompts, requests.owners, outputs), self.pad_token_id)
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.SyncStats:
+        """Load the streamed tensors (consumed once, lazily, bucket by bucket) between
+        ``begin_weight_update`` and ``end_weight_update``, then flush the prefix cache.
+        While a CPU engine is released they only update the weight copy it restarts from."""
+        start = time.perf_counter()
+        stats = weights.SyncStats()
+        stream: Iterable[tuple[str, torch.Tensor]] = weights.checked(stats.count(named_tensors), self.tensor_names)
+        if self.weight_copy is not None:
+            stream = self.weight_copy.tee(stream)
+        if self.released:
+            if self.weight_copy is None:
+                raise GeartrainError("sglang rollout: update_weights while released; call resume() first")
+            for _ in stream:
+                pass
+        else:
+            self._load(stream, stats)
+        stats.seconds = time.perf_counter() - start
+        self.last_sync = stats
+        return stats
+
+    def _load(self, stream: Iterable[tuple[str, torch.Tensor]], stats: weights.SyncStats) -> None:
+        eng = self.engine
+        stream = weights.with_aliases(stream, self.tied)
+        eng.begin_weight_update()
+        try:
+            for bucket in weights.buckets(stream, self.config.weight_bucket_bytes):
+                stats.num_buckets += 1
+                if self.options.weight_sync == "distributed":
+                    self._distributed_sender().send(eng, bucket)
+                else:
+                    weights.check_result(
+                        eng.update_weights_from_tensor(bucket, flush_cache=False), "update_weights_from_tensor"
+                    )
+        except weights.UnknownTensorError as exc:
+            raise GeartrainError(
+                f"sglang rollout: update_weights got tensor '{exc.name}', which the model does not have "
+                f"(expected transformers names such as '{min(self.tensor_names)}')"
+            ) from exc
+        finally:
+            eng.end_weight_update()
+            eng.flush_cache()
+
+    def _distributed_sender(self) -> weights.DistributedSender:
+        if self._sender is None:
+            self._sender = weights.DistributedSender(
+                self.engine,
+                backend="gloo" if self.device == "cpu" else "nccl",
+                world_size=1 + self.config.tensor_parallel_size,
+            )
+        return self._sender
+
+    # ------------------------------------------------------------------ memory
+    def release(self) -> MemoryStats:
+        """Free the engine's weights and KV cache (GPU: SGLang's memory release; CPU: shutdown)."""
+        start = time.perf_counter()
+        before = self._memory()
+        if self.released:
+            return MemoryStats(before=before, after=before, seconds=0.0)
+        detail: dict[str, int] = {}
+        if self.device == "cpu":
+            self._stop()
+            if self.weight_copy is not None:
+                detail["weight_copy_bytes"] = self.weight_copy.nbytes
+                if self.options.spill_weights_to_disk:
+                    self.weight_copy.spill()
+            engine.trim_heap()
+        else:
+            self.engine.release_memory_occupation()
+        self.released = True
+        after = self._memory()
+        return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start, detail=detail)
+
+    def resume(self) -> MemoryStats:
+        """Re-acquire the memory and the last synced weights."""
+        start = time.perf_counter()
+        before = self._memory()
+        if not self.released:
+            return MemoryStats(before=before, after=before, seconds=0.0)
+        if self.device == "cpu":
+            self._start()
+            self.released = False
+            if self.weight_copy is not None and len(self.weight_copy):
+                self._load(self.weight_copy.items(), weights.SyncStats())
+        else:
+            self.engine.resume_memory_occupation()
+            self.released = False
+        after = self._memory()
+        return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start)
+
+    def shutdown(self) -> None:
+        """Stop the engine for good; remove the temporary work directory."""
+        if self.engine is not None:
+            self._stop()
+        if self.weight_copy is not None:
+            self.weight_copy.clear()
+        if self._owns_work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _memory(self) -> int:
+        """Device memory in use on GPU; on CPU the resident set of this process plus the
+        engine's processes (the scheduler holds the weights and the KV cache)."""
+        if self.device == "cuda" and torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            return int(total - free)
+        return engine.tree_rss(self._pids)
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        """Refuse a batch before any of it reaches the engine."""
+        limit = self.config.max_model_len
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise GeartrainError(f"sglang rollout: prompt {i} is empty")
+            if len(prompt) >= limit:
+                raise GeartrainError(
+                    f"sglang rollout: prompt {i} has {len(prompt)} tokens, which leaves no room to generate "
+                    f"within max_model_len={limit}; raise rollout.max_model_len or shorten the prompt"
+                )
+
+    def _require_running(self, what: str) -> None:
+        if self.released or self.engine is None:
+            raise GeartrainError(f"sglang rollout: {what} while released; call resume() first")

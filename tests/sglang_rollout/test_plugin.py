@@ -1,0 +1,96 @@
+"""The SGLang plugin without an engine: metadata, options, lazy imports, the CPU shims."""
+
+from __future__ import annotations
+
+import importlib
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+from geartrain import plugins
+from geartrain.config import RolloutConfig
+from geartrain_sglang import cpu_ops, cpu_shims
+
+
+def test_plugin_is_listed_with_its_version_and_capabilities() -> None:
+    info = plugins.backend_info("rollout", "sglang")
+    assert info.distribution == "geartrain-sglang" and info.version == "0.1.0"
+    assert {"cpu", "cuda", "tensor_parallel", "release_memory"} <= set(info.capabilities)
+    assert {"build_rollout", "generate", "update_weights", "release", "resume", "shutdown"} <= set(info.hooks)
+
+
+def test_options_are_validated_with_their_path() -> None:
+    from geartrain.config import validate_backend_sections
+    from pydantic import BaseModel
+
+    class Root(BaseModel):
+        rollout: RolloutConfig
+
+    root = Root(rollout=RolloutConfig(backend="sglang", options={"weight_sync": "pigeon", "nope": 1}))
+    paths = {path for path, _ in validate_backend_sections(root)}
+    assert paths == {"rollout.options.weight_sync", "rollout.options.nope"}
+
+
+def test_importing_the_plugin_does_not_import_sglang() -> None:
+    code = (
+        "import sys, geartrain_sglang.plugin as p; p.capabilities(); p.config_schema(); print('sglang' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def _murmur3_32(data: bytes) -> int:
+    """MurmurHash3 x86 32-bit, seed 0, straight from its definition."""
+    h = 0
+    for i in range(0, len(data), 4):
+        k = struct.unpack("<I", data[i : i + 4])[0]
+        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+        k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
+        k = (k * 0x1B873593) & 0xFFFFFFFF
+        h ^= k
+        h = ((h << 13) | (h >> 19)) & 0xFFFFFFFF
+        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= len(data)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def test_seeded_sampler_hash_is_murmur3() -> None:
+    seeds = torch.tensor([0, 7, 2**40 + 5, 2**63 - 1])
+    positions = torch.tensor([0, 3, 17, 2**31])
+    cols = torch.arange(0, 300, 37)
+    got = cpu_ops.murmur_hash32(seeds, positions, cols)
+    for r, (s, p) in enumerate(zip(seeds.tolist(), positions.tolist(), strict=True)):
+        expected = [
+            _murmur3_32(struct.pack("<IIII", s & 0xFFFFFFFF, s >> 32, p & 0xFFFFFFFF, c)) for c in cols.tolist()
+        ]
+        assert got[r].tolist() == expected
+
+
+def test_placeholders_stand_in_only_for_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing shimmed package imports as a placeholder whose members fail when called;
+    an installed one (here ``json``, declared shimmed for the test) is never shadowed."""
+    monkeypatch.setattr(cpu_shims, "SHIMMED", ("geartrain_missing_pkg", "json"))
+    finder = cpu_shims._Finder()
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, finder])
+    for name in ("geartrain_missing_pkg", "geartrain_missing_pkg.sub"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module("geartrain_missing_pkg.sub")
+    kernel = module.some_kernel
+    with pytest.raises(cpu_shims.ShimCalled, match="some_kernel"):
+        kernel(1, 2)
+
+    class Derived(module.Base):  # placeholders may appear as base classes at import time
+        pass
+
+    with pytest.raises(cpu_shims.ShimCalled):
+        Derived()
+    assert finder.find_spec("json") is None
+    import json
+
+    assert json.dumps([1]) == "[1]"
