@@ -127,7 +127,10 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
                     micro_batch_index=index,
                     num_micro_batches=len(plan),
                 )
-                share, metrics = loss_fn(outputs, mb, loss_ctx)
+                # The loss sees its micro-batch on the device of the outputs (found on an H200:
+                # CPU-held batch tensors met CUDA outputs in every loss).
+                mb_on_device = mb if model.device.type == "cpu" else mb.to(model.device)
+                share, metrics = loss_fn(outputs, mb_on_device, loss_ctx)
                 loss = loss + share
                 for key, value in metrics.items():
                     metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
