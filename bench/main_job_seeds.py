@@ -27,7 +27,7 @@ SECTION = "## Main job: seeds"
 def run_seed(seed: int, out_root: Path) -> dict[str, float | int | str]:
     out = out_root / f"seed{seed}"
     cmd = [sys.executable, "-m", "geartrain.cli", "train", str(CONFIG), f"trainer.seed={seed}", f"model.seed={seed}",
-           f"sft.seed={seed}", f"data.seed={seed}", f"trainer.output_dir={out}", "trainer.progress=false"]
+           f"sft.seed={seed}", f"data.seed={seed}", f"trainer.output_dir={out}", "trainer.progress=false", "--overwrite"]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     seconds = time.monotonic() - start

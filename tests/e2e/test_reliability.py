@@ -145,7 +145,7 @@ def test_a_hanging_reward_times_out_and_the_run_goes_on(tmp_path: Path) -> None:
         "import threading\n"
         "def score(response, ground_truth):\n"
         "    if int(ground_truth) % 2:\n"
-        "        threading.Event().wait(600)  # hangs\n"
+        "        threading.Event().wait(10)  # hangs (far longer than reward.timeout_s)\n"
         "    return float(response.strip() == ground_truth)\n"
     )
     config = _config(tmp_path / "run", f"reward.function={reward}:score", "reward.timeout_s=1", "validation.path=null")
