@@ -101,6 +101,7 @@ def test_resume_refuses_a_changed_lr_and_falls_back_from_a_damaged_checkpoint(fi
     assert f"checkpoint {out / 'checkpoints' / 'actor' / 'step_00000002'} is damaged: dcp/{shard.name}" in text
     assert "falling back to the previous checkpoint" in text and "(step 1)" in text
     assert "trainer.total_steps: 2 -> 3 (applied" in text
+    assert "actor.engine.optim.total_steps: 2 -> 3 (applied: the LR schedule's horizon follows" in text  # derived
     records = rl_records(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     for key in ("reward/mean", "actor/grad_norm", "actor/pg_loss"):  # step 2 redone from step 1: as before

@@ -33,6 +33,8 @@ RULES: list[tuple[str, Verdict, str]] = [
     ("actor.engine.parallel", "applied", "the engine reshards the checkpoint onto the new ranks (FSDP's DCP does)"),
     ("critic.engine.parallel", "applied", "the engine reshards the checkpoint onto the new ranks (FSDP's DCP does)"),
     ("reference.engine.parallel", "applied", "the reference is rebuilt from the starting policy on the new ranks"),
+    ("actor.engine.optim.total_steps", "applied", "the LR schedule's horizon follows trainer.total_steps; its position comes from the checkpoint"),
+    ("critic.engine.optim.total_steps", "applied", "the LR schedule's horizon follows trainer.total_steps; its position comes from the checkpoint"),
     ("actor.engine.max_tokens_per_micro_batch", "applied", "micro-batching does not change the result"),
     ("critic.engine.max_tokens_per_micro_batch", "applied", "micro-batching does not change the result"),
     ("actor.engine.gradient_checkpointing", "applied", "recomputation does not change the result"),
