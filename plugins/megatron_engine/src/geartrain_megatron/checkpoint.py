@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from geartrain import load_state, save_state
 
 from geartrain_megatron.compat import cpu_compat
 from geartrain_megatron.engine import MegatronModel
@@ -64,7 +65,9 @@ def _rng_state() -> dict[str, Any]:
         state["cuda"] = torch.cuda.get_rng_state()
     import numpy as np
 
-    state["numpy"] = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # as a tensor and plain numbers, so the file loads with weights_only=True
+    state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
     return state
 
 
@@ -79,7 +82,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy as np
 
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
 
 
 def save(model: MegatronModel, path: Path, extra: dict[str, Any]) -> None:
@@ -95,10 +99,10 @@ def save(model: MegatronModel, path: Path, extra: dict[str, Any]) -> None:
         with_optimizer = _has_optimizer_state(model)
         dist_checkpointing.save(_sharded_state(model, loading=False, optimizer=with_optimizer), str(path / "dist"))
         (path / "rng").mkdir(exist_ok=True)
-        torch.save(_rng_state(), path / "rng" / f"rank_{rank}.pt")
+        save_state(_rng_state(), path / "rng" / f"rank_{rank}.pt")
         if rank == 0:
             layout = model.layout
-            torch.save(
+            save_state(
                 {
                     "steps": model.steps,
                     "extra": extra,
@@ -117,7 +121,7 @@ def load(model: MegatronModel, path: Path) -> dict[str, Any]:
 
     path = Path(path)
     with cpu_compat():
-        trainer = torch.load(path / "trainer.pt", weights_only=False)
+        trainer = load_state(path / "trainer.pt")  # weights_only: a checkpoint never runs code
         with_optimizer = model.optimizer is not None and trainer.get("optimizer", True)
         state = dist_checkpointing.load(
             _sharded_state(model, loading=True, optimizer=with_optimizer), str(path / "dist")
@@ -138,5 +142,5 @@ def load(model: MegatronModel, path: Path) -> dict[str, Any]:
         rng_file = path / "rng" / f"rank_{dist.get_rank()}.pt"
         # RNG streams belong to ranks of one layout: restore them only into the same one
         if rng_file.exists() and saved_layout == (layout.tp, layout.pp, layout.vpp, layout.dp):
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+            _set_rng_state(load_state(rng_file))
     return trainer["extra"]
