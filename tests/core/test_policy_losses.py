@@ -143,10 +143,10 @@ def test_aggregate_ignores_non_finite_masked_entries_and_empty_batches():
     loss[1, 0] = math.nan
     assert aggregate(loss, AGG_MASK, "token-mean").item() == pytest.approx(6.0)
     empty = torch.zeros(2, 3, dtype=torch.long)
-    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+    for mode in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         assert aggregate(torch.ones(2, 3), empty, mode).item() == 0.0
     with pytest.raises(ValueError, match="unknown loss aggregation mode"):
-        aggregate(LOSS, AGG_MASK, "token-sum")
+        aggregate(LOSS, AGG_MASK, "token-summ")
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -188,7 +188,7 @@ def test_policy_loss_registry():
         assert out.loss_mat.item() == 2.0
     finally:
         POLICY_LOSSES._entries.pop("test_reinforce")
-    with pytest.raises(KeyError, match="gspo, ppo"):
+    with pytest.raises(KeyError, match="gspo, kl_cov, ppo"):
         get_policy_loss("vanilla2")
 
 

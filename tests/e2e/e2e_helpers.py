@@ -38,8 +38,8 @@ def rl_records(path: Path) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("phase") == "rl"]
 
 
-def printed_accuracies(stdout: str) -> tuple[float, float]:
-    before = re.search(r"accuracy before GRPO: ([\d.]+)%", stdout)
-    after = re.search(r"accuracy after GRPO: ([\d.]+)%", stdout)
+def printed_accuracies(stdout: str, algo: str = "GRPO") -> tuple[float, float]:
+    before = re.search(rf"accuracy before {algo}: ([\d.]+)%", stdout)
+    after = re.search(rf"accuracy after {algo}: ([\d.]+)%", stdout)
     assert before and after, stdout[-2000:]
     return float(before.group(1)), float(after.group(1))

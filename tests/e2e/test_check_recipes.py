@@ -16,6 +16,34 @@ def test_main_job_config_checks_with_its_plugins() -> None:
     assert "ok (grpo with actor engine 'fsdp' and rollout 'torch')" in proc.stdout
 
 
+ARITHMETIC_RECIPES = {
+    "grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "grpo", "rloo": "rloo",
+    "reinforce_pp": "reinforce_plus_plus", "gspo": "grpo", "ppo": "gae",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARITHMETIC_RECIPES))
+def test_arithmetic_recipe_per_family_checks(name: str) -> None:
+    """Each family's recipe passes `geartrain check` and selects what its name says."""
+    from geartrain.trainer import load_train_config
+
+    path = ROOT / "examples" / "arithmetic" / f"{name}.toml"
+    proc = run_geartrain("check", str(path), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    algo = load_train_config(str(path)).algorithm
+    assert algo.estimator == ARITHMETIC_RECIPES[name]
+    assert (algo.policy_loss == "gspo") == (name == "gspo")
+    assert algo.dynamic_sampling == (name == "dapo")
+    readme = (ROOT / "README.md").read_text()
+    assert f"examples/arithmetic/{name}.toml" in readme
+
+
+def test_an_unregistered_algorithm_fails_the_check() -> None:
+    proc = run_geartrain("check", str(ROOT / "examples" / "arithmetic" / "rloo.toml"), "algorithm.advantage=rlooo", timeout=120)
+    assert proc.returncode == 2
+    assert "algorithm" in proc.stderr and "'rlooo' is not a registered estimator" in proc.stderr
+
+
 def test_gsm8k_vllm_recipe_checks_without_its_plugins() -> None:
     proc = run_geartrain("check", str(GSM8K), "--no-plugins", "--config-only", timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -1,6 +1,9 @@
 """RL algorithms as pure tensor functions: advantage estimators, policy/value losses,
 loss aggregation, KL to the reference, and rollout-mismatch correction.
 
+DAPO's batch-level pieces (overlong reward shaping, dynamic sampling's group filter) are in
+:mod:`geartrain.algorithms.dapo`.
+
 Tensors are ``[B, T]`` aligned to ``input_ids`` with masks (see :mod:`geartrain.types`);
 every function works on any ``[B, L]`` with a mask. Numerical conventions follow verl 0.9
 (docs: ALGORITHMS.md). Estimators and policy losses live in registries users extend with
@@ -29,6 +32,17 @@ from geartrain.algorithms.kl import (
 )
 from geartrain.algorithms.losses import ActorLossConfig, CriticLossConfig, make_actor_loss, make_critic_loss
 from geartrain.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from geartrain.algorithms.pg_losses import (
+    cispo_loss,
+    clip_cov_loss,
+    dppo_kl_loss,
+    dppo_tv_loss,
+    gmpo_loss,
+    gpg_loss,
+    kl_cov_loss,
+    reinforce_loss,
+    sapo_loss,
+)
 from geartrain.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLoss,
@@ -62,6 +76,15 @@ __all__ = [
     "PolicyLossOutput",
     "Registry",
     "aggregate",
+    "cispo_loss",
+    "clip_cov_loss",
+    "dppo_kl_loss",
+    "dppo_tv_loss",
+    "gmpo_loss",
+    "gpg_loss",
+    "kl_cov_loss",
+    "reinforce_loss",
+    "sapo_loss",
     "apply_kl_penalty",
     "compute_advantages",
     "entropy_bonus",

@@ -21,6 +21,10 @@ multi-turn response) carries values and accumulated returns across the gap.
 Outcome estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline) use the sequence score =
 the sum of a row's token rewards under the mask, and return ``returns == advantages``.
 
+An estimator that needs ``baselines`` (ReMax: the reward of a greedy response) says so
+with a ``needs_baselines = True`` attribute; the trainer then generates and scores one
+greedy response per prompt and passes its reward.
+
 Add your own with :func:`register_advantage`::
 
     @register_advantage("my_est")
@@ -57,6 +61,9 @@ class AdvantageConfig:
     """Added to the group std (not the variance) before dividing (GRPO)."""
     whiten: bool = True
     """GAE: whiten advantages over the batch (returns are taken before whitening)."""
+    unbiased_var: bool = True
+    """Whitening (GAE, REINFORCE++ and its baseline variant): the variance's ``N - 1``
+    divisor (verl's default); ``False``: the biased ``/N`` variance."""
 
 
 class AdvantageEstimator(Protocol):
@@ -195,7 +202,7 @@ def gae(
     advantages = advantages * m
     returns = (advantages + values) * m
     if config.whiten:
-        advantages = masked_whiten(advantages, mask) * m
+        advantages = masked_whiten(advantages, mask, unbiased=config.unbiased_var) * m
     return advantages, returns
 
 
@@ -312,7 +319,7 @@ def reinforce_plus_plus(
     verl resets the running return at masked positions, we carry it across gaps.
     """
     returns = _discounted_returns(_float(token_rewards), mask, config.gamma)
-    advantages = masked_whiten(returns, mask) * mask.to(returns.dtype)
+    advantages = masked_whiten(returns, mask, unbiased=config.unbiased_var) * mask.to(returns.dtype)
     return advantages, returns
 
 
@@ -335,7 +342,7 @@ def reinforce_plus_plus_baseline(
     mean, _, _ = group_stats(scores, group_ids)
     m = mask.to(scores.dtype)
     centred = (scores - mean).unsqueeze(-1) * m
-    adv = masked_whiten(centred, mask) * m
+    adv = masked_whiten(centred, mask, unbiased=config.unbiased_var) * m
     return adv, adv
 
 
@@ -360,3 +367,96 @@ def remax(
     m = mask.to(rewards.dtype)
     advantages = (returns - baselines.to(rewards).reshape(-1, 1)) * m
     return advantages, returns
+
+
+remax.needs_baselines = True  # type: ignore[attr-defined]
+
+
+@register_advantage("grpo_passk")
+@torch.no_grad()
+def grpo_passk(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    group_ids: GroupIds | None = None,
+    values: torch.Tensor | None = None,
+    baselines: torch.Tensor | None = None,
+    config: AdvantageConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO for pass@k (Chen et al., arXiv:2503.19595; verl's ``grpo_passk``): only the
+    best sample of each group is rewarded, with ``max - second max`` of the group's scores,
+    divided by ``(group std + epsilon)`` when ``config.norm_by_std`` (unbiased std); every
+    other sample gets 0. Ties for the best give 0. A group needs at least two samples
+    (``ValueError`` naming the group otherwise, as verl).
+    """
+    _require("group_ids", group_ids, "grpo_passk")
+    assert group_ids is not None
+    scores = sequence_scores(_float(token_rewards), mask)
+    index, n_groups = group_index(group_ids, scores.shape[0])
+    _, std, _ = group_stats(scores, group_ids)
+    adv = torch.zeros_like(scores)
+    ids = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+    for g in range(n_groups):
+        rows = torch.nonzero(index == g, as_tuple=True)[0].to(scores.device)
+        if len(rows) < 2:
+            raise ValueError(f"grpo_passk needs at least 2 samples per group; group {ids[int(rows[0])]!r} has 1")
+        top = torch.topk(scores[rows], 2)
+        gap = top.values[0] - top.values[1]
+        best = rows[top.indices[0]]
+        adv[best] = gap / (std[best] + config.epsilon) if config.norm_by_std else gap
+    adv = adv.unsqueeze(-1) * mask.to(adv.dtype)
+    return adv, adv
+
+
+@register_advantage("opo")
+@torch.no_grad()
+def opo(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    group_ids: GroupIds | None = None,
+    values: torch.Tensor | None = None,
+    baselines: torch.Tensor | None = None,
+    config: AdvantageConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO, on-policy RL with the optimal baseline (Hao et al., arXiv:2505.23585; verl's
+    ``opo``): ``score - b`` with the length-weighted group mean
+    ``b = sum_j |y_j| score_j / sum_j |y_j|`` (``|y|`` = masked tokens of the row). A group
+    of one has baseline 0 (verl). Broadcast over the mask, no std division."""
+    _require("group_ids", group_ids, "opo")
+    assert group_ids is not None
+    scores = sequence_scores(_float(token_rewards), mask)
+    lengths = mask.to(scores.dtype).sum(-1)
+    index, n_groups = group_index(group_ids, scores.shape[0])
+    index = index.to(scores.device)
+    zeros = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
+    weighted = zeros.clone().index_add_(0, index, lengths * scores)
+    total_len = zeros.clone().index_add_(0, index, lengths)
+    count = zeros.clone().index_add_(0, index, torch.ones_like(scores))
+    baseline = torch.where(count > 1, weighted / total_len.clamp(min=1e-12), torch.zeros_like(weighted))
+    adv = (scores - baseline[index]).unsqueeze(-1) * mask.to(scores.dtype)
+    return adv, adv
+
+
+@register_advantage("gpg")
+@torch.no_grad()
+def gpg(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    group_ids: GroupIds | None = None,
+    values: torch.Tensor | None = None,
+    baselines: torch.Tensor | None = None,
+    config: AdvantageConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG's advantage (Chu et al., arXiv:2504.02546; verl's ``gpg``):
+    ``alpha * (score - group mean)`` with ``alpha = B / max(#(score != 0), 1)`` over the
+    whole batch of ``B`` samples (the paper's correction for groups that carry no signal)
+    and no std division (verl's ``f_norm = 1``). A group of one has mean 0."""
+    _require("group_ids", group_ids, "gpg")
+    assert group_ids is not None
+    scores = sequence_scores(_float(token_rewards), mask)
+    mean, _, _ = group_stats(scores, group_ids)
+    alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+    adv = (alpha * (scores - mean)).unsqueeze(-1) * mask.to(scores.dtype)
+    return adv, adv

@@ -12,7 +12,7 @@ from typing import Literal, get_args
 
 import torch
 
-AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
 
 
@@ -30,6 +30,9 @@ def aggregate(
     Modes (verl's ``loss_agg_mode``):
 
     * ``token-mean``: sum over masked tokens / ``global_tokens`` (default: masked tokens here).
+    * ``token-sum``: the plain sum over masked tokens, no normalisation (each micro-batch's
+      share is its own sum, so the shares add up to the batch's sum). The gradient grows
+      with the number of tokens: scale the learning rate down accordingly.
     * ``seq-mean-token-sum``: per-row masked sum, summed / ``global_sequences`` (default B).
     * ``seq-mean-token-mean``: per-row masked sum / (row token count + 1e-8), summed /
       ``global_sequences``.
@@ -49,6 +52,8 @@ def aggregate(
     if mode == "token-mean":
         denom = global_tokens if global_tokens is not None else m.sum()
         return kept.sum() / _at_least_one(denom)
+    if mode == "token-sum":
+        return kept.sum()
     rows = kept.sum(dim=-1)
     if mode == "seq-mean-token-sum":
         per_seq = rows

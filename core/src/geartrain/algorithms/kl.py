@@ -12,8 +12,9 @@ import torch
 
 from geartrain.algorithms.masked import masked_mean
 
-KLKind = Literal["k1", "k2", "k3", "abs"]
-_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+KLKind = Literal["k1", "k2", "k3", "abs", "k1+", "k2+", "k3+"]
+_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3", "kl+": "k1+", "mse+": "k2+", "low_var_kl+": "k3+"}
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", *_ALIASES)
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: KLKind | str = "k3") -> torch.Tensor:
@@ -23,11 +24,25 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: KLKi
     * ``k2``: ``0.5 d^2``;
     * ``k3`` (low variance, non-negative): ``exp(-d) - 1 + d`` with ``d`` clamped to
       ``±20`` and the result to ``±10`` (verl's clamps);
-    * ``abs``: ``|d|``.
+    * ``abs``: ``|d|``;
+    * ``k1+``, ``k3+`` (straight-through, verl's ``kl_penalty``): the *value* of k1 / k3
+      with the *gradient* of k2 (``k2 - sg(k2) + sg(kx)``): k1 and k3 estimate the KL's
+      value without bias but not its gradient, k2's gradient is the right one
+      (Schulman, "Approximating KL divergence", 2020). ``k2+`` is k2 itself.
 
-    Aliases: ``kl`` = k1, ``mse`` = k2, ``low_var_kl`` = k3. Differentiable in both inputs.
+    Aliases: ``kl`` = k1, ``mse`` = k2, ``low_var_kl`` = k3 (and each with ``+``).
+    Differentiable in both inputs.
     """
     kind = _ALIASES.get(kind, kind)
+    if kind.endswith("+"):
+        base = kind[:-1]
+        if base not in ("k1", "k2", "k3"):
+            raise ValueError(f"unknown KL estimator {kind!r}; choose from {', '.join(KL_KINDS)}")
+        value = kl_estimate(log_probs, ref_log_probs, base)
+        if base == "k2":
+            return value
+        grad = 0.5 * (log_probs - ref_log_probs).square()
+        return grad - grad.detach() + value.detach()
     d = log_probs - ref_log_probs
     if kind == "k1":
         return d
@@ -38,7 +53,7 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: KLKi
         return torch.clamp(torch.exp(-d) - 1 + d, -10.0, 10.0)
     if kind == "abs":
         return d.abs()
-    raise ValueError(f"unknown KL estimator {kind!r}; choose from k1, k2, k3, abs")
+    raise ValueError(f"unknown KL estimator {kind!r}; choose from {', '.join(KL_KINDS)}")
 
 
 def apply_kl_penalty(

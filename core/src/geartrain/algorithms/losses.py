@@ -30,7 +30,7 @@ from geartrain.types import LossContext, LossFn
 @dataclass(kw_only=True, slots=True)
 class ActorLossConfig:
     policy_loss: str = "ppo"
-    """A registered policy loss (``ppo``, ``gspo``, or yours)."""
+    """A registered policy loss (``ppo``, ``gspo``, ``cispo``..., or yours)."""
     clip: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     loss_agg_mode: AggMode = "token-mean"
     """verl pairs GSPO with ``seq-mean-token-mean`` and Dr. GRPO with ``seq-mean-token-sum-norm``."""
@@ -58,11 +58,11 @@ def make_actor_loss(config: ActorLossConfig | None = None) -> LossFn:
         mask = batch["loss_mask"]
         log_probs = outputs["log_probs"]
 
-        def agg(mat: torch.Tensor) -> torch.Tensor:
+        def agg(mat: torch.Tensor, mode: str | None = None) -> torch.Tensor:
             return aggregate(
                 mat,
                 mask,
-                cfg.loss_agg_mode,
+                mode or cfg.loss_agg_mode,
                 global_tokens=ctx.global_tokens,
                 global_sequences=ctx.global_sequences,
                 norm_length=cfg.norm_length,
@@ -79,7 +79,7 @@ def make_actor_loss(config: ActorLossConfig | None = None) -> LossFn:
             config=cfg.clip,
             is_weights=weights,
         )
-        pg_loss = agg(out.loss_mat)
+        pg_loss = agg(out.loss_mat, out.agg_mode)
         loss = pg_loss
         metrics = out.metrics(mask, global_tokens=ctx.global_tokens)
         metrics["actor/pg_loss"] = float(pg_loss.detach())

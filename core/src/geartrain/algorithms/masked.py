@@ -26,21 +26,27 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return masked_sum(values, mask, dim) / count.clamp(min=1)
 
 
-def masked_var(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Unbiased (``N - 1``) variance over all masked positions; 0 when fewer than two."""
+def masked_var(values: torch.Tensor, mask: torch.Tensor, *, unbiased: bool = True) -> torch.Tensor:
+    """Variance over all masked positions: unbiased (``/(N - 1)``, 0 when fewer than two),
+    or with ``unbiased=False`` the biased ``/N`` one (verl's ``masked_var(unbiased=...)``)."""
     count = mask.to(values.dtype).sum()
     mean = masked_mean(values, mask)
     squares = masked_sum((values - mean) ** 2, mask)
+    if not unbiased:
+        return squares / count.clamp(min=1)
     return squares / (count - 1) if count > 1 else torch.zeros_like(mean)
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True) -> torch.Tensor:
-    """``(values - mean) * rsqrt(var + 1e-8)`` with the masked mean and unbiased variance of
-    the whole tensor (verl's convention). ``shift_mean=False`` adds the mean back.
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, unbiased: bool = True
+) -> torch.Tensor:
+    """``(values - mean) * rsqrt(var + 1e-8)`` with the masked mean and the (by default
+    unbiased, verl's convention) variance of the whole tensor. ``shift_mean=False`` adds the
+    mean back; ``unbiased=False`` divides the variance by ``N`` instead of ``N - 1``.
 
     Positions outside the mask are transformed too; multiply by the mask if they must be 0.
     """
     mean = masked_mean(values, mask)
-    var = masked_var(values, mask)
+    var = masked_var(values, mask, unbiased=unbiased)
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)
     return whitened if shift_mean else whitened + mean

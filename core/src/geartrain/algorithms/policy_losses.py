@@ -43,6 +43,20 @@ class PolicyLossConfig:
     """PPO: ``log_probs - old_log_probs`` is clamped to ``±log_ratio_clamp`` before ``exp``."""
     gspo_log_ratio_clamp: float = 10.0
     """GSPO: upper clamp of the token's log sequence-ratio before ``exp``."""
+    tau_pos: float = 1.0
+    """SAPO: gate temperature for tokens with a positive advantage (verl: 1.0)."""
+    tau_neg: float = 1.05
+    """SAPO: gate temperature for the others (verl: 1.05)."""
+    clip_cov_ratio: float = 0.0002
+    """Clip-Cov: share of the masked tokens whose gradient is cut (at least one)."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: lower covariance bound of the candidates."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: upper covariance bound of the candidates."""
+    kl_cov_ratio: float = 0.0002
+    """KL-Cov: share of the masked tokens (largest covariance) given the KL penalty."""
+    kl_cov_coef: float = 0.1
+    """KL-Cov: coefficient of ``|logp - old_logp|`` on those tokens (verl's ppo_kl_coef)."""
 
     @property
     def low(self) -> float:
@@ -59,6 +73,9 @@ class PolicyLossOutput:
 
     loss_mat: torch.Tensor
     token_stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    agg_mode: str | None = None
+    """The aggregation this loss is defined with, overriding ``loss_agg_mode`` (verl fixes
+    it for SAPO and GMPO); ``None``: the configured mode."""
 
     def metrics(
         self, mask: torch.Tensor, *, global_tokens: int | float | None = None, prefix: str = "actor/"

@@ -40,12 +40,14 @@ class AlgorithmConfig(Section):
     name: Literal["grpo", "ppo"] = "grpo"
     advantage: str | None = None
     """A registered advantage estimator (``grpo``, ``dr_grpo``, ``rloo``, ``gae``,
-    ``reinforce_plus_plus``...); default: ``grpo`` for GRPO, ``gae`` for PPO."""
+    ``reinforce_plus_plus``, ``remax``, ``grpo_passk``, ``opo``, ``gpg``...); default:
+    ``grpo`` for GRPO, ``gae`` for PPO (docs/algorithms.md lists them all)."""
     norm_by_std: bool = True
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(1.0, ge=0, le=1)
     policy_loss: str = "ppo"
-    """A registered policy loss (``ppo`` clip, ``gspo``...)."""
+    """A registered policy loss (``ppo`` clip, ``gspo``, ``cispo``, ``gmpo``, ``sapo``,
+    ``dppo_tv``...; docs/algorithms.md lists them all)."""
     clip_ratio: float = Field(0.2, gt=0)
     clip_ratio_low: float | None = Field(None, gt=0)
     clip_ratio_high: float | None = Field(None, gt=0)
@@ -70,6 +72,67 @@ class AlgorithmConfig(Section):
     """Optimizer steps per epoch: the step's samples are split into this many mini-batches."""
     critic_warmup_steps: int = Field(0, ge=0)
     """PPO: steps during which only the critic trains."""
+    unbiased_var: bool = Field(
+        True,
+        description="Whitening of advantages (gae, reinforce_plus_plus, reinforce_plus_plus_baseline): "
+        "true divides the variance by N - 1 (verl's default), false by N (verl's masked_var(unbiased=False)).",
+    )
+    tau_pos: float = Field(1.0, gt=0, description="SAPO: gate temperature for tokens with a positive advantage (verl: 1.0).")
+    tau_neg: float = Field(1.05, gt=0, description="SAPO: gate temperature for the other tokens (verl: 1.05).")
+    clip_cov_ratio: float = Field(
+        0.0002, gt=0, le=1, description="Clip-Cov: share of the masked tokens whose gradient is cut (at least one; verl: 0.0002)."
+    )
+    clip_cov_lb: float = Field(1.0, description="Clip-Cov: lower covariance bound of the candidate tokens (verl: 1.0).")
+    clip_cov_ub: float = Field(5.0, description="Clip-Cov: upper covariance bound of the candidate tokens (verl: 5.0).")
+    kl_cov_ratio: float = Field(
+        0.0002, gt=0, le=1, description="KL-Cov: share of the masked tokens, largest covariance first, given the KL penalty (verl: 0.0002)."
+    )
+    kl_cov_coef: float = Field(0.1, ge=0, description="KL-Cov: coefficient of |log pi - log pi_old| on those tokens (verl's ppo_kl_coef: 0.1).")
+    overlong_buffer: int | None = Field(
+        None,
+        ge=1,
+        description="DAPO overlong reward shaping: the last this-many tokens before sampling.max_tokens carry a "
+        "linear penalty, 0 down to -overlong_penalty_factor at the limit (added to the score); null: off.",
+    )
+    overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong reward shaping: the penalty at the length limit.")
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop prompt groups whose rewards are all equal and generate more "
+        "prompts until data.batch_size groups are kept (metrics dynamic_sampling/*).",
+    )
+    dynamic_sampling_max_extra_rounds: int = Field(
+        4,
+        ge=0,
+        description="DAPO dynamic sampling: at most this many extra generation rounds per step; when the cap is "
+        "reached the step trains on the groups it has (dynamic_sampling/short = 1).",
+    )
+    value_clip: float | None = Field(
+        0.5,
+        gt=0,
+        description="PPO critic: clip the new values to old value +- this in the value loss "
+        "(verl's critic.cliprange_value, default 0.5); null: unclipped 0.5 (V - R)^2.",
+    )
+
+    @model_validator(mode="after")
+    def _known_algorithms(self) -> AlgorithmConfig:
+        # Registered names only (register yours before the config is built); a typo fails
+        # here, in `geartrain check`, not at the first step.
+        from geartrain.algorithms import ADVANTAGES, POLICY_LOSSES
+        from geartrain.algorithms.kl import KL_KINDS
+
+        problems = []
+        if self.advantage is not None and self.advantage not in ADVANTAGES:
+            problems.append(f"advantage '{self.advantage}' is not a registered estimator ({', '.join(ADVANTAGES.names())})")
+        if self.policy_loss not in POLICY_LOSSES:
+            problems.append(f"policy_loss '{self.policy_loss}' is not a registered policy loss ({', '.join(POLICY_LOSSES.names())})")
+        for key in ("kl_loss_kind", "kl_kind"):
+            if getattr(self, key) not in KL_KINDS:
+                problems.append(f"{key} '{getattr(self, key)}' is not a KL estimator ({', '.join(KL_KINDS)})")
+        if self.estimator == "gae" and self.name != "ppo":
+            problems.append("advantage 'gae' needs a critic: set name = 'ppo'")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @property
     def estimator(self) -> str:
@@ -369,6 +432,21 @@ class TrainConfig(Section):
     def _async_fits(self) -> TrainConfig:
         if self.trainer.async_rollout and self.trainer.free_memory:
             raise ValueError("trainer.async_rollout generates while the actor trains: set trainer.free_memory = false")
+        return self
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> TrainConfig:
+        algo = self.algorithm
+        if self.trainer.async_rollout and (algo.dynamic_sampling or algo.estimator == "remax"):
+            what = "algorithm.dynamic_sampling" if algo.dynamic_sampling else "algorithm.advantage = 'remax'"
+            raise ValueError(f"{what} generates extra rounds inside the step: not supported with trainer.async_rollout yet")
+        if self.sampling.n < 2 and (algo.dynamic_sampling or algo.estimator == "grpo_passk"):
+            what = "algorithm.dynamic_sampling" if algo.dynamic_sampling else "algorithm.advantage = 'grpo_passk'"
+            raise ValueError(f"{what} compares the samples of a prompt: set sampling.n >= 2 (it is {self.sampling.n})")
+        if algo.overlong_buffer is not None and algo.overlong_buffer > self.sampling.max_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer ({algo.overlong_buffer}) exceeds sampling.max_tokens ({self.sampling.max_tokens})"
+            )
         return self
 
     @model_validator(mode="after")

@@ -21,12 +21,14 @@ from geartrain.algorithms import (
     PolicyLossConfig,
     apply_kl_penalty,
     compute_advantages,
+    get_advantage,
     kl_estimate,
     make_kl_controller,
     masked_mean,
     mismatch_metrics,
     truncated_is_weights,
 )
+from geartrain.algorithms.dapo import overlong_penalty
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.cluster.dispatch import prompt_batch
@@ -35,6 +37,7 @@ from geartrain.rewards import token_level_scores
 from geartrain.seeding import step_seed
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.roles import plan_mini_batches
+from geartrain.trainer.sampling import collect_informative
 from geartrain.types import SamplingParams
 
 
@@ -47,6 +50,13 @@ def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
             clip_ratio_low=algo.clip_ratio_low,
             clip_ratio_high=algo.clip_ratio_high,
             clip_ratio_c=algo.clip_ratio_c,
+            tau_pos=algo.tau_pos,
+            tau_neg=algo.tau_neg,
+            clip_cov_ratio=algo.clip_cov_ratio,
+            clip_cov_lb=algo.clip_cov_lb,
+            clip_cov_ub=algo.clip_cov_ub,
+            kl_cov_ratio=algo.kl_cov_ratio,
+            kl_cov_coef=algo.kl_cov_coef,
         ),
         loss_agg_mode=algo.loss_agg_mode,
         entropy_coef=algo.entropy_coef,
@@ -101,9 +111,11 @@ class RLTrainer:
         """The data loader's position for a checkpoint: before the prompts of the first
         step not trained yet (async rollout draws prompts ahead of training)."""
         return self.ahead[0][1] if self.ahead else self.loader.state_dict()
+        # ReMax-style estimators subtract the reward of a greedy response to each prompt
+        self.needs_baselines = bool(getattr(get_advantage(algo.estimator), "needs_baselines", False))
 
     # ------------------------------------------------------------------ helpers
-    def _sampling(self, step: int) -> SamplingParams:
+    def _sampling(self, step: int, round_: int = 0) -> SamplingParams:
         s = self.config.sampling
         return SamplingParams(
             n=s.n,
@@ -112,7 +124,8 @@ class RLTrainer:
             top_k=s.top_k,
             max_tokens=s.max_tokens,
             stop_token_ids=self.stop_ids,
-            seed=step_seed(self.config.trainer.seed, step),
+            # round 0 keeps the seed it always had; dynamic sampling's extra rounds differ
+            seed=step_seed(self.config.trainer.seed, step, salt=100 + round_ if round_ else 0),
         )
 
     def reuses_update_log_probs(self) -> bool:
@@ -166,12 +179,13 @@ class RLTrainer:
         batch["response_text"] = self._decode(batch)
         return batch
 
-    def _next_rollout(self, step: int) -> tuple[Batch, dict[str, float]]:
+    def _next_rollout(self, step: int) -> tuple[PromptBatch, Batch, dict[str, float]]:
         """Step ``step``'s samples. Async rollout: keep generations queued for steps
         ``step .. step + max_staleness`` and take this step's (generated while earlier
         steps trained)."""
         if not self.config.trainer.async_rollout:
-            return self._rollout(self.loader.next_batch(), self._sampling(step))
+            prompts = self.loader.next_batch()
+            return prompts, *self._rollout(prompts, self._sampling(step))
         while len(self.ahead) <= self.config.trainer.max_staleness:
             state = self.loader.state_dict()
             prompts = self.loader.next_batch()
@@ -179,12 +193,47 @@ class RLTrainer:
             self.ahead.append((prompts, state))
         prompts, _ = self.ahead.popleft()
         batch, metrics = self.roles.actor.call("take_generated")
-        return self._annotate(batch, prompts, self.config.sampling.n), metrics
+        return prompts, self._annotate(batch, prompts, self.config.sampling.n), metrics
 
     def _score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         scores, metrics, acc = self.roles.reward.call("score", batch, dispatch=Dispatch.DP)
         correct = torch.tensor([float(a) if a is not None else float(s > 0) for a, s in zip(acc, scores.tolist(), strict=True)])
         return scores, metrics, correct
+
+    def _shaped_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """Scores with DAPO's overlong penalty added when ``algorithm.overlong_buffer`` is set."""
+        scores, metrics, correct = self._score(batch)
+        algo = self.config.algorithm
+        if algo.overlong_buffer is not None:
+            penalty = overlong_penalty(
+                batch["response_mask"].sum(-1),
+                max_length=self.config.sampling.max_tokens,
+                buffer=algo.overlong_buffer,
+                factor=algo.overlong_penalty_factor,
+            )
+            scores = scores + penalty.to(scores)
+            metrics = {**metrics, "reward/overlong_penalty_mean": float(penalty.mean())}
+        return scores, metrics, correct
+
+    def _scored(self, batch: Batch, prompts: PromptBatch) -> tuple[Batch, dict[str, float]]:
+        """Reward ``batch`` (the samples of ``prompts``): the sequence ``score`` (with DAPO's
+        overlong penalty), ``correct`` and, for ReMax-style estimators, the greedy
+        response's reward ``reward_baseline`` ride along as per-sample metadata."""
+        scores, metrics, correct = self._shaped_scores(batch)
+        batch["score"] = scores.tolist()
+        batch["correct"] = correct.tolist()
+        if self.needs_baselines:
+            s = self.config.sampling
+            greedy = SamplingParams(n=1, temperature=0.0, max_tokens=s.max_tokens, stop_token_ids=self.stop_ids, seed=0)
+            g_batch, _ = self._rollout(prompts, greedy)
+            g_scores, _, _ = self._shaped_scores(g_batch)
+            batch["reward_baseline"] = [float(v) for v in g_scores.tolist() for _ in range(s.n)]
+            metrics = {**metrics, "reward/greedy_baseline_mean": float(g_scores.mean())}
+        return batch, metrics
+
+    def _generate_scored(self, prompts: PromptBatch, sampling: SamplingParams) -> Batch:
+        """One more round of dynamic sampling: generate and reward ``prompts``."""
+        return self._scored(self._rollout(prompts, sampling)[0], prompts)[0]
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
@@ -213,17 +262,28 @@ class RLTrainer:
         t_step = time.perf_counter()
         metrics: dict[str, float] = {}
 
-        batch, hybrid = self._next_rollout(step)
+        prompts, batch, hybrid = self._next_rollout(step)
         metrics.update(hybrid)
-        mask = batch["response_mask"]
-        batch["loss_mask"] = mask
-
         start = time.perf_counter()
-        scores, reward_metrics, correct = self._score(batch)
+        batch, reward_metrics = self._scored(batch, prompts)
         metrics["timing/reward_s"] = time.perf_counter() - start
         metrics.update(reward_metrics)
-        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        metrics["reward/accuracy"] = float(correct.mean())
+        first_scores, first_correct = torch.tensor(batch["score"]), torch.tensor(batch["correct"])
+        metrics["reward/std"] = float(first_scores.std()) if len(first_scores) > 1 else 0.0
+        metrics["reward/accuracy"] = float(first_correct.mean())
+        if algo.dynamic_sampling:
+            start = time.perf_counter()
+            batch, ds_metrics = collect_informative(
+                batch,
+                lambda r: self._generate_scored(self.loader.next_batch(), self._sampling(step, r)),
+                target_groups=len(prompts.rows),
+                max_extra_rounds=algo.dynamic_sampling_max_extra_rounds,
+            )
+            metrics.update(ds_metrics)
+            metrics["timing/dynamic_sampling_s"] = time.perf_counter() - start
+        scores = torch.tensor(batch["score"], dtype=torch.float32)
+        mask = batch["response_mask"]
+        batch["loss_mask"] = mask
 
         actor_updates = step > algo.critic_warmup_steps or self.roles.critic is None
         reuse = actor_updates and self.reuses_update_log_probs()
@@ -255,9 +315,12 @@ class RLTrainer:
             algo.estimator,
             token_rewards,
             mask,
-            config=AdvantageConfig(gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std),
+            config=AdvantageConfig(
+                gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std, unbiased_var=algo.unbiased_var
+            ),
             group_ids=batch["uid"],
             values=batch.get("old_values"),
+            baselines=torch.tensor(batch["reward_baseline"]) if self.needs_baselines else None,
         )
         batch["advantages"] = advantages
         batch["returns"] = returns

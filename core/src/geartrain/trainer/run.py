@@ -229,7 +229,7 @@ class Job:
             critic_model = cfg.critic.model or policy.model_copy(update={"value_head": True})
             critic = placement.group(
                 "critic", CriticWorker, cfg.critic.engine, critic_model,
-                CriticLossConfig(norm_length=cfg.sampling.max_tokens),
+                CriticLossConfig(clip_range=cfg.algorithm.value_clip, norm_length=cfg.sampling.max_tokens),
                 world_size=cfg.critic.engine.parallel.world_size, pool=pool("critic"), seed=seed,
             )
         if cfg.reward.model is None:  # a rule function needs no model: it runs in the driver
