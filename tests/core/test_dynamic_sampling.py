@@ -43,7 +43,9 @@ def test_collect_informative_refills_and_logs_the_rounds():
         2: rollout([[3, 3]] * 4, [[9]] * 4, [0.0, 1.0, 1.0, 0.5], ["d", "d", "e", "e"]),
     }
     calls = []
-    batch, metrics = collect_informative(first, lambda r: calls.append(r) or more[r], target_groups=2, max_extra_rounds=4)
+    batch, metrics = collect_informative(
+        first, lambda r: calls.append(r) or more[r], target_groups=2, max_extra_rounds=4
+    )
     assert calls == [1, 2]
     # a from round 0, d from round 2; e is the surplus and is cut
     assert batch["uid"] == ["a", "a", "d", "d"]

@@ -106,7 +106,9 @@ def test_overlong_penalty_is_zero_then_linear_over_the_buffer():
     lengths = torch.tensor([5, 6, 8, 10])
     # max 10, buffer 4: free up to 6 tokens, then -(L - 6) / 4 * factor
     assert overlong_penalty(lengths, max_length=10, buffer=4).tolist() == pytest.approx([0.0, 0.0, -0.5, -1.0])
-    assert overlong_penalty(lengths, max_length=10, buffer=4, factor=0.5).tolist() == pytest.approx([0.0, 0.0, -0.25, -0.5])
+    assert overlong_penalty(lengths, max_length=10, buffer=4, factor=0.5).tolist() == pytest.approx(
+        [0.0, 0.0, -0.25, -0.5]
+    )
     with pytest.raises(ValueError, match="overlong buffer"):
         overlong_penalty(lengths, max_length=10, buffer=0)
 

@@ -89,7 +89,9 @@ def test_gmpo_geometric_mean_ratio_clipped_in_log_space():
     assert float(total.detach()) == pytest.approx((-1.1051709181 + 1.1813604129) / 2)
     total.backward()
     # d/dd_t of mean_i(-A_i R_i) = -A_i R_i / (2 n_i) on unclipped tokens, 0 on clipped ones
-    assert logp.grad.flatten().tolist() == pytest.approx([0.0, -1.1051709181 / 4, 0.0, 0.0, 1.1813604129 / 6, 1.1813604129 / 6])
+    assert logp.grad.flatten().tolist() == pytest.approx(
+        [0.0, -1.1051709181 / 4, 0.0, 0.0, 1.1813604129 / 6, 1.1813604129 / 6]
+    )
     assert out.token_stats["clipped"].tolist() == [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     # verl's clip fractions count log-ratios outside [-low, high], split by the advantage's sign
     assert out.token_stats["clipped_lower"].tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 1.0]]
@@ -108,7 +110,9 @@ def cov_case():
 
 def test_clip_cov_cuts_the_gradient_of_unclipped_high_covariance_tokens():
     logp, old, adv, mask = cov_case()
-    loss, grad, out = run("clip_cov", logp, old, adv, mask, clip_ratio=0.2, clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=5.0)
+    loss, grad, out = run(
+        "clip_cov", logp, old, adv, mask, clip_ratio=0.2, clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=5.0
+    )
     # token 0 (cov 2, unclipped) is cut; token 1 (cov 2) is already clipped by the ratio
     # (A < 0, r = 0.5 -> -A * 0.8 = 1.6) so it is no candidate; tokens 2, 3 have cov 0.
     assert loss == pytest.approx([0.0, 1.6, -2.0, 2.2, 0.0])

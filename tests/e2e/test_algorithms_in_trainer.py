@@ -9,12 +9,11 @@ import math
 
 import pytest
 import torch
-
 from e2e_helpers import MAIN_CONFIG
 from geartrain.algorithms import ADVANTAGES, POLICY_LOSSES
 from geartrain.trainer.config import load_train_config
-from geartrain.trainer.rl import RLTrainer
 from geartrain.trainer.preflight import preflight
+from geartrain.trainer.rl import RLTrainer
 from geartrain.trainer.run import Job
 
 pytestmark = pytest.mark.e2e
@@ -32,12 +31,21 @@ CHEAP = [
 ]
 
 # (name, overrides): every estimator with the PPO clip loss, every loss with GRPO
-CASES = [(f"advantage={a}", [f"algorithm.advantage={a}"] + (["algorithm.name=ppo"] if a == "gae" else []))
-         for a in ADVANTAGES.names()]
+CASES = [
+    (f"advantage={a}", [f"algorithm.advantage={a}"] + (["algorithm.name=ppo"] if a == "gae" else []))
+    for a in ADVANTAGES.names()
+]
 CASES += [(f"policy_loss={p}", [f"algorithm.policy_loss={p}"]) for p in POLICY_LOSSES.names() if p != "ppo"]
 CASES += [
-    ("dapo", ["algorithm.dynamic_sampling=true", "algorithm.overlong_buffer=2", "algorithm.clip_ratio_high=0.28",
-              "algorithm.loss_agg_mode=token-mean"]),
+    (
+        "dapo",
+        [
+            "algorithm.dynamic_sampling=true",
+            "algorithm.overlong_buffer=2",
+            "algorithm.clip_ratio_high=0.28",
+            "algorithm.loss_agg_mode=token-mean",
+        ],
+    ),
     ("kl_loss=k3+", ["algorithm.use_kl_loss=true", "algorithm.kl_loss_kind=k3+", "algorithm.kl_loss_coef=0.01"]),
     ("token-sum", ["algorithm.loss_agg_mode=token-sum", "actor.engine.optim.lr=1e-6"]),
 ]

@@ -39,7 +39,8 @@ def test_arithmetic_recipe_per_family_checks(name: str) -> None:
 
 
 def test_an_unregistered_algorithm_fails_the_check() -> None:
-    proc = run_geartrain("check", str(ROOT / "examples" / "arithmetic" / "rloo.toml"), "algorithm.advantage=rlooo", timeout=120)
+    rloo = ROOT / "examples" / "arithmetic" / "rloo.toml"
+    proc = run_geartrain("check", str(rloo), "algorithm.advantage=rlooo", timeout=120)
     assert proc.returncode == 2
     assert "algorithm" in proc.stderr and "'rlooo' is not a registered estimator" in proc.stderr
 

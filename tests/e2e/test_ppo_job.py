@@ -17,8 +17,13 @@ PPO_CONFIG = ROOT / "examples" / "arithmetic" / "ppo.toml"
 def test_ppo_job_gains_30_points(out_dir: Path) -> None:
     start = time.monotonic()
     proc = run_geartrain(
-        "train", str(PPO_CONFIG), f"trainer.output_dir={out_dir}", "trainer.tensorboard=false",
-        "trainer.export_hf=false", "trainer.save_every=0", timeout=900,
+        "train",
+        str(PPO_CONFIG),
+        f"trainer.output_dir={out_dir}",
+        "trainer.tensorboard=false",
+        "trainer.export_hf=false",
+        "trainer.save_every=0",
+        timeout=900,
     )
     seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]

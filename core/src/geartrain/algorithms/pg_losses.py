@@ -29,7 +29,9 @@ def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Te
     return torch.clamp(log_probs - old_log_probs, -20.0, 20.0)
 
 
-def _stats(mask: torch.Tensor, log_ratio: torch.Tensor, ratio: torch.Tensor, **flags: torch.Tensor) -> dict[str, torch.Tensor]:
+def _stats(
+    mask: torch.Tensor, log_ratio: torch.Tensor, ratio: torch.Tensor, **flags: torch.Tensor
+) -> dict[str, torch.Tensor]:
     stats = {name: _zero_outside(flag.to(ratio.dtype), mask).detach() for name, flag in flags.items()}
     stats["approx_kl"] = _zero_outside(-log_ratio, mask).detach()
     stats["ratio"] = _zero_outside(ratio, mask).detach()
@@ -57,7 +59,9 @@ def reinforce_loss(
     log_probs, old_log_probs, advantages = _finite_inputs(mask, log_probs, old_log_probs, advantages)
     log_ratio = _log_ratio(log_probs, old_log_probs).detach()
     loss = _weighted(-advantages * log_probs, is_weights)
-    return PolicyLossOutput(loss_mat=_zero_outside(loss, mask), token_stats=_stats(mask, log_ratio, torch.exp(log_ratio)))
+    return PolicyLossOutput(
+        loss_mat=_zero_outside(loss, mask), token_stats=_stats(mask, log_ratio, torch.exp(log_ratio))
+    )
 
 
 @register_policy_loss("gpg")
@@ -163,13 +167,18 @@ def gmpo_loss(
     loss = seq_loss.unsqueeze(-1).expand_as(log_probs)
     was_clipped = log_ratio != clamped
     stats = _stats(
-        mask, log_ratio.detach(), torch.exp(log_ratio.detach()),
-        clipped=was_clipped & (advantages > 0), clipped_lower=was_clipped & (advantages < 0),
+        mask,
+        log_ratio.detach(),
+        torch.exp(log_ratio.detach()),
+        clipped=was_clipped & (advantages > 0),
+        clipped_lower=was_clipped & (advantages < 0),
     )
     return PolicyLossOutput(loss_mat=_zero_outside(loss, mask), token_stats=stats, agg_mode="seq-mean-token-mean")
 
 
-def _ppo_terms(ratio: torch.Tensor, advantages: torch.Tensor, config: PolicyLossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _ppo_terms(
+    ratio: torch.Tensor, advantages: torch.Tensor, config: PolicyLossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     return -advantages * ratio, -advantages * torch.clamp(ratio, 1 - config.low, 1 + config.high)
 
 

@@ -77,24 +77,37 @@ class AlgorithmConfig(Section):
         description="Whitening of advantages (gae, reinforce_plus_plus, reinforce_plus_plus_baseline): "
         "true divides the variance by N - 1 (verl's default), false by N (verl's masked_var(unbiased=False)).",
     )
-    tau_pos: float = Field(1.0, gt=0, description="SAPO: gate temperature for tokens with a positive advantage (verl: 1.0).")
+    tau_pos: float = Field(
+        1.0, gt=0, description="SAPO: gate temperature for tokens with a positive advantage (verl: 1.0)."
+    )
     tau_neg: float = Field(1.05, gt=0, description="SAPO: gate temperature for the other tokens (verl: 1.05).")
     clip_cov_ratio: float = Field(
-        0.0002, gt=0, le=1, description="Clip-Cov: share of the masked tokens whose gradient is cut (at least one; verl: 0.0002)."
+        0.0002,
+        gt=0,
+        le=1,
+        description="Clip-Cov: share of the masked tokens whose gradient is cut (at least one; verl: 0.0002).",
     )
     clip_cov_lb: float = Field(1.0, description="Clip-Cov: lower covariance bound of the candidate tokens (verl: 1.0).")
     clip_cov_ub: float = Field(5.0, description="Clip-Cov: upper covariance bound of the candidate tokens (verl: 5.0).")
     kl_cov_ratio: float = Field(
-        0.0002, gt=0, le=1, description="KL-Cov: share of the masked tokens, largest covariance first, given the KL penalty (verl: 0.0002)."
+        0.0002,
+        gt=0,
+        le=1,
+        description="KL-Cov: share of the masked tokens, largest covariance first, given the KL penalty "
+        "(verl: 0.0002).",
     )
-    kl_cov_coef: float = Field(0.1, ge=0, description="KL-Cov: coefficient of |log pi - log pi_old| on those tokens (verl's ppo_kl_coef: 0.1).")
+    kl_cov_coef: float = Field(
+        0.1, ge=0, description="KL-Cov: coefficient of |log pi - log pi_old| on those tokens (verl's ppo_kl_coef: 0.1)."
+    )
     overlong_buffer: int | None = Field(
         None,
         ge=1,
         description="DAPO overlong reward shaping: the last this-many tokens before sampling.max_tokens carry a "
         "linear penalty, 0 down to -overlong_penalty_factor at the limit (added to the score); null: off.",
     )
-    overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong reward shaping: the penalty at the length limit.")
+    overlong_penalty_factor: float = Field(
+        1.0, ge=0, description="DAPO overlong reward shaping: the penalty at the length limit."
+    )
     dynamic_sampling: bool = Field(
         False,
         description="DAPO dynamic sampling: drop prompt groups whose rewards are all equal and generate more "
@@ -122,9 +135,11 @@ class AlgorithmConfig(Section):
 
         problems = []
         if self.advantage is not None and self.advantage not in ADVANTAGES:
-            problems.append(f"advantage '{self.advantage}' is not a registered estimator ({', '.join(ADVANTAGES.names())})")
+            known = ", ".join(ADVANTAGES.names())
+            problems.append(f"advantage '{self.advantage}' is not a registered estimator ({known})")
         if self.policy_loss not in POLICY_LOSSES:
-            problems.append(f"policy_loss '{self.policy_loss}' is not a registered policy loss ({', '.join(POLICY_LOSSES.names())})")
+            known = ", ".join(POLICY_LOSSES.names())
+            problems.append(f"policy_loss '{self.policy_loss}' is not a registered policy loss ({known})")
         for key in ("kl_loss_kind", "kl_kind"):
             if getattr(self, key) not in KL_KINDS:
                 problems.append(f"{key} '{getattr(self, key)}' is not a KL estimator ({', '.join(KL_KINDS)})")
@@ -439,13 +454,16 @@ class TrainConfig(Section):
         algo = self.algorithm
         if self.trainer.async_rollout and (algo.dynamic_sampling or algo.estimator == "remax"):
             what = "algorithm.dynamic_sampling" if algo.dynamic_sampling else "algorithm.advantage = 'remax'"
-            raise ValueError(f"{what} generates extra rounds inside the step: not supported with trainer.async_rollout yet")
+            raise ValueError(
+                f"{what} generates extra rounds inside the step: not supported with trainer.async_rollout yet"
+            )
         if self.sampling.n < 2 and (algo.dynamic_sampling or algo.estimator == "grpo_passk"):
             what = "algorithm.dynamic_sampling" if algo.dynamic_sampling else "algorithm.advantage = 'grpo_passk'"
             raise ValueError(f"{what} compares the samples of a prompt: set sampling.n >= 2 (it is {self.sampling.n})")
         if algo.overlong_buffer is not None and algo.overlong_buffer > self.sampling.max_tokens:
             raise ValueError(
-                f"algorithm.overlong_buffer ({algo.overlong_buffer}) exceeds sampling.max_tokens ({self.sampling.max_tokens})"
+                f"algorithm.overlong_buffer ({algo.overlong_buffer}) exceeds "
+                f"sampling.max_tokens ({self.sampling.max_tokens})"
             )
         return self
 

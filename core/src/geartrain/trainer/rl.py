@@ -106,13 +106,13 @@ class RLTrainer:
         # async rollout: prompts of the steps generated ahead, with the loader's state
         # before each (a checkpoint must resume at the first step not trained yet)
         self.ahead: deque[tuple[PromptBatch, dict[str, Any]]] = deque()
+        # ReMax-style estimators subtract the reward of a greedy response to each prompt
+        self.needs_baselines = bool(getattr(get_advantage(algo.estimator), "needs_baselines", False))
 
     def loader_state(self) -> dict[str, Any]:
         """The data loader's position for a checkpoint: before the prompts of the first
         step not trained yet (async rollout draws prompts ahead of training)."""
         return self.ahead[0][1] if self.ahead else self.loader.state_dict()
-        # ReMax-style estimators subtract the reward of a greedy response to each prompt
-        self.needs_baselines = bool(getattr(get_advantage(algo.estimator), "needs_baselines", False))
 
     # ------------------------------------------------------------------ helpers
     def _sampling(self, step: int, round_: int = 0) -> SamplingParams:
