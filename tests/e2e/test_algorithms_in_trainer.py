@@ -82,7 +82,7 @@ def test_every_algorithm_trains_20_steps_with_finite_losses(name: str, overrides
     call = trainer.roles.actor.call
 
     def spy(method, *args, **kwargs):
-        if method == "update":
+        if method in ("update", "update_once"):  # update_once: one optimizer step, log-probs reused
             updates.append(args[0])
         return call(method, *args, **kwargs)
 
@@ -91,6 +91,7 @@ def test_every_algorithm_trains_20_steps_with_finite_losses(name: str, overrides
         records = [trainer.step(step) for step in range(1, STEPS + 1)]
     finally:
         shutdown(trainer)
+    assert len(updates) == STEPS
     losses = [r["actor/pg_loss"] for r in records if "actor/pg_loss" in r]
     assert len(losses) == STEPS, f"the actor updated in {len(losses)} of {STEPS} steps"
     assert all(math.isfinite(v) for v in losses), losses
