@@ -106,7 +106,7 @@ def _reduce_on_rank(rank: int, world: int, store_path: str, out_dir: str) -> Non
         dist.destroy_process_group()
 
 
-def test_forward_backward_metrics_are_summed_over_data_parallel_ranks(tmp_path) -> None:  # noqa: ANN001
+def test_hook_data_parallel_coordinates_count_peers_once_in_metric_sums(tmp_path) -> None:  # noqa: ANN001
     """Engines report their own slice; the core sums over data-parallel ranks (peers that
     share a slice counted once) and every rank sees the same global metrics."""
     import torch.multiprocessing as mp

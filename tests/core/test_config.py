@@ -232,3 +232,36 @@ def test_an_engine_built_in_code_needs_the_decay_horizon() -> None:
     with pytest.raises(ConfigError) as err:
         Engine(EngineConfig(backend="simple-test", optim=cosine), ModelConfig(tiny="qwen2"), EngineContext(role="critic"))
     assert [p for p, _ in err.value.problems] == ["critic.engine.optim.total_steps"]
+
+
+def test_every_field_of_a_job_has_a_description() -> None:
+    from geartrain.config import describe_fields
+    from geartrain.trainer.config import TrainConfig
+
+    rows = describe_fields(TrainConfig)
+    assert len(rows) > 150 and {"actor.engine.optim.lr", "rollout.max_model_len", "trainer.total_steps"} <= {r.path for r in rows}
+    undescribed = [r.path for r in rows if not r.description]
+    assert not undescribed, f"config fields without a description (add an attribute docstring): {undescribed}"
+
+
+def test_config_schema_prints_every_field_and_check_explains_a_bad_key(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from geartrain import cli
+    from geartrain.config import describe_fields
+    from geartrain.trainer.config import TrainConfig
+
+    assert cli.main(["config", "--schema"]) == 0
+    text = capsys.readouterr().out
+    assert "actor.engine.optim.lr (float, default 1e-06)\n    Peak learning rate (AdamW)" in text
+    printed = [line.split(" (")[0] for line in text.splitlines() if not line.startswith(" ")]
+    assert printed == [r.path for r in describe_fields(TrainConfig)]
+    assert cli.main(["config", "--schema", "--json"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["$defs"]["OptimConfig"]["properties"]["lr"]["description"].startswith("Peak learning rate")
+
+    job = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
+    assert cli.main(["check", str(job), "actor.engine.optim.lr=-1", "--no-plugins", "--config-only"]) == 2
+    err = capsys.readouterr().err
+    assert "actor.engine.optim.lr: Input should be greater than or equal to 0" in err
+    assert "actor.engine.optim.lr is: Peak learning rate (AdamW)" in err

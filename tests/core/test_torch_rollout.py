@@ -49,7 +49,7 @@ def rollout() -> Iterator[Rollout]:
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
-def test_logprobs_within_1e5_of_teacher_forced_fp32(family: str) -> None:
+def test_hook_generate_logprobs_within_1e5_of_teacher_forced_fp32(family: str) -> None:
     r = make_rollout(family)
     try:
         batch = r.generate(encode_prompts(), SamplingParams(n=4, temperature=0.8, max_tokens=16, seed=0))
@@ -115,7 +115,7 @@ def test_chunking_does_not_change_results() -> None:
     assert "stop" in outs[0]["finish_reason"] and "length" in outs[0]["finish_reason"]
 
 
-def test_chunk_size_follows_options_and_kv_cache_budget() -> None:
+def test_hook_build_rollout_sizes_chunks_from_options_and_kv_cache_budget() -> None:
     prompts = encode_prompts()
     sampling = SamplingParams(max_tokens=16)
     longest = max(len(p) for p in prompts) + 16
@@ -152,7 +152,7 @@ def test_empty_prompt_list(rollout: Rollout) -> None:
 # --------------------------------------------------------------------------- weights
 
 
-def test_update_weights_consumes_the_iterator_lazily(rollout: Rollout) -> None:
+def test_hook_update_weights_consumes_the_iterator_lazily(rollout: Rollout) -> None:
     """Each tensor is in the model before the next one is asked for."""
     other = tiny_model("qwen2", seed=1).state_dict()
     params = dict(rollout.handle.model.state_dict(keep_vars=True))
@@ -188,21 +188,35 @@ def test_update_weights_shape_mismatch_raises(rollout: Rollout) -> None:
         rollout.update_weights([("model.norm.weight", torch.ones(3))])
 
 
-def test_cannot_generate_while_released(rollout: Rollout) -> None:
+def test_hook_resume_is_needed_after_release_and_brings_the_same_samples(rollout: Rollout) -> None:
+    prompts, sampling = encode_prompts()[:2], SamplingParams(n=2, max_tokens=4, seed=3)
+    before = rollout.generate(prompts, sampling)
     rollout.release()
     try:
         with pytest.raises(GeartrainError, match="released"):
-            rollout.generate(encode_prompts()[:1], SamplingParams(max_tokens=2))
+            rollout.generate(prompts, sampling)
         with pytest.raises(GeartrainError, match="released"):
             rollout.update_weights(named_tensors(tiny_model("qwen2", seed=0)))
     finally:
         rollout.resume()
+    after = rollout.generate(prompts, sampling)
+    assert torch.equal(after["input_ids"], before["input_ids"])
+    assert torch.equal(after["rollout_log_probs"], before["rollout_log_probs"])
+
+
+def test_hook_shutdown_makes_the_handle_unusable() -> None:
+    r = make_rollout()
+    r.shutdown()
+    with pytest.raises(GeartrainError, match="after shutdown"):
+        r.generate(encode_prompts()[:1], SamplingParams(max_tokens=2))
+    with pytest.raises(GeartrainError, match="after shutdown"):
+        r.resume()
 
 
 # --------------------------------------------------------------------------- memory
 
 
-def test_release_frees_the_weights_for_real(tmp_path) -> None:
+def test_hook_release_frees_the_weights_for_real(tmp_path) -> None:
     """A model of ~40 MB of weights: release gives that memory back to the OS (resident
     set), resume brings the same weights back."""
     r = Rollout(
@@ -233,14 +247,14 @@ def test_release_frees_the_weights_for_real(tmp_path) -> None:
 # --------------------------------------------------------------------------- config
 
 
-def test_options_are_validated() -> None:
+def test_hook_config_schema_validates_the_options() -> None:
     with pytest.raises(Exception, match="max_batch_size"):
         make_rollout(max_batch_size=0)
     with pytest.raises(Exception, match="bogus"):
         make_rollout(bogus=1)
 
 
-def test_registered_as_the_torch_entry_point() -> None:
+def test_hook_capabilities_of_the_torch_entry_point() -> None:
     from geartrain import plugins
 
     plugin, info = plugins.load_plugin("rollout", "torch")
@@ -307,7 +321,21 @@ def test_new_tests_in_a_subclass_need_no_listing() -> None:
         def test_something_else(self) -> None:
             pass
 
-    assert "test_something_else" in vars(Extra)
+    standard = {n for n in vars(RolloutConformance) if n.startswith("test_")}
+    assert {n for n in dir(Extra) if n.startswith("test_")} == standard | {"test_something_else"}
+    assert all(getattr(Extra, n) is vars(RolloutConformance)[n] for n in standard), "standard tests must stay as they are"
+
+    # the new test is the plugin's own: a subclass may replace it without listing it, while
+    # the guard still covers the standard tests further down the hierarchy
+    class Again(Extra):
+        def test_something_else(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match=r"test_max_tokens.*overridden_tests"):
+
+        class Sneaky(Extra):
+            def test_max_tokens(self) -> None:
+                pass
 
 
 def test_the_engine_suite_has_the_same_guard() -> None:

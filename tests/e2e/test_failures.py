@@ -39,7 +39,7 @@ def test_raising_reward_function_scores_zero_and_the_run_goes_on(tmp_path: Path)
         "def score(response, ground_truth):\n"
         "    if int(ground_truth) % 4 == 0:\n"
         "        raise ValueError('cannot score this one')\n"
-        "    return float(response.strip() == ground_truth)\n"
+        "    return 1.0\n"
     )
     data = _write_jsonl(tmp_path / "train.jsonl", _rows(16))
     config = load_train_config(
@@ -52,8 +52,10 @@ def test_raising_reward_function_scores_zero_and_the_run_goes_on(tmp_path: Path)
     assert len(records) == 2
     for record in records:
         # the rows whose ground truth is a multiple of 4 raised: their samples count as errors
+        # every other sample scores 1, a failed one 0: the mean over the step's 4 x 4 samples
+        # is exactly the share that did not fail
         assert record["reward/errors"] > 0
-        assert record["reward/mean"] >= 0.0
+        assert record["reward/mean"] == 1.0 - record["reward/errors"] / 16
 
 
 def test_over_long_prompt_is_dropped_and_counted(tmp_path: Path) -> None:

@@ -3,11 +3,10 @@ batch layout, reward-file resolution, seeds per step and the worker-group bounda
 
 from __future__ import annotations
 
-import json
+import struct
 from pathlib import Path
 
 import pytest
-import torch
 
 from geartrain.cluster import Dispatch, InlineWorkerGroup, create_worker_group
 from geartrain.data import PromptRow
@@ -117,7 +116,10 @@ def test_config_defaults_and_paths(tmp_path: Path) -> None:
 def test_plot_curves_writes_a_png(tmp_path: Path) -> None:
     records = [{"phase": "sft", "step": i, "sft/loss": 1 / i} for i in range(1, 5)]
     records += [{"phase": "rl", "step": i, "reward/mean": i / 10, "val/accuracy": i / 20, "timing/generate_s": 0.1} for i in range(5)]
-    png = plot_curves(records, tmp_path / "c.png", title="t")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    json.dumps(records)
-    assert torch.tensor(0).item() == 0
+    png = plot_curves(records, tmp_path / "c.png", title="t").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # one panel per curve present: SFT loss, reward, validation accuracy, seconds per phase
+    # -> 2 rows of 3 panels, 4.5 x 3.2 inches each at 90 dpi (the PNG header's width/height)
+    assert struct.unpack(">II", png[16:24]) == (int(3 * 4.5 * 90), int(2 * 3.2 * 90))
+    one = plot_curves([r for r in records if "reward/mean" in r], tmp_path / "one.png").read_bytes()
+    assert struct.unpack(">II", one[16:24]) == (int(3 * 4.5 * 90), int(1 * 3.2 * 90))

@@ -19,7 +19,7 @@ from .common import run_ranks
 from .workers import resume_run
 
 
-def test_resume_is_bitwise_identical(tmp_path: Path) -> None:
+def test_hook_load_checkpoint_resume_is_bitwise_identical(tmp_path: Path) -> None:
     first = run_ranks(resume_run, 2, str(tmp_path), "straight")
     resumed = run_ranks(resume_run, 2, str(tmp_path), "resume")
     for rank in range(2):
@@ -57,7 +57,7 @@ KILLED_SAVE = textwrap.dedent(
 )
 
 
-def test_save_killed_midway_leaves_previous_checkpoint(tmp_path: Path) -> None:
+def test_hook_save_checkpoint_killed_midway_leaves_previous_checkpoint(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     tests_dir = str(Path(__file__).resolve().parents[1])
     script = KILLED_SAVE.format(tests=tests_dir, root=str(root))

@@ -36,7 +36,7 @@ def test_packed_equals_padded(family: str) -> None:
     assert torch.allclose(b.outputs["log_probs"], ref["log_probs"].detach(), atol=1e-5, rtol=0)
 
 
-def test_micro_batch_budget_does_not_change_results() -> None:
+def test_hook_forward_backward_micro_batch_budget_does_not_change_results() -> None:
     batch = make_batch(2, rows=8)
     one, g1 = _step(make_engine(budget=10_000), batch)
     many, g2 = _step(make_engine(budget=12), batch)
@@ -80,7 +80,7 @@ def test_engine_chunked_vocab_matches_unchunked() -> None:
     assert torch.allclose(ent, ref, atol=1e-5, rtol=0)
 
 
-def test_value_head_outputs_per_token_values() -> None:
+def test_hook_build_model_value_head_outputs_per_token_values() -> None:
     from geartrain.testing import tiny_config
     from transformers import AutoModelForTokenClassification
 
@@ -104,6 +104,16 @@ def test_value_head_outputs_per_token_values() -> None:
     assert "vloss" in res.metrics and engine.optimizer_step()["skipped"] == 0.0
 
 
+def test_hook_shard_tells_a_value_model_from_a_policy() -> None:
+    """``shard`` learns the kind of model from the ModelConfig it is given (not by guessing
+    from the module): a value model answers with ``values``, a policy with ``log_probs``."""
+    policy, critic = make_engine(), make_engine(value_head=True)
+    assert (policy.handle.value_head, critic.handle.value_head) == (False, True)
+    batch = make_batch(3)
+    assert set(policy.compute_log_probs(batch).outputs) == {"log_probs"}
+    assert set(critic.compute_log_probs(batch).outputs) == {"values"}
+
+
 def test_lr_schedules() -> None:
     cos = OptimConfig(lr=1.0, lr_schedule="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
     assert [lr_factor(s, cos) for s in range(2)] == [0.5, 1.0]
@@ -120,7 +130,7 @@ def test_lr_schedules() -> None:
     assert lrs == pytest.approx([0.1, 0.075, 0.05])
 
 
-def test_non_finite_grad_norm_skips_the_step() -> None:
+def test_hook_optimizer_step_non_finite_grad_norm_skips_the_step() -> None:
     engine = make_engine()
     before = full_params(engine)
 
@@ -139,7 +149,7 @@ def test_non_finite_grad_norm_skips_the_step() -> None:
     assert ok["skipped"] == 0.0 and ok["lr"] == pytest.approx(engine.config.optim.lr)
 
 
-def test_offload_onload_keeps_training_identical() -> None:
+def test_hook_onload_keeps_training_identical_after_offload() -> None:
     a, b = make_engine(), make_engine()
     batch = make_batch(6)
     for engine in (a, b):
@@ -154,6 +164,32 @@ def test_offload_onload_keeps_training_identical() -> None:
         engine.optimizer_step()
     pa, pb = full_params(a), full_params(b)
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_hook_offload_reports_what_it_moved() -> None:
+    engine = make_engine()
+    engine.forward_backward(make_batch(6), token_mean_loss)
+    engine.optimizer_step()
+    stats = engine.offload(frozenset({"params", "optimizer"}))
+    params = sum(p.numel() * p.element_size() for p in engine.handle.module.parameters())
+    assert stats.detail["params_bytes"] == params and stats.detail["optimizer_bytes"] == 2 * params  # AdamW's two moments
+    engine.onload()
+    with pytest.raises(ValueError, match="cannot offload"):
+        engine.offload(frozenset({"kv_cache"}))
+
+
+def test_hook_export_hf_writes_what_transformers_loads(tmp_path) -> None:  # noqa: ANN001
+    from geartrain.testing import tiny_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    engine = make_engine()
+    engine.forward_backward(make_batch(2), token_mean_loss)
+    engine.optimizer_step()
+    engine.export_hf(tmp_path / "hf", tiny_tokenizer())
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).state_dict()
+    trained = full_params(engine)
+    assert set(loaded) == set(trained)
+    assert all(torch.equal(loaded[k], trained[k]) for k in trained)
 
 
 def test_plan_and_pack_roundtrip() -> None:

@@ -12,7 +12,7 @@ from geartrain.types import EngineContext, SamplingParams
 from .common import full_params, make_batch, make_engine, token_mean_loss
 
 
-def test_torch_rollout_log_probs_equal_engine_after_sync() -> None:
+def test_hook_reshard_for_rollout_torch_rollout_log_probs_equal_engine_after_sync() -> None:
     engine = make_engine("qwen2", lr=5e-3)
     for step in range(2):
         engine.forward_backward(make_batch(step), token_mean_loss)

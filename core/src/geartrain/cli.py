@@ -38,9 +38,20 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from geartrain.trainer.config import load_train_config
+    from geartrain.config import field_description
+    from geartrain.errors import ConfigError
+    from geartrain.trainer.config import TrainConfig, load_train_config
 
-    config = load_train_config(args.config, args.overrides, check_plugins=not args.no_plugins)
+    try:
+        config = load_train_config(args.config, args.overrides, check_plugins=not args.no_plugins)
+    except ConfigError as exc:  # say what each key is for, under the problem
+        lines = [f"error: {exc}"]
+        for path, _ in exc.problems:
+            description = field_description(TrainConfig, path)
+            if description:
+                lines.append(f"  {path} is: {description}")
+        print("\n".join(lines), file=sys.stderr)
+        return 2
     if not args.config_only:
         from geartrain.trainer.preflight import preflight
 
@@ -52,6 +63,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(f"checked: {reward} resolves; {sizes} parse and fit rollout.max_model_len={config.rollout.max_model_len}")
     print(f"{args.config}: ok ({config.algorithm.name} with actor engine "
           f"'{config.actor.engine.backend}' and rollout '{config.rollout.backend}')")
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    """``geartrain config --schema``: every field of a job file, with its default and
+    description (``--json``: the JSON schema)."""
+    from geartrain.config import describe_fields
+    from geartrain.trainer.config import TrainConfig
+
+    if args.json:
+        print(json.dumps(TrainConfig.model_json_schema(), indent=2))
+        return 0
+    for row in describe_fields(TrainConfig):
+        print(f"{row.path} ({row.type}, default {row.default})\n    {row.description}")
     return 0
 
 
@@ -79,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the config alone, not its data files, reward function and prompt lengths "
                         "(a job checked where its data is not)")
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("config", help="describe the job configuration: every field, its default and meaning")
+    p.add_argument("--schema", action="store_true", required=True, help="print every field with its default and description")
+    p.add_argument("--json", action="store_true", help="print the JSON schema instead")
+    p.set_defaults(func=_cmd_config)
 
     p = sub.add_parser("train", help="run a training job from a config file")
     p.add_argument("config")

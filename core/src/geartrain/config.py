@@ -10,9 +10,12 @@ is reported with that full path.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 import tomllib
+import typing
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -28,7 +31,7 @@ class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are checked on
     assignment too."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class ModelConfig(Section):
@@ -47,10 +50,13 @@ class ModelConfig(Section):
     value_head: bool = False
     """Build a value model (one scalar per token) instead of a causal LM (critics)."""
     dtype: DType = "float32"
+    """Dtype the weights are loaded in."""
     seed: int = 0
     """Seed of the random initialisation of tiny models."""
     attn_implementation: str = "sdpa"
+    """transformers attention implementation (``sdpa``, ``eager``, ``flash_attention_2``...)."""
     trust_remote_code: bool = False
+    """Allow a hub model's own code to run (transformers' ``trust_remote_code``)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -63,18 +69,26 @@ class OptimConfig(Section):
     """Optimizer and LR schedule (AdamW)."""
 
     lr: float = Field(1e-6, ge=0)
+    """Peak learning rate (AdamW); ``0`` builds no optimizer (frozen roles)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's ``(beta1, beta2)``."""
     eps: float = Field(1e-8, gt=0)
+    """AdamW's epsilon."""
     weight_decay: float = Field(0.01, ge=0)
+    """AdamW's decoupled weight decay."""
     clip_grad: float = Field(1.0, gt=0)
+    """Largest global gradient norm; larger gradients are scaled down to it."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """``constant``, or ``cosine`` / ``linear`` decay to ``min_lr_ratio x lr`` at ``total_steps``."""
     warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warm-up before the schedule."""
     total_steps: int | None = Field(None, ge=1)
     """Optimizer steps the schedule spans (cosine and linear decay end there). In a training
     job it is derived from the trainer (``trainer.total_steps x algorithm.ppo_epochs x
     algorithm.mini_batches`` for the actor) and a different value is refused; an engine
     built in code with a decaying schedule must set it."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Where a decaying schedule ends, as a fraction of ``lr``."""
 
     def schedule_problems(self) -> list[tuple[str, str]]:
         """What this section lacks to build its schedule (paths relative to it)."""
@@ -87,11 +101,15 @@ class ParallelConfig(Section):
     """Parallel sizes of a role's worker group; their product is the number of ranks."""
 
     dp: int = Field(1, ge=1)
+    """Data-parallel size: the batch is split into this many slices."""
     sp: int = Field(1, ge=1)
     """Ulysses sequence parallel (FSDP) / context parallel."""
     tp: int = Field(1, ge=1)
+    """Tensor-parallel size (engines that declare ``tensor_parallel``)."""
     pp: int = Field(1, ge=1)
+    """Pipeline-parallel size (engines that declare ``pipeline_parallel``)."""
     vpp: int | None = Field(None, ge=1)
+    """Virtual pipeline stages per rank (interleaved schedule); ``None``: off."""
 
     @property
     def world_size(self) -> int:
@@ -104,11 +122,15 @@ class EngineConfig(Section):
     backend: str = "fsdp"
     """Engine plugin name from the ``geartrain.engines`` entry points."""
     extensions: list[str] = Field(default_factory=list)
+    """Extension plugins (``geartrain.extensions`` entry points) that wrap this engine's hooks."""
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    """Parallel sizes of the role's worker group."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer and LR schedule."""
     max_tokens_per_micro_batch: int = Field(4096, ge=1)
     """Token budget of one dynamic micro-batch (real tokens, padding not counted)."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, more compute)."""
     param_dtype: DType = "float32"
     """Dtype of parameters during compute (mixed precision); master weights stay fp32."""
     options: Any = Field(default_factory=dict)
@@ -119,12 +141,19 @@ class RolloutConfig(Section):
     """An inference engine instance."""
 
     backend: str = "torch"
+    """Rollout plugin name from the ``geartrain.rollouts`` entry points."""
     extensions: list[str] = Field(default_factory=list)
+    """Extension plugins that wrap this rollout's hooks."""
     dtype: DType = "float32"
+    """Dtype the rollout computes in (weights are synced in it)."""
     max_model_len: int = Field(512, ge=2)
+    """Longest prompt + response, in tokens."""
     tensor_parallel_size: int = Field(1, ge=1)
+    """Ranks one rollout replica spans (backends with tensor parallelism)."""
     max_num_seqs: int = Field(256, ge=1)
+    """Most sequences generated at once."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """Share of GPU memory the rollout may take (weights + KV cache)."""
     kv_cache_bytes: int | None = Field(None, ge=1)
     """KV-cache budget on CPU backends (vLLM needs one there)."""
     weight_bucket_bytes: int = Field(64 << 20, ge=1)
@@ -354,3 +383,45 @@ def options_of(section: EngineConfig | RolloutConfig, schema: type[ConfigT]) -> 
         return section.options
     raw = section.options.model_dump() if isinstance(section.options, BaseModel) else (section.options or {})
     return schema.model_validate(raw)
+
+
+# ----------------------------------------------------------------------------- the schema, described
+
+
+@dataclass(frozen=True, slots=True)
+class FieldDoc:
+    """One field of a config tree: its dotted path, type, default and description."""
+
+    path: str
+    type: str
+    default: str
+    description: str
+
+
+def describe_fields(schema: type[BaseModel], prefix: str = "") -> list[FieldDoc]:
+    """Every field of ``schema`` and of the sections inside it, depth first, with its
+    description (the attribute docstring; a section without one gets its class's)."""
+    rows: list[FieldDoc] = []
+    for name, info in schema.model_fields.items():
+        path = f"{prefix}{name}"
+        nested = [t for t in (typing.get_args(info.annotation) or (info.annotation,)) if isinstance(t, type) and issubclass(t, BaseModel)]
+        description = info.description or (inspect.getdoc(nested[0]) or "" if nested else "")
+        if info.default_factory is not None:
+            default = "(section)" if nested else repr(info.default_factory())  # type: ignore[call-arg]
+        else:
+            default = repr(info.default)
+        ann = info.annotation
+        type_name = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+        rows.append(FieldDoc(path, type_name, default, " ".join(description.split())))
+        for sub in nested:
+            rows += describe_fields(sub, f"{path}.")
+    return rows
+
+
+def field_description(schema: type[BaseModel], path: str) -> str | None:
+    """The description of the field at dotted ``path`` in ``schema`` (``None`` if no such
+    field, e.g. inside a backend's ``options``)."""
+    for row in describe_fields(schema):
+        if row.path == path:
+            return row.description
+    return None

@@ -19,8 +19,11 @@ class DataConfig(Section):
     path: str | None = None
     """A ``.jsonl`` or ``.parquet`` file (the trainer may pass a ``datasets.Dataset`` instead)."""
     prompt_key: str = "prompt"
+    """Field of a row that holds a plain prompt."""
     messages_key: str = "messages"
+    """Field of a row that holds chat messages."""
     ground_truth_key: str = "ground_truth"
+    """Field of a row that holds the ground truth."""
     require_ground_truth: bool = True
     """Rows without a ground truth are malformed (rule rewards need one)."""
     apply_chat_template: bool | None = None
@@ -34,6 +37,8 @@ class DataConfig(Section):
     batch_size: int = Field(8, ge=1)
     """Prompts per step."""
     shuffle: bool = True
+    """Shuffle prompts every epoch."""
     seed: int = 0
+    """Seed of the shuffle."""
     drop_last: bool = True
     """Skip an epoch's last, incomplete batch."""

@@ -38,36 +38,54 @@ class AlgorithmConfig(Section):
     """The RL algorithm. ``grpo`` needs no critic; ``ppo`` trains one (GAE advantages)."""
 
     name: Literal["grpo", "ppo"] = "grpo"
+    """``grpo`` (no critic) or ``ppo`` (a critic and GAE)."""
     advantage: str | None = None
     """A registered advantage estimator (``grpo``, ``dr_grpo``, ``rloo``, ``gae``,
     ``reinforce_plus_plus``, ``remax``, ``grpo_passk``, ``opo``, ``gpg``...); default:
     ``grpo`` for GRPO, ``gae`` for PPO (docs/algorithms.md lists them all)."""
     norm_by_std: bool = True
+    """Divide group-relative advantages by the group's standard deviation."""
     gamma: float = Field(1.0, ge=0, le=1)
+    """Discount factor of GAE / returns."""
     lam: float = Field(1.0, ge=0, le=1)
+    """GAE's lambda."""
     policy_loss: str = "ppo"
     """A registered policy loss (``ppo`` clip, ``gspo``, ``cispo``, ``gmpo``, ``sapo``,
     ``dppo_tv``...; docs/algorithms.md lists them all)."""
     clip_ratio: float = Field(0.2, gt=0)
+    """PPO clip range: the ratio is kept in ``[1 - clip_ratio, 1 + clip_ratio]``."""
     clip_ratio_low: float | None = Field(None, gt=0)
+    """Lower clip range (DAPO's clip-higher); default ``clip_ratio``."""
     clip_ratio_high: float | None = Field(None, gt=0)
+    """Upper clip range; default ``clip_ratio``."""
     clip_ratio_c: float | None = Field(3.0, gt=1)
+    """Dual-clip bound for negative advantages; ``None``: off."""
     loss_agg_mode: AggMode = "token-mean"
+    """How per-token losses become one number (``token-mean``, ``seq-mean-token-sum``...)."""
     entropy_coef: float = 0.0
+    """Weight of the entropy bonus in the actor loss."""
     use_kl_loss: bool = False
     """GRPO-style KL loss to the reference policy (needs the reference role)."""
     kl_loss_coef: float = Field(0.001, ge=0)
+    """Weight of the KL loss (``use_kl_loss``)."""
     kl_loss_kind: str = "k3"
+    """KL estimator of the KL loss (``k1``, ``k2``, ``k3``...)."""
     use_kl_in_reward: bool = False
     """PPO-style KL penalty folded into the token rewards."""
     kl_coef: float = Field(0.001, ge=0)
+    """Initial weight of the KL penalty in the reward (``use_kl_in_reward``)."""
     kl_kind: str = "k1"
+    """KL estimator of the reward penalty."""
     kl_controller: Literal["fixed", "adaptive"] = "fixed"
+    """``fixed`` KL weight, or ``adaptive`` towards ``target_kl``."""
     target_kl: float | None = None
+    """Adaptive controller: the KL it steers towards."""
     kl_horizon: int | None = None
+    """Adaptive controller: its horizon in samples."""
     tis_cap: float | None = Field(None, gt=0)
     """Truncated importance sampling against the rollout's log-probs; ``None``: off."""
     ppo_epochs: int = Field(1, ge=1)
+    """Passes over each step's samples (each pass runs ``mini_batches`` optimizer steps)."""
     mini_batches: int = Field(1, ge=1)
     """Optimizer steps per epoch: the step's samples are split into this many mini-batches."""
     critic_warmup_steps: int = Field(0, ge=0)
@@ -162,13 +180,16 @@ class RoleEngine(Section):
     """A role that runs a training engine on the policy's model."""
 
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The role's training engine (backend default: the actor's)."""
 
 
 class CriticConfig(Section):
     """The value model (PPO). ``model`` defaults to the policy's model with a value head."""
 
     model: ModelConfig | None = None
+    """The value model; ``None``: the policy's model with a value head."""
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig(optim=OptimConfig(lr=1e-5)))
+    """The critic's engine (backend default: the actor's)."""
 
 
 class SamplingConfig(Section):
@@ -177,9 +198,13 @@ class SamplingConfig(Section):
     n: int = Field(8, ge=1)
     """Samples per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, ge=0)
+    """Softmax temperature of training samples."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold (``1``: off)."""
     top_k: int = -1
+    """Top-k sampling (``-1``: off)."""
     max_tokens: int = Field(64, ge=1)
+    """Most response tokens per sample."""
 
 
 class RewardConfig(Section):
@@ -191,6 +216,7 @@ class RewardConfig(Section):
     model: ModelConfig | None = None
     """A value-head model whose output at the last response token is the score."""
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig(optim=OptimConfig(lr=0.0)))
+    """Engine of the reward model (``reward.model``; backend default: the actor's)."""
     timeout_s: float | None = Field(300.0, gt=0)
     """Time a step's reward calls may take together (per batch); when it runs out, the
     unscored samples get reward 0 and are counted in ``reward/timeouts``. ``None``: no limit."""
@@ -215,43 +241,58 @@ class ValidationConfig(Section):
     max_tokens: int | None = Field(None, ge=1)
     """Default: ``sampling.max_tokens``."""
     max_prompts: int | None = Field(None, ge=1)
+    """Score only the first N validation prompts."""
 
 
 class SFTConfig(Section):
     """The supervised warm start, run once before RL (skipped on resume)."""
 
     enabled: bool = False
+    """Run the warm start before RL."""
     path: str | None = None
     """Rows with ``prompt`` and ``response`` (the target text, EOS appended)."""
     response_key: str = "response"
+    """Field of a row that holds the target response."""
     steps: int = Field(100, ge=1)
+    """Most SFT optimizer steps."""
     batch_size: int = Field(32, ge=1)
+    """Rows per SFT step."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    """Optimizer of the warm start (its ``total_steps`` is ``sft.steps``)."""
     max_prompts: int | None = Field(None, ge=1)
     """Train on only the first N rows (a deliberately weak warm start)."""
     seed: int = 0
+    """Seed of the warm start's data order."""
     dev_path: str | None = None
     """Prompts (with ``ground_truth``) the warm start is scored on, greedily, every
     ``eval_every`` steps; a split of the *training* data, never the validation set."""
     eval_every: int = Field(25, ge=1)
+    """Score the dev prompts every N steps."""
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)
     """Stop the warm start once the dev accuracy reaches this (after ``min_steps``), so RL
     starts from a policy that is partly right; ``steps`` stays the upper bound."""
     min_steps: int = Field(0, ge=0)
+    """Steps before ``stop_at_accuracy`` may stop the warm start."""
 
 
 class TrainerConfig(Section):
     total_steps: int = Field(10, ge=1)
+    """RL steps (one batch of prompts each)."""
     output_dir: str = "outputs/run"
     """Metrics (``metrics.jsonl``), TensorBoard logs, checkpoints, the curves PNG and the
     exported model go here (relative paths: to the working directory)."""
     seed: int = 0
+    """Seed of everything random in the job."""
     save_every: int = Field(0, ge=0)
     """Checkpoint every N steps (0: only at the end)."""
     keep_last: int = Field(2, ge=1)
+    """Checkpoints kept on disk (older ones are deleted)."""
     progress: bool = True
+    """Show a progress bar."""
     tensorboard: bool = True
+    """Write TensorBoard logs."""
     plot: bool = True
+    """Write the PNG of curves at the end."""
     export_hf: bool = True
     """Write the final policy as a Hugging Face directory (``<output_dir>/hf``)."""
     free_memory: bool = False
@@ -298,6 +339,7 @@ class ClusterConfig(Section):
     """``ray``: join this cluster (``auto``, or ``host:port``); ``None`` starts a local Ray
     instance for the job and stops it at the end."""
     resources_per_rank: RankResources = Field(default_factory=RankResources)
+    """``ray``: what each rank reserves."""
     colocate: list[Literal["reference", "critic", "reward"]] = Field(default_factory=lambda: ["reference", "critic", "reward"])
     """``ray``: roles hosted in the actor's ranks (the same processes as actor and rollout;
     their parallel sizes must then multiply to the actor's). The others get ranks of their
