@@ -171,8 +171,11 @@ def test_hook_offload_reports_what_it_moved() -> None:
     engine.forward_backward(make_batch(6), token_mean_loss)
     engine.optimizer_step()
     stats = engine.offload(frozenset({"params", "optimizer"}))
-    params = sum(p.numel() * p.element_size() for p in engine.handle.module.parameters())
-    assert stats.detail["params_bytes"] == params and stats.detail["optimizer_bytes"] == 2 * params  # AdamW's two moments
+    tensors = list(engine.handle.module.parameters())
+    params = sum(p.numel() * p.element_size() for p in tensors)
+    assert stats.detail["params_bytes"] == params
+    # AdamW: two moments per weight and one float32 step count per tensor
+    assert stats.detail["optimizer_bytes"] == 2 * params + 4 * len(tensors)
     engine.onload()
     with pytest.raises(ValueError, match="cannot offload"):
         engine.offload(frozenset({"kv_cache"}))
