@@ -34,6 +34,8 @@ def train_and_sync(
         engine.save_checkpoint(CheckpointManager(Path(save_to)), STEPS, {"saved": parallel})
         out["probe"] = engine.compute_log_probs(make_batch(7).split(dp.size)[dp.rank]).outputs["log_probs"]
     if load_from:
+        # a fresh engine (initial weights, no optimizer state) restores the other layout's one
+        engine = make_engine(family, rank, world, budget=budget, options=parallel.get("options"), **sizes)
         latest = CheckpointManager(Path(load_from)).latest()
         assert latest is not None
         out["loaded_extra"] = engine.load_checkpoint(latest)
