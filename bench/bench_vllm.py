@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.rollout import Rollout
-from geartrain.testing.tiny import tiny_model
+from geartrain.modeling import tiny_model
 from geartrain.types import EngineContext, SamplingParams
 from geartrain_vllm.outputs import samples_from_outputs, to_batch
 from geartrain_vllm.requests import build_requests

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from geartrain import EngineConfig, ModelConfig, OptimConfig, RolloutConfig
 from geartrain.config import apply_overrides, validate_config
+from geartrain.validation import check_backends
 from geartrain.data import DataConfig
 from geartrain.trainer import TrainConfig, run_job
 from geartrain.trainer.config import AlgorithmConfig, RoleEngine, SamplingConfig, SFTConfig, TrainerConfig, ValidationConfig
@@ -45,7 +46,7 @@ def build_config(overrides: list[str]) -> TrainConfig:
     )
     if overrides:  # round-trip through the validator so overrides are checked like a file's
         data = apply_overrides(config.model_dump(exclude_unset=True), overrides)
-        config = validate_config(TrainConfig, data)
+        config = check_backends(validate_config(TrainConfig, data))
     return config
 
 

@@ -12,10 +12,10 @@ from geartrain.config import (
     ModelConfig,
     RolloutConfig,
     apply_overrides,
-    load_config,
     parse_override_value,
 )
 from geartrain.errors import ConfigError
+from geartrain.validation import load_config
 
 
 class Job(BaseModel):

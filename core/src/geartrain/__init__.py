@@ -6,12 +6,12 @@ The public API for users and plugin authors. Plugins import only from here,
 
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager, load_state, save_state
-from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, load_config
+from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig
 from geartrain.engine import Engine
 from geartrain.errors import CheckpointError, ConfigError, DataError, GeartrainError, PluginError, PluginNotFoundError
 from geartrain.hookspecs import hookimpl
 from geartrain.plugins import list_plugins, register_engine, register_extension, register_rollout
-from geartrain.rollout import Rollout, WeightReceiver
+from geartrain.rollout import Rollout
 from geartrain.types import (
     Capability,
     DataParallelCoordinates,
@@ -22,7 +22,9 @@ from geartrain.types import (
     SamplingParams,
     StepOutput,
     SyncStats,
+    WeightReceiver,
 )
+from geartrain.validation import load_config
 
 __version__ = "0.1.0"
 

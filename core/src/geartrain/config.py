@@ -1,10 +1,11 @@
 """Typed configuration: pydantic sections, loading from TOML/YAML, dotted overrides,
 and validation that reports every problem with its path.
 
-Each component owns a small section. A backend contributes the schema of its own
-``options`` table through the ``config_schema`` hook; :func:`load_config` validates those
-tables against the installed backend's schema, so ``actor.engine.options.sp_size = "x"``
-is reported with that full path.
+Each component owns a small section. Parsing here knows nothing of plugins; checking the
+backend sections against the installed plugins (each backend's ``options`` against its
+``config_schema``, its declared capabilities) is the next step, in
+:mod:`geartrain.validation`, so ``actor.engine.options.sp_size = "x"`` is reported with that
+full path.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from geartrain.errors import ConfigError, ConfigFileError, GeartrainError
+from geartrain.errors import ConfigError, ConfigFileError
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -41,7 +42,7 @@ class ModelConfig(Section):
     """Hugging Face hub id or local directory (config, weights, tokenizer)."""
     tiny: Literal["qwen2", "llama"] | None = None
     """Build a tiny randomly initialised model of this family (no download); see
-    :mod:`geartrain.testing.tiny`."""
+    :mod:`geartrain.modeling`."""
     config_overrides: dict[str, Any] = Field(default_factory=dict)
     """Fields set on the transformers config before building (``hidden_size``...)."""
     tokenizer: str | None = None
@@ -76,8 +77,9 @@ class OptimConfig(Section):
     """AdamW's epsilon."""
     weight_decay: float = Field(0.01, ge=0)
     """AdamW's decoupled weight decay."""
-    clip_grad: float = Field(1.0, gt=0)
-    """Largest global gradient norm; larger gradients are scaled down to it."""
+    clip_grad: float = Field(1.0, ge=0)
+    """Largest global gradient norm; larger gradients are scaled down to it. ``0``: no
+    clipping (the norm is still measured and a non-finite one still skips the step)."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     """``constant``, or ``cosine`` / ``linear`` decay to ``min_lr_ratio x lr`` at ``total_steps``."""
     warmup_steps: int = Field(0, ge=0)
@@ -86,7 +88,8 @@ class OptimConfig(Section):
     """Optimizer steps the schedule spans (cosine and linear decay end there). In a training
     job it is derived from the trainer (``trainer.total_steps x algorithm.ppo_epochs x
     algorithm.mini_batches`` for the actor) and a different value is refused; an engine
-    built in code with a decaying schedule must set it."""
+    built in code with a decaying schedule must set it. The formula of
+    every schedule is in :mod:`geartrain.optim`."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Where a decaying schedule ends, as a fraction of ``lr``."""
 
@@ -264,26 +267,23 @@ def validation_problems(exc: ValidationError, prefix: str = "") -> list[tuple[st
 _KEYED = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+): (.+)$")
 
 
-def validate_config(schema: type[ConfigT], data: Mapping[str, Any], source: str | None = None, *, check_plugins: bool = True) -> ConfigT:
-    """Validate ``data`` against ``schema`` and, if ``check_plugins``, every engine and
-    rollout section against its backend's ``config_schema``. Raises :class:`ConfigError`
-    listing all problems with their paths."""
+def validate_config(schema: type[ConfigT], data: Mapping[str, Any], source: str | None = None) -> ConfigT:
+    """Validate ``data`` against ``schema``. Raises :class:`ConfigError` listing all
+    problems with their paths. Backend sections are checked against the installed plugins
+    in a later step (:func:`geartrain.validation.check_backends`)."""
     try:
-        config = schema.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_problems(exc), source) from exc
-    if check_plugins:
-        problems = validate_backend_sections(config)
-        if problems:
-            raise ConfigError(problems, source)
-    return config
 
 
-def load_config(schema: type[ConfigT], path: str | Path | None = None, overrides: Sequence[str] = (), *, defaults: Mapping[str, Any] | None = None, check_plugins: bool = True) -> ConfigT:
-    """Read ``path`` (if given) over ``defaults``, apply ``overrides`` and validate."""
+def parse_config(schema: type[ConfigT], path: str | Path | None = None, overrides: Sequence[str] = (), *, defaults: Mapping[str, Any] | None = None) -> ConfigT:
+    """Read ``path`` (if given) over ``defaults``, apply ``overrides`` and validate against
+    ``schema`` (no plugin is loaded: :func:`geartrain.validation.load_config` also checks the
+    backend sections)."""
     data: dict[str, Any] = _deep_merge(dict(defaults or {}), read_config_file(path) if path else {})
     apply_overrides(data, overrides)
-    return validate_config(schema, data, str(path) if path else None, check_plugins=check_plugins)
+    return validate_config(schema, data, str(path) if path else None)
 
 
 def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -305,55 +305,6 @@ def iter_backend_sections(config: BaseModel, prefix: str = "") -> Iterator[tuple
             yield path, value
         elif isinstance(value, BaseModel):
             yield from iter_backend_sections(value, path)
-
-
-def validate_backend_sections(config: BaseModel) -> list[tuple[str, str]]:
-    """Check each engine/rollout section (of a job: only those of the roles it builds, its
-    ``backend_sections()``): the backend exists and loads, its declared
-    capabilities cover what the section asks for, and ``options`` match its schema
-    (``options`` is replaced by the validated model). Returns the problems."""
-    from geartrain import plugins  # late: plugins imports nothing from here, but keep config light
-
-    problems: list[tuple[str, str]] = []
-    # a job config names the sections of the roles it builds; other trees: every section
-    built = getattr(config, "backend_sections", None)
-    for path, section in built() if callable(built) else iter_backend_sections(config):
-        kind = "engine" if isinstance(section, EngineConfig) else "rollout"
-        try:
-            pm = plugins.create_manager(kind, section.backend, section.extensions)
-            info = plugins.backend_info(kind, section.backend)
-        except GeartrainError as exc:
-            problems.append((f"{path}.backend", str(exc)))
-            continue
-        problems += [(f"{path}.{p}", m) for p, m in capability_problems(section, set(info.capabilities))]
-        schema = pm.hook.config_schema()
-        raw = section.options
-        if isinstance(raw, BaseModel):
-            raw = raw.model_dump()
-        if schema is None:
-            if raw:
-                problems.append((f"{path}.options", f"the '{section.backend}' {kind} takes no options, got {sorted(raw)}"))
-            continue
-        try:
-            object.__setattr__(section, "options", schema.model_validate(raw or {}))
-        except ValidationError as exc:
-            problems += validation_problems(exc, f"{path}.options")
-    return problems
-
-
-def capability_problems(section: EngineConfig | RolloutConfig, capabilities: set[str]) -> list[tuple[str, str]]:
-    """What ``section`` asks for that a backend with ``capabilities`` cannot do."""
-    problems = []
-    if isinstance(section, EngineConfig):
-        wanted = {
-            "parallel.sp": ("sequence_parallel", section.parallel.sp > 1),
-            "parallel.tp": ("tensor_parallel", section.parallel.tp > 1),
-            "parallel.pp": ("pipeline_parallel", section.parallel.pp > 1),
-        }
-        for field_path, (cap, asked) in wanted.items():
-            if asked and cap not in capabilities:
-                problems.append((field_path, f"the '{section.backend}' engine does not declare '{cap}'"))
-    return problems
 
 
 def section_path(role: str) -> str:

@@ -9,17 +9,10 @@ from geartrain import plugins
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
 from geartrain.cluster.reduce import sum_over_data_parallel
-from geartrain.config import (
-    EngineConfig,
-    ModelConfig,
-    backend_config_errors,
-    capability_problems,
-    options_of,
-    section_path,
-)
+from geartrain.config import EngineConfig, ModelConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import ConfigError, GeartrainError
-from geartrain.rollout import WeightReceiver
-from geartrain.types import DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats
+from geartrain.types import DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats, WeightReceiver
+from geartrain.validation import capability_problems
 
 
 class Engine:

@@ -33,6 +33,7 @@ from geartrain.types import (
     SamplingParams,
     StepOutput,
     SyncStats,
+    WeightReceiver,
 )
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
     from geartrain.batch import Batch
     from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
-    from geartrain.rollout import WeightReceiver
 
 PROJECT_NAME = "geartrain"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)

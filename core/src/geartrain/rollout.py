@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -12,20 +11,9 @@ from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import GeartrainError
 from geartrain.modeling import torch_dtype
-from geartrain.types import EngineContext, MemoryStats, SamplingParams
+from geartrain.types import EngineContext, MemoryStats, SamplingParams, WeightReceiver
 
-
-@runtime_checkable
-class WeightReceiver(Protocol):
-    """What ``reshard_for_rollout`` streams weights into."""
-
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-    @property
-    def bucket_bytes(self) -> int: ...
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+__all__ = ["Rollout", "WeightReceiver"]
 
 
 class Rollout:

@@ -16,9 +16,9 @@ Tensor layout convention (all backends follow it, see docs/architecture.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import torch
 
@@ -149,6 +149,27 @@ class SyncStats:
     unless one tensor alone is larger)."""
     max_bucket_bytes: int = 0
     """Size of the largest bucket: the peak extra memory of the sync."""
+
+
+@runtime_checkable
+class WeightReceiver(Protocol):
+    """What ``reshard_for_rollout`` streams weights into (the core's
+    :class:`~geartrain.rollout.Rollout` is one). :func:`geartrain.weights.send_weights`
+    streams into it as the contract asks."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the tensors must arrive in (the rollout's compute dtype)."""
+        ...
+
+    @property
+    def bucket_bytes(self) -> int:
+        """The most bytes of tensors the sender may gather at once (``rollout.weight_bucket_bytes``)."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Consume ``(transformers name, full tensor)`` pairs as they come."""
+        ...
 
 
 @dataclass(kw_only=True, slots=True)

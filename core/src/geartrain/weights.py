@@ -1,22 +1,49 @@
-"""Size-bounded bucketing of named tensors for weight synchronisation and export.
+"""Bucketed weight streaming: what every engine's ``reshard_for_rollout`` and every
+rollout's ``update_weights`` need, written once.
 
-An engine knows each tensor's name and size before it gathers it. :func:`plan_buckets`
-groups them into buckets of at most ``bucket_bytes`` (a tensor larger than that forms a
-bucket of its own); :func:`stream_buckets` then gathers one bucket at a time through the
-engine's ``gather`` callback and yields its tensors, dropping them before the next bucket
-is gathered, so the extra memory held at once is bounded by one bucket (plus whatever
-the consumer keeps).
+The contract (``reshard_for_rollout`` in :mod:`geartrain.hookspecs`): an engine hands the
+receiver's ``update_weights`` an *iterator* of ``(transformers name, full tensor in
+receiver.dtype)`` that gathers at most ``receiver.bucket_bytes`` at a time, so the extra
+memory held at once is one bucket, not the model.
+
+Engine side:
+
+* :func:`send_weights` — the whole hook for most engines: plan, stream, hand over, finish
+  the gathers the receiver did not consume, report :class:`~geartrain.types.SyncStats`.
+  A single-process engine passes ``module.state_dict(keep_vars=True).items()``; a sharded
+  one also passes ``materialize`` (e.g. ``DTensor.full_tensor``, a collective).
+* :func:`stream_weights` — the stream alone (for export, or when the caller times it).
+* :func:`plan_buckets` / :func:`stream_buckets` — the two halves, for engines whose
+  gathers are not per tensor.
+
+Rollout side: :func:`bucketed` cuts an incoming stream into lists of at most
+``bucket_bytes`` (one RPC each), lazily.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import torch
 
+from geartrain.types import SyncStats, WeightReceiver
+
 K = TypeVar("K")
+T = TypeVar("T")
+
+__all__ = [
+    "Bucket",
+    "BucketStats",
+    "bucketed",
+    "drain",
+    "plan_buckets",
+    "send_weights",
+    "stream_buckets",
+    "stream_weights",
+]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -31,27 +58,41 @@ class BucketStats:
 
 @dataclass(kw_only=True, slots=True)
 class Bucket(Generic[K]):
+    """Keys gathered together, and their planned size in bytes."""
+
     keys: list[K]
     nbytes: int
 
 
+def _group(items: Iterable[T], size: Callable[[T], int], limit: int) -> Iterator[tuple[list[T], int]]:
+    """Consecutive ``items`` in groups whose sizes add up to at most ``limit`` (an item larger
+    than that is a group of its own), lazily, order kept."""
+    if limit < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {limit}")
+    current: list[T] = []
+    total = 0
+    for item in items:
+        nbytes = size(item)
+        if current and total + nbytes > limit:
+            yield current, total
+            current, total = [], 0
+        current.append(item)
+        total += nbytes
+    if current:
+        yield current, total
+
+
 def plan_buckets(items: Iterable[tuple[K, int]], bucket_bytes: int) -> list[Bucket[K]]:
     """Consecutive ``(key, nbytes)`` items grouped into buckets of at most ``bucket_bytes``
-    (order kept)."""
-    if bucket_bytes < 1:
-        raise ValueError("bucket_bytes must be >= 1")
-    buckets: list[Bucket[K]] = []
-    current: list[K] = []
-    size = 0
-    for key, nbytes in items:
-        if current and size + nbytes > bucket_bytes:
-            buckets.append(Bucket(keys=current, nbytes=size))
-            current, size = [], 0
-        current.append(key)
-        size += nbytes
-    if current:
-        buckets.append(Bucket(keys=current, nbytes=size))
-    return buckets
+    (a larger item forms a bucket of its own; order kept)."""
+    return [Bucket(keys=[k for k, _ in group], nbytes=n) for group, n in _group(items, lambda kv: kv[1], bucket_bytes)]
+
+
+def bucketed(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """A ``(name, tensor)`` stream cut into lists of at most ``bucket_bytes`` (a larger
+    tensor is a list of its own), consuming the stream only as far as the current list."""
+    for group, _ in _group(named_tensors, lambda nt: nt[1].numel() * nt[1].element_size(), bucket_bytes):
+        yield group
 
 
 def stream_buckets(
@@ -60,7 +101,8 @@ def stream_buckets(
     stats: BucketStats | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` bucket by bucket; ``gather(keys)`` materialises one
-    bucket (it may be collective: every rank must consume the stream to its end)."""
+    bucket (it may be collective: every rank must consume the stream to its end). A
+    bucket's tensors are dropped before the next one is gathered."""
     for bucket in buckets:
         named = gather(bucket.keys)
         if stats is not None:
@@ -74,8 +116,88 @@ def stream_buckets(
         del named
 
 
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def stream_weights(
+    entries: Iterable[tuple[str, torch.Tensor]],
+    *,
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    device: torch.device | str = "cpu",
+    materialize: Callable[[torch.Tensor], torch.Tensor] = _identity,
+    stats: BucketStats | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full copies of ``entries`` (``(transformers name, tensor)``, e.g. a model's
+    ``state_dict(keep_vars=True).items()``), cast to ``dtype`` on ``device``, gathered
+    ``bucket_bytes`` at a time (planned at ``dtype``'s size).
+
+    ``materialize(tensor)`` turns a stored tensor into the full one (a collective for
+    sharded tensors: then every rank must consume the stream to its end). A tensor listed
+    under several names (tied weights) is materialised once per bucket. The yielded
+    tensors never alias the live parameters."""
+    entries = list(entries)
+    by_name = dict(entries)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    target = torch.device(device)
+    # a tied weight is planned at full size under each name: in another bucket it is gathered again
+    buckets = plan_buckets([(name, t.numel() * itemsize) for name, t in entries], bucket_bytes)
+
+    def gather(names: list[str]) -> list[tuple[str, torch.Tensor]]:
+        done: dict[int, torch.Tensor] = {}
+        out: list[tuple[str, torch.Tensor]] = []
+        for name in names:
+            src = by_name[name]
+            if id(src) not in done:
+                live = src.detach()
+                full = materialize(live).to(device=target, dtype=dtype)
+                # .to() returns the live tensor itself when nothing changes: hand out a copy
+                done[id(src)] = torch.empty_like(full).copy_(full) if full is live else full
+            out.append((name, done[id(src)]))
+        return out
+
+    return stream_buckets(buckets, gather, stats)
+
+
 def drain(stream: Iterable[object]) -> None:
     """Consume a stream without keeping anything (ranks that receive no weights must
     still take part in the gathers)."""
     for _ in stream:
         pass
+
+
+def send_weights(
+    entries: Iterable[tuple[str, torch.Tensor]],
+    receiver: WeightReceiver | None,
+    *,
+    dtype: torch.dtype | None = None,
+    bucket_bytes: int | None = None,
+    device: torch.device | str = "cpu",
+    materialize: Callable[[torch.Tensor], torch.Tensor] = _identity,
+) -> SyncStats:
+    """``reshard_for_rollout`` in one call: stream ``entries`` (see :func:`stream_weights`)
+    into ``receiver.update_weights``, then finish whatever it did not consume (so the
+    gathers complete on every rank), and report what moved.
+
+    ``dtype`` and ``bucket_bytes`` default to the receiver's; ranks without a receiver
+    (``receiver=None``) still stream, with the given values (or float32 and 64 MiB), so
+    that collective gathers match across ranks. Sharded engines must pass the same
+    ``dtype``/``bucket_bytes`` on every rank."""
+    start = time.perf_counter()
+    if dtype is None:
+        dtype = receiver.dtype if receiver is not None else torch.float32
+    if bucket_bytes is None:
+        bucket_bytes = receiver.bucket_bytes if receiver is not None else 64 << 20
+    stats = BucketStats()
+    stream = stream_weights(entries, dtype=dtype, bucket_bytes=bucket_bytes, device=device, materialize=materialize, stats=stats)
+    if receiver is not None:
+        receiver.update_weights(stream)
+    drain(stream)
+    return SyncStats(
+        seconds=time.perf_counter() - start,
+        bytes=stats.bytes,
+        num_tensors=stats.num_tensors,
+        num_buckets=stats.num_buckets,
+        max_bucket_bytes=stats.max_bucket_bytes,
+    )

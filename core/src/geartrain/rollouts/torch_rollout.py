@@ -36,6 +36,7 @@ from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig, options_of
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.hookspecs import hookimpl
+from geartrain.layout import check_generate_inputs, rollout_batch
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
 from geartrain.seeding import prompt_indices, sample_seed
@@ -253,9 +254,11 @@ def _trim_heap() -> None:
 @hookimpl
 def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
     _check_live(rollout, "generate")
-    _validate(rollout, prompts, sampling)
+    check_generate_inputs(
+        "torch", prompts, sampling, max_model_len=rollout.config.max_model_len, vocab_size=rollout.model.config.vocab_size
+    )
     if not prompts:
-        return _assemble([], [], [], [], [], rollout.pad_token_id)
+        return rollout_batch([], [], [], prompt_index=[], finish_reason=[], pad_token_id=rollout.pad_token_id)
     n = sampling.n
     rows = [(i, j) for i in range(len(prompts)) for j in range(n)]  # prompt-major
     # Without a seed, fresh OS entropy: drawing from torch's global RNG would shift the
@@ -278,35 +281,14 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
             responses.append(toks)
             log_probs.append(lps)
             reasons.append(reason)
-    return _assemble(
-        [prompts[i] for i, _ in rows], responses, log_probs, reasons, [i for i, _ in rows], rollout.pad_token_id
+    return rollout_batch(
+        [prompts[i] for i, _ in rows],
+        responses,
+        log_probs,
+        prompt_index=[i for i, _ in rows],
+        finish_reason=reasons,
+        pad_token_id=rollout.pad_token_id,
     )
-
-
-def _validate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> None:
-    limit = rollout.config.max_model_len
-    vocab = rollout.model.config.vocab_size
-    if sampling.n < 1:
-        raise GeartrainError(f"torch rollout: sampling.n must be >= 1, got {sampling.n}")
-    if sampling.max_tokens < 1:
-        raise GeartrainError(f"torch rollout: sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
-    if not 0.0 < sampling.top_p <= 1.0:
-        raise GeartrainError(f"torch rollout: sampling.top_p must be in (0, 1], got {sampling.top_p}")
-    if sampling.temperature < 0:
-        raise GeartrainError(f"torch rollout: sampling.temperature must be >= 0, got {sampling.temperature}")
-    for index, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise GeartrainError(f"torch rollout: prompt {index} is empty")
-        if len(prompt) >= limit:
-            raise GeartrainError(
-                f"torch rollout: prompt {index} has {len(prompt)} tokens, which leaves no room to generate "
-                f"within max_model_len={limit}; shorten the prompt or raise rollout.max_model_len"
-            )
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise GeartrainError(
-                f"torch rollout: prompt {index} has token ids outside the vocabulary (size {vocab}): {bad[:5]}"
-            )
 
 
 def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> int:
@@ -432,36 +414,3 @@ def _decode_chunk(
         step_ids = new.unsqueeze(-1)
         step_pos = step_pos[:, -1:] + 1
     return list(zip(tokens_out, lps_out, reasons, strict=True))
-
-
-def _assemble(
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    log_probs: list[list[float]],
-    reasons: list[str],
-    prompt_index: list[int],
-    pad: int,
-) -> Batch:
-    """The hookspec's layout: left-padded prompt then right-padded response, per-token
-    tensors aligned to ``input_ids``."""
-    b = len(prompts)
-    width = max((len(p) for p in prompts), default=0)
-    resp_width = max((len(r) for r in responses), default=0)
-    total = width + resp_width
-    input_ids = torch.full((b, total), pad, dtype=torch.long)
-    attention = torch.zeros((b, total), dtype=torch.long)
-    response_mask = torch.zeros((b, total), dtype=torch.long)
-    lp = torch.zeros((b, total), dtype=torch.float32)
-    for r, (p, toks, lps) in enumerate(zip(prompts, responses, log_probs, strict=True)):
-        input_ids[r, width - len(p) : width] = torch.tensor(p, dtype=torch.long)
-        attention[r, width - len(p) : width] = 1
-        end = width + len(toks)
-        input_ids[r, width:end] = torch.tensor(toks, dtype=torch.long)
-        attention[r, width:end] = 1
-        response_mask[r, width:end] = 1
-        lp[r, width:end] = torch.tensor(lps, dtype=torch.float32)
-    return Batch(
-        {"input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask, "rollout_log_probs": lp},
-        meta={"prompt_index": prompt_index, "finish_reason": reasons},
-        info={"prompt_length": width},
-    )

@@ -1,9 +1,10 @@
-"""Tools for testing geartrain backends: tiny models and tokenizer built in code, and the
-conformance suites a plugin's tests subclass."""
+"""Tools for testing geartrain backends: the conformance suites a plugin's tests subclass,
+the recording fakes that test the core's own plumbing, and (re-exported from
+:mod:`geartrain.modeling`) the tiny models and tokenizer built in code."""
 
 from typing import Any
 
-from geartrain.testing.tiny import tiny_config, tiny_model, tiny_tokenizer
+from geartrain.modeling import tiny_config, tiny_model, tiny_tokenizer
 
 __all__ = ["EngineConformance", "RolloutConformance", "tiny_config", "tiny_model", "tiny_tokenizer"]
 

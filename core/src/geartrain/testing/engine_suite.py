@@ -280,6 +280,18 @@ class EngineConformance(StandardSuite):
         engine.forward_backward(_batch(), token_mean_nll_loss)
         assert engine.optimizer_step()["skipped"] == 0.0
 
+    def test_reported_lr_follows_the_schedule(self) -> None:
+        """``optimizer_step`` reports the lr its update used, on the schedule
+        :mod:`geartrain.optim` states (``geartrain.optim.clipped_step`` does this)."""
+        optim = OptimConfig(lr=1e-3, weight_decay=0.0, warmup_steps=2, lr_schedule="linear", total_steps=4, min_lr_ratio=0.5)
+        engine = self.make_engine(self.families[0], optim=optim)
+        lrs = []
+        for step in range(5):
+            engine.forward_backward(_batch(seed=40 + step), token_mean_nll_loss)
+            lrs.append(engine.optimizer_step()["lr"])
+        # by hand: warmup 1/2, 2/2 of lr; then 0.5 + 0.5 * (1 - p) with p = 0, 1/2, 1
+        assert lrs == pytest.approx([5e-4, 1e-3, 1e-3, 7.5e-4, 5e-4], rel=1e-9)
+
     # ------------------------------------------------------------------ weights out
     def test_weight_export_names_shapes_values(self, family: str) -> None:
         engine = self.make_engine(family)
@@ -362,7 +374,7 @@ class EngineConformance(StandardSuite):
     def test_hf_export_loads_in_transformers(self, family: str, tmp_path: Path) -> None:
         from transformers import AutoModelForCausalLM
 
-        from geartrain.testing.tiny import tiny_tokenizer
+        from geartrain.modeling import tiny_tokenizer
 
         engine = self.make_engine(family)
         self._engine_training(engine, 1)

@@ -37,7 +37,7 @@ from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
 from geartrain.rollout import Rollout
 from geartrain.testing.guard import StandardSuite
-from geartrain.testing.tiny import BOS, tiny_model, tiny_tokenizer
+from geartrain.modeling import BOS, tiny_model, tiny_tokenizer
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
 
 #: Prompts of different lengths, so batches are really left-padded.

@@ -29,9 +29,10 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
-from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section, load_config
+from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section
 from geartrain.data.config import DataConfig
 from geartrain.trainer.watchdog import WatchdogConfig
+from geartrain.validation import load_config
 
 
 class AlgorithmConfig(Section):

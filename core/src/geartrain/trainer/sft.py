@@ -11,12 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.data import DataConfig, PromptDataset, PromptLoader, PromptRow
 from geartrain.errors import DataError
+from geartrain.layout import sequence_batch
 from geartrain.trainer.config import SFTConfig
 
 
@@ -36,22 +35,12 @@ def sft_dataset(config: SFTConfig, path: str, tokenizer: Any, data: DataConfig) 
 
 
 def sft_batch(rows: list[PromptRow], tokenizer: Any, response_key: str) -> Batch:
-    """Token ids, attention mask and loss mask (response + EOS) for ``rows``."""
+    """Token ids, attention mask and loss mask (response + EOS) for ``rows``, in the rollout
+    layout (:func:`geartrain.layout.sequence_batch`)."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id or 0
     responses = tokenizer([r.meta[response_key] for r in rows], add_special_tokens=False)["input_ids"]
     responses = [list(ids) + ([eos] if eos is not None else []) for ids in responses]
-    width = max(len(r.prompt_ids) for r in rows)
-    total = width + max(len(r) for r in responses)
-    ids = torch.full((len(rows), total), pad, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    loss_mask = torch.zeros_like(ids)
-    for i, (row, resp) in enumerate(zip(rows, responses, strict=True)):
-        p = row.prompt_ids
-        ids[i, width - len(p) : width] = torch.tensor(p)
-        ids[i, width : width + len(resp)] = torch.tensor(resp)
-        attention[i, width - len(p) : width + len(resp)] = 1
-        loss_mask[i, width : width + len(resp)] = 1
-    return Batch({"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}, info={"prompt_length": width})
+    return sequence_batch([r.prompt_ids for r in rows], responses, pad, mask_key="loss_mask")
 
 
 def run_sft(

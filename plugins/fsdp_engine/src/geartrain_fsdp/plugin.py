@@ -20,12 +20,12 @@ from geartrain.types import (
     MemoryStats,
     StepOutput,
     SyncStats,
+    WeightReceiver,
 )
 
 if TYPE_CHECKING:
     from geartrain.batch import Batch
     from geartrain.config import EngineConfig, ModelConfig
-    from geartrain.rollout import WeightReceiver
 
     from geartrain_fsdp.options import FSDPOptions
     from geartrain_fsdp.sharding import FSDPModel
@@ -86,12 +86,11 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
 
 @hookimpl
 def optimizer_step(model: FSDPModel) -> dict[str, float]:
-    from geartrain_fsdp.optim import clipped_step
+    from geartrain.optim import clipped_step
 
     if model.optimizer is None or model.scheduler is None:
         raise RuntimeError(f"role '{model.ctx.role}' has no optimizer (optim.lr == 0)")
-    result = clipped_step(model.params(), model.optimizer, model.scheduler, model.config.optim.clip_grad)
-    return {"grad_norm": result.grad_norm, "lr": result.lr, "skipped": float(result.skipped)}
+    return clipped_step(model.params(), model.optimizer, model.scheduler, model.config.optim.clip_grad).metrics()
 
 
 @hookimpl

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from geartrain.config import EngineConfig
 from geartrain.errors import ConfigError
 from geartrain.modeling import torch_dtype
+from geartrain.optim import build_optimizer
 from geartrain.types import EngineContext
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -17,7 +18,6 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from geartrain_fsdp.mesh import Meshes, build_meshes
 from geartrain_fsdp.modeling import TokenOutputs, decoder_layers
-from geartrain_fsdp.optim import build_optimizer
 from geartrain_fsdp.options import FSDPOptions
 from geartrain_fsdp.ulysses import ATTENTION_NAME
 

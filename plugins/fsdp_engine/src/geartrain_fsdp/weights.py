@@ -4,16 +4,14 @@ size-bounded buckets, and exporting a plain Hugging Face directory."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from geartrain.rollout import WeightReceiver
-from geartrain.types import SyncStats
-from geartrain.weights import BucketStats, drain, plan_buckets, stream_buckets
+from geartrain.types import SyncStats, WeightReceiver
+from geartrain.weights import send_weights, stream_weights
 
 from geartrain_fsdp.sharding import FSDPModel
 
@@ -30,44 +28,15 @@ def hf_state_entries(model: FSDPModel) -> list[tuple[str, torch.Tensor]]:
 
 
 def iter_full_weights(
-    model: FSDPModel,
-    dtype: torch.dtype,
-    bucket_bytes: int,
-    device: torch.device | str = "cpu",
-    stats: BucketStats | None = None,
+    model: FSDPModel, dtype: torch.dtype, bucket_bytes: int, device: torch.device | str = "cpu"
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Full tensors named as in the transformers checkpoint, cast to ``dtype``, gathered
     ``bucket_bytes`` at a time. Collective: every rank must consume it to the end."""
-    entries = hf_state_entries(model)
-    by_name = dict(entries)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    # a tied weight is planned at full size: in another bucket it is gathered again
-    items = [(name, t.numel() * itemsize) for name, t in entries]
-    buckets = plan_buckets(items, bucket_bytes)
-
-    def gather(names: list[str]) -> list[tuple[str, torch.Tensor]]:
-        out: list[tuple[str, torch.Tensor]] = []
-        done: dict[int, torch.Tensor] = {}
-        for name in names:
-            src = by_name[name]
-            key = id(src)
-            if key not in done:
-                # a plain (unsharded) tensor is the live parameter: hand out a copy
-                full = _full(src.detach())
-                if not hasattr(src, "full_tensor") and full.dtype == dtype and full.device == torch.device(device):
-                    done[key] = torch.empty_like(full).copy_(full)
-                else:
-                    done[key] = full.to(device=device, dtype=dtype)
-            out.append((name, done[key]))
-        return out
-
-    yield from stream_buckets(buckets, gather, stats)
+    return stream_weights(hf_state_entries(model), dtype=dtype, bucket_bytes=bucket_bytes, device=device, materialize=_full)
 
 
 def reshard_for_rollout(model: FSDPModel, rollout: WeightReceiver | None) -> SyncStats:
     """See :func:`geartrain.hookspecs.reshard_for_rollout`."""
-    start = time.perf_counter()
-    stats = BucketStats()
     dtype = rollout.dtype if rollout is not None else torch.float32
     bucket_bytes = rollout.bucket_bytes if rollout is not None else 64 << 20
     if model.meshes.distributed:
@@ -78,16 +47,8 @@ def reshard_for_rollout(model: FSDPModel, rollout: WeightReceiver | None) -> Syn
         with_receiver = [s for s in gathered if s[2]] or gathered
         dtype = getattr(torch, with_receiver[0][0].replace("torch.", ""))
         bucket_bytes = with_receiver[0][1]
-    stream = iter_full_weights(model, dtype, bucket_bytes, device=model.device, stats=stats)
-    if rollout is not None:
-        rollout.update_weights(stream)
-    drain(stream)  # finishes the gathers if the receiver stopped early
-    return SyncStats(
-        seconds=time.perf_counter() - start,
-        bytes=stats.bytes,
-        num_tensors=stats.num_tensors,
-        num_buckets=stats.num_buckets,
-        max_bucket_bytes=stats.max_bucket_bytes,
+    return send_weights(
+        hf_state_entries(model), rollout, dtype=dtype, bucket_bytes=bucket_bytes, device=model.device, materialize=_full
     )
 
 

@@ -13,9 +13,11 @@ import torch
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
+from geartrain.layout import check_generate_inputs
 from geartrain.memory import collect_garbage, current_memory_bytes
 from geartrain.modeling import build_hf_model
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
+from geartrain.weights import bucketed
 
 from geartrain_vllm import engine, weights
 from geartrain_vllm.model_dir import model_directory, pad_token_id
@@ -48,6 +50,7 @@ class VllmRollout:
         skeleton = build_hf_model(model, meta=True)
         self.tensor_names = frozenset(skeleton.state_dict())
         self.tied = weights.tied_aliases(skeleton)
+        self.vocab_size: int = skeleton.config.vocab_size
         del skeleton
         self.engine_kwargs = engine.engine_kwargs(config, model, options, self.model_dir, self.device)
         keep = options.keep_weights_copy
@@ -67,7 +70,11 @@ class VllmRollout:
         """``sampling.n`` samples per prompt, prompt-major, with vLLM's raw log-probs
         (see :func:`geartrain_vllm.requests.build_requests` for how they are asked for)."""
         self._require_running("generate")
-        self._check_prompts(prompts)
+        # the whole batch before any of it reaches the engine (vLLM would keep the requests
+        # it accepted before a bad one queued)
+        check_generate_inputs(
+            "vllm", prompts, sampling, max_model_len=self.config.max_model_len, vocab_size=self.vocab_size
+        )
         requests = build_requests(prompts, sampling)
         outputs = self.llm.generate(requests.prompts, requests.params, use_tqdm=False)
         return to_batch(samples_from_outputs(prompts, requests.owners, outputs), self.pad_token_id)
@@ -104,7 +111,7 @@ class VllmRollout:
                     )
                 else:
                     self.llm.collective_rpc(weights.begin_reload)
-                    for bucket in weights.buckets(stream, self.config.weight_bucket_bytes):
+                    for bucket in bucketed(stream, self.config.weight_bucket_bytes):
                         self.llm.collective_rpc(weights.load_bucket, args=(bucket,))
                     self.llm.collective_rpc(weights.finish_reload)
             except Exception as exc:
@@ -188,19 +195,6 @@ class VllmRollout:
             free, total = torch.cuda.mem_get_info()
             return int(total - free)
         return current_memory_bytes("cpu")
-
-    def _check_prompts(self, prompts: list[list[int]]) -> None:
-        """Refuse a batch before any of it reaches the engine (vLLM would keep the
-        requests it accepted before the bad one queued)."""
-        limit = self.config.max_model_len
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise GeartrainError(f"vllm rollout: prompt {i} is empty")
-            if len(prompt) >= limit:
-                raise GeartrainError(
-                    f"vllm rollout: prompt {i} has {len(prompt)} tokens, which leaves no room to generate "
-                    f"within max_model_len={limit}; raise rollout.max_model_len or shorten the prompt"
-                )
 
     def _require_running(self, what: str) -> None:
         if self.released or self.llm is None:

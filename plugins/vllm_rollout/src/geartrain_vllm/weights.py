@@ -5,7 +5,8 @@ Two transports (``VllmOptions.weight_sync``):
 * ``stream``: one ``reload_weights`` RPC whose argument is the caller's (name, tensor)
   iterator itself; vLLM consumes it lazily, loading each layer as soon as its tensors are
   complete. Only possible when the engine's worker lives in this process.
-* ``buckets``: the iterator is cut into buckets of at most ``bucket_bytes``; each bucket is
+* ``buckets``: the iterator is cut into buckets of at most ``bucket_bytes``
+  (:func:`geartrain.weights.bucketed`); each bucket is
   one RPC between a begin and a finish RPC (:func:`begin_reload`, :func:`load_bucket`,
   :func:`finish_reload`, run on every worker). vLLM's layer-wise reload buffers a layer
   until all its tensors arrived, so a bucket boundary may split a fused layer.
@@ -52,22 +53,6 @@ def finish_reload(self: Any) -> None:
 
 
 # --------------------------------------------------------------------------- driver side
-
-
-def buckets(named_tensors: NamedTensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group a (name, tensor) stream into lists of at most ``bucket_bytes`` (a tensor larger
-    than that is a bucket of its own), consuming the stream lazily."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 class SyncCounter:

@@ -7,9 +7,6 @@ suite — the tutorial in docs/plugins.md builds it step by step.
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +16,8 @@ from pydantic import BaseModel, ConfigDict
 
 import geartrain
 from geartrain.modeling import build_hf_model
+from geartrain.optim import build_optimizer, clipped_step
+from geartrain.weights import send_weights
 
 
 class SimpleOptions(BaseModel):
@@ -55,20 +54,6 @@ def build_model(config: geartrain.ModelConfig, ctx: geartrain.EngineContext) -> 
     return build_hf_model(config, device=ctx.device)
 
 
-def _lr_lambda(optim: geartrain.OptimConfig):  # noqa: ANN202
-    def factor(step: int) -> float:
-        if optim.warmup_steps and step < optim.warmup_steps:
-            return (step + 1) / optim.warmup_steps
-        if optim.lr_schedule == "constant":
-            return 1.0
-        total = max(1, (optim.total_steps or 1) - optim.warmup_steps)
-        progress = min(1.0, (step - optim.warmup_steps) / total)
-        decay = 0.5 * (1 + math.cos(math.pi * progress)) if optim.lr_schedule == "cosine" else 1 - progress
-        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * decay
-
-    return factor
-
-
 @geartrain.hookimpl
 def shard(
     module: torch.nn.Module, config: geartrain.EngineConfig, model_config: geartrain.ModelConfig, ctx: geartrain.EngineContext
@@ -79,9 +64,7 @@ def shard(
         torch.use_deterministic_algorithms(True, warn_only=True)
     optimizer = scheduler = None
     if config.optim.lr > 0:
-        o = config.optim
-        optimizer = torch.optim.AdamW(module.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(o))
+        optimizer, scheduler = build_optimizer(module.parameters(), config.optim)
     return SimpleModel(module.train(), config, ctx, optimizer, scheduler, model_config.value_head)
 
 
@@ -158,53 +141,13 @@ def forward_backward(model: SimpleModel, batch: geartrain.Batch, loss_fn: geartr
 def optimizer_step(model: SimpleModel) -> dict[str, float]:
     if model.optimizer is None:
         raise RuntimeError(f"role {model.ctx.role} was built without an optimizer (lr=0)")
-    params = [p for p in model.module.parameters() if p.grad is not None]
-    norm = float(torch.nn.utils.clip_grad_norm_(params, model.config.optim.clip_grad)) if params else 0.0
-    skipped = not math.isfinite(norm)
-    if not skipped:
-        model.optimizer.step()
-        model.scheduler.step()
-    model.optimizer.zero_grad(set_to_none=True)
-    lr = model.optimizer.param_groups[0]["lr"]
-    return {"grad_norm": norm, "lr": lr, "skipped": float(skipped)}
-
-
-def _buckets(model: SimpleModel, dtype: torch.dtype, limit: int, stats: dict[str, int]) -> Iterator[tuple[str, torch.Tensor]]:
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-
-    def flush() -> list[tuple[str, torch.Tensor]]:
-        stats["buckets"] += 1
-        stats["max_bucket"] = max(stats["max_bucket"], size)
-        return bucket
-
-    for name, param in model.module.named_parameters():
-        tensor = param.detach().to(dtype, copy=True)
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > limit:
-            yield from flush()
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-        stats["bytes"] += nbytes
-        stats["tensors"] += 1
-    if bucket:
-        yield from flush()
+    step = clipped_step(model.module.parameters(), model.optimizer, model.scheduler, model.config.optim.clip_grad)
+    return step.metrics()
 
 
 @geartrain.hookimpl
 def reshard_for_rollout(model: SimpleModel, rollout: geartrain.WeightReceiver | None) -> geartrain.SyncStats:
-    start = time.perf_counter()
-    stats = dict(bytes=0, tensors=0, buckets=0, max_bucket=0)
-    if rollout is not None:
-        rollout.update_weights(_buckets(model, rollout.dtype, rollout.bucket_bytes, stats))
-    return geartrain.SyncStats(
-        seconds=time.perf_counter() - start,
-        bytes=stats["bytes"],
-        num_tensors=stats["tensors"],
-        num_buckets=stats["buckets"],
-        max_bucket_bytes=stats["max_bucket"],
-    )
+    return send_weights(model.module.state_dict(keep_vars=True).items(), rollout)
 
 
 @geartrain.hookimpl

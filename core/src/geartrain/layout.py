@@ -1,0 +1,126 @@
+"""The one sequence layout every batch uses, built in one place; and the checks a rollout
+applies to ``generate``'s inputs.
+
+Layout (see :mod:`geartrain.types`): row ``i`` of a ``[B, T]`` batch is prompt ``i``
+left-padded to the widest prompt ``P`` (``info["prompt_length"] = P``), then response
+``i`` right-padded to the longest response, so every response starts at column ``P``.
+``attention_mask`` is 1 on prompt and response tokens, the response mask 1 on response
+tokens only; a per-response-token value (the sampled token's log-prob) sits in the column
+of its token, 0 elsewhere, i.e. aligned to ``input_ids`` as the contract requires.
+
+* :func:`sequence_batch` — any prompt/response pairs (SFT names the mask ``loss_mask``);
+* :func:`rollout_batch` — what the ``generate`` hook returns;
+* :func:`check_generate_inputs` — refuse bad prompts or sampling settings with an error that
+  names the backend, the prompt and the limit, before anything reaches an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from geartrain.batch import Batch
+from geartrain.errors import GeartrainError
+from geartrain.types import SamplingParams
+
+__all__ = ["check_generate_inputs", "rollout_batch", "sequence_batch"]
+
+
+def sequence_batch(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_token_id: int,
+    *,
+    log_probs: Sequence[Sequence[float]] | None = None,
+    mask_key: str = "response_mask",
+    meta: Mapping[str, Sequence[Any]] | None = None,
+) -> Batch:
+    """A :class:`Batch` of ``input_ids``, ``attention_mask`` and ``mask_key`` (the response
+    tokens), plus ``rollout_log_probs`` when ``log_probs`` (one value per response token)
+    are given; ``info["prompt_length"]`` is the padded prompt width."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    if log_probs is not None and len(log_probs) != len(responses):
+        raise ValueError(f"{len(responses)} responses but {len(log_probs)} log-prob rows")
+    rows = len(prompts)
+    width = max((len(p) for p in prompts), default=0)
+    total = width + max((len(r) for r in responses), default=0)
+    input_ids = torch.full((rows, total), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((rows, total), dtype=torch.long)
+    response_mask = torch.zeros((rows, total), dtype=torch.long)
+    values = torch.zeros((rows, total), dtype=torch.float32) if log_probs is not None else None
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        start, end = width - len(prompt), width + len(response)
+        input_ids[row, start:width] = torch.as_tensor(prompt, dtype=torch.long)
+        input_ids[row, width:end] = torch.as_tensor(response, dtype=torch.long)
+        attention_mask[row, start:end] = 1
+        response_mask[row, width:end] = 1
+        if values is not None:
+            if len(log_probs[row]) != len(response):  # type: ignore[index]
+                raise ValueError(f"row {row}: {len(response)} response tokens but {len(log_probs[row])} log-probs")  # type: ignore[index]
+            values[row, width:end] = torch.as_tensor(log_probs[row], dtype=torch.float32)  # type: ignore[index]
+    tensors = {"input_ids": input_ids, "attention_mask": attention_mask, mask_key: response_mask}
+    if values is not None:
+        tensors["rollout_log_probs"] = values
+    return Batch(tensors, meta=meta, info={"prompt_length": width}, batch_size=rows)
+
+
+def rollout_batch(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    log_probs: Sequence[Sequence[float]],
+    *,
+    prompt_index: Sequence[int],
+    finish_reason: Sequence[str],
+    pad_token_id: int,
+) -> Batch:
+    """The ``generate`` hook's batch: row ``r`` is ``prompts[r]`` (the prompt of that
+    sample, repeated for each sample) then ``responses[r]``, with ``response_mask``,
+    ``rollout_log_probs`` and the meta ``prompt_index`` / ``finish_reason``."""
+    return sequence_batch(
+        prompts,
+        responses,
+        pad_token_id,
+        log_probs=log_probs,
+        meta={"prompt_index": list(prompt_index), "finish_reason": list(finish_reason)},
+    )
+
+
+def check_generate_inputs(
+    backend: str,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingParams,
+    *,
+    max_model_len: int,
+    vocab_size: int | None = None,
+) -> None:
+    """Raise :class:`GeartrainError` (prefixed ``"<backend> rollout: "``) for the first bad
+    input: ``sampling.n < 1``, ``max_tokens < 1``, ``top_p`` outside ``(0, 1]``, a negative
+    temperature; an empty prompt, one with no room to generate within ``max_model_len``, or
+    one with token ids outside ``[0, vocab_size)``. Checks the whole batch before any of it
+    is generated (an engine that queued part of it would keep those requests)."""
+    where = f"{backend} rollout"
+    if sampling.n < 1:
+        raise GeartrainError(f"{where}: sampling.n must be >= 1, got {sampling.n}")
+    if sampling.max_tokens < 1:
+        raise GeartrainError(f"{where}: sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise GeartrainError(f"{where}: sampling.top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.temperature < 0:
+        raise GeartrainError(f"{where}: sampling.temperature must be >= 0, got {sampling.temperature}")
+    for index, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise GeartrainError(f"{where}: prompt {index} is empty")
+        if len(prompt) >= max_model_len:
+            raise GeartrainError(
+                f"{where}: prompt {index} has {len(prompt)} tokens, which leaves no room to generate "
+                f"within max_model_len={max_model_len}; shorten the prompt or raise rollout.max_model_len"
+            )
+        if vocab_size is not None:
+            bad = [t for t in prompt if not 0 <= t < vocab_size]
+            if bad:
+                raise GeartrainError(
+                    f"{where}: prompt {index} has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}"
+                )

@@ -1,0 +1,91 @@
+"""geartrain.weights: bucket planning, lazy bucketing of a stream, and send_weights (the
+whole reshard_for_rollout of a single-process engine) on a real tiny model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import pytest
+import torch
+
+from geartrain.modeling import tiny_model
+from geartrain.weights import bucketed, plan_buckets, send_weights
+
+
+def test_plan_buckets_keeps_order_and_the_bound() -> None:
+    buckets = plan_buckets([("a", 4), ("b", 4), ("c", 10), ("d", 1), ("e", 1)], bucket_bytes=8)
+    assert [(b.keys, b.nbytes) for b in buckets] == [(["a", "b"], 8), (["c"], 10), (["d", "e"], 2)]
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets([("a", 1)], 0)
+
+
+def test_bucketed_consumes_the_stream_lazily() -> None:
+    pulled: list[str] = []
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        for i in range(6):
+            pulled.append(f"t{i}")
+            yield f"t{i}", torch.zeros(2)  # 8 bytes each
+
+    groups = bucketed(stream(), bucket_bytes=16)
+    first = next(groups)
+    assert [n for n, _ in first] == ["t0", "t1"]
+    assert pulled == ["t0", "t1", "t2"], "only what decides the first bucket may be pulled"
+    assert [[n for n, _ in g] for g in groups] == [["t2", "t3"], ["t4", "t5"]]
+
+
+class Receiver:
+    """A WeightReceiver keeping what it gets; ``stop_after`` stops consuming early."""
+
+    def __init__(self, dtype: torch.dtype, bucket_bytes: int, stop_after: int | None = None) -> None:
+        self.dtype, self.bucket_bytes, self.stop_after = dtype, bucket_bytes, stop_after
+        self.got: dict[str, torch.Tensor] = {}
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            self.got[name] = tensor
+            if self.stop_after is not None and len(self.got) >= self.stop_after:
+                return
+
+
+def test_send_weights_streams_every_tensor_in_the_receivers_dtype_and_bound() -> None:
+    model = tiny_model("qwen2", seed=1)  # tied embeddings: one tensor under two names
+    state = model.state_dict(keep_vars=True)
+    receiver = Receiver(torch.bfloat16, bucket_bytes=20_000)
+    stats = send_weights(state.items(), receiver)
+    assert list(receiver.got) == list(state)
+    for name, tensor in receiver.got.items():
+        assert tensor.dtype == torch.bfloat16
+        torch.testing.assert_close(tensor, state[name].detach().to(torch.bfloat16), rtol=0, atol=0)
+    largest = max(t.numel() * 2 for t in state.values())
+    assert stats.num_tensors == len(state) and stats.num_buckets > 2
+    assert stats.max_bucket_bytes <= max(receiver.bucket_bytes, largest)
+    # the tied lm_head sits in another bucket than embed_tokens: gathered (and counted) again
+    assert stats.bytes == sum(t.numel() * 2 for t in state.values())
+
+
+def test_sent_tensors_never_alias_the_live_parameters() -> None:
+    model = tiny_model("llama", seed=2)
+    receiver = Receiver(torch.float32, bucket_bytes=1 << 20)
+    send_weights(model.state_dict(keep_vars=True).items(), receiver)
+    before = receiver.got["model.norm.weight"].clone()
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)
+    torch.testing.assert_close(receiver.got["model.norm.weight"], before, rtol=0, atol=0)
+
+
+def test_what_the_receiver_leaves_is_still_gathered() -> None:
+    model = tiny_model("llama", seed=0)
+    entries = list(model.state_dict(keep_vars=True).items())
+    gathered: list[int] = []
+
+    def materialize(tensor: torch.Tensor) -> torch.Tensor:
+        gathered.append(tensor.numel())  # stands for a collective every rank must join
+        return tensor
+
+    receiver = Receiver(torch.float32, bucket_bytes=4096, stop_after=3)
+    stats = send_weights(entries, receiver, materialize=materialize)
+    assert len(receiver.got) == 3
+    assert len(gathered) == len(entries) and stats.num_tensors == len(entries)
+    without = send_weights(entries, None, dtype=torch.float32, bucket_bytes=4096, materialize=materialize)
+    assert without.num_tensors == len(entries) and without.num_buckets == stats.num_buckets
