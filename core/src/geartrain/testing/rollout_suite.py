@@ -10,7 +10,7 @@ backend::
         options = {"max_num_batched_tokens": 256}
 
 Each standard test compares numbers with a reference computed here from a plain
-transformers model (the tiny models of :mod:`geartrain.testing.tiny`, fp32): teacher-forced
+transformers model (the tiny models of :mod:`geartrain.modeling`, fp32): teacher-forced
 log-probs, a cache-free greedy decode, top-k / top-p supports. The suite talks to the
 backend only through :class:`geartrain.Rollout`, so it holds for any backend.
 
