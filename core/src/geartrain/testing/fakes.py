@@ -43,17 +43,8 @@ from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
 from geartrain.hookspecs import hookimpl
 from geartrain.layout import check_generate_inputs, rollout_batch
 from geartrain.optim import build_optimizer, clipped_step
-from geartrain.types import (
-    Capability,
-    EngineContext,
-    LossContext,
-    LossFn,
-    MemoryStats,
-    SamplingParams,
-    StepOutput,
-    SyncStats,
-    WeightReceiver,
-)
+from geartrain.types import Capability, EngineContext, LossContext, LossFn, MemoryStats
+from geartrain.types import SamplingParams, StepOutput, SyncStats, WeightReceiver
 from geartrain.weights import send_weights
 
 __all__ = [
