@@ -162,13 +162,12 @@ class _FakeEngine:
         self.owner.record(ctx.role, "build_model", value_head=config.value_head)
         module = torch.nn.Module()
         module.theta = torch.nn.Parameter(torch.tensor(0.5))
-        module.value_head = config.value_head  # type: ignore[assignment]
         return module
 
     @hookimpl
-    def shard(self, module: torch.nn.Module, config: EngineConfig, ctx: EngineContext) -> FakeModel:
+    def shard(self, module: torch.nn.Module, config: EngineConfig, model_config: ModelConfig, ctx: EngineContext) -> FakeModel:
         self.owner.record(ctx.role, "shard", lr=config.optim.lr)
-        model = FakeModel(module=module, config=config, ctx=ctx, value_head=bool(module.value_head))
+        model = FakeModel(module=module, config=config, ctx=ctx, value_head=model_config.value_head)
         if config.optim.lr > 0:
             model.optimizer, model.scheduler = build_optimizer(module.parameters(), config.optim)
         return model

@@ -6,8 +6,10 @@ over-long prompt before a batch draws it."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from geartrain.data import PromptDataset
@@ -33,9 +35,27 @@ class Preflight:
     """Findings that do not stop a run (e.g. responses capped by ``max_model_len``)."""
 
 
-def _resolve_reward(config: TrainConfig, reward_fn: Callable[..., Any] | None) -> Any:
-    from geartrain.trainer.run import resolve_reward  # run.py imports this module
+def resolve_reward(spec: str | Callable[..., Any] | None, base_dir: str | None) -> Any:
+    """A registered name / dotted path stays as is; ``file.py:function`` (relative to
+    ``base_dir``) is imported from that file."""
+    if not isinstance(spec, str) or ".py:" not in spec:
+        return spec
+    file, _, name = spec.rpartition(":")
+    path = Path(file)
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise GeartrainError(f"reward function file '{path}' does not exist (reward.function = '{spec}')")
+    module_spec = importlib.util.spec_from_file_location(f"geartrain_reward_{path.stem}", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, name, None)):
+        raise GeartrainError(f"reward function file '{path}' has no function '{name}'")
+    return getattr(module, name)
 
+
+def _resolve_reward(config: TrainConfig, reward_fn: Callable[..., Any] | None) -> Any:
     if reward_fn is not None:
         spec: Any = reward_fn
     elif config.reward.model is not None:

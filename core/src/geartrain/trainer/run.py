@@ -5,7 +5,6 @@ Python users call :func:`run_job` with a :class:`TrainConfig` (see
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import random
@@ -28,7 +27,7 @@ from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, plot_curves, read_jsonl
-from geartrain.trainer.preflight import Preflight, preflight
+from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
 from geartrain.trainer.rl import RLRoles, RLTrainer, actor_loss_config
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
 from geartrain.trainer.rundir import RunDirectory
@@ -46,26 +45,6 @@ class JobResult:
     steps: int
     output_dir: Path
     seconds: float
-
-
-def resolve_reward(spec: str | Callable[..., Any] | None, base_dir: str | None) -> Any:
-    """A registered name / dotted path stays as is; ``file.py:function`` (relative to
-    ``base_dir``) is imported from that file."""
-    if not isinstance(spec, str) or ".py:" not in spec:
-        return spec
-    file, _, name = spec.rpartition(":")
-    path = Path(file)
-    if not path.is_absolute() and base_dir is not None:
-        path = Path(base_dir) / path
-    if not path.is_file():
-        raise GeartrainError(f"reward function file '{path}' does not exist (reward.function = '{spec}')")
-    module_spec = importlib.util.spec_from_file_location(f"geartrain_reward_{path.stem}", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if not callable(getattr(module, name, None)):
-        raise GeartrainError(f"reward function file '{path}' has no function '{name}'")
-    return getattr(module, name)
 
 
 def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer: Any, cfg: TrainConfig) -> float:
