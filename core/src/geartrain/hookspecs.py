@@ -165,8 +165,11 @@ def optimizer_step(model: EngineModel) -> dict[str, float]:  # type: ignore[empt
     zero the gradients.
 
     If the gradient norm is not finite, skip the update (still zero the gradients and
-    advance nothing) and report ``skipped = 1.0``. Returns at least ``grad_norm``, ``lr``
-    and ``skipped``. Collective: called on every rank.
+    advance nothing) and report ``skipped = 1.0``. Returns at least ``grad_norm`` (before
+    clipping), ``lr`` (the learning rate *this* step's update used) and ``skipped``.
+    ``clip_grad = 0`` means no clipping. :func:`geartrain.optim.clipped_step` does all of
+    this; the schedule's formula is in :mod:`geartrain.optim`. Collective: called on every
+    rank.
     """
 
 
@@ -179,6 +182,7 @@ def reshard_for_rollout(model: EngineModel, rollout: WeightReceiver | None) -> S
     bucket by bucket (at most ``rollout.bucket_bytes`` gathered at once), so peak extra
     memory is bounded by the bucket size, not the model size. Called on every rank (the
     gathers are collectives); ranks that hold no rollout replica get ``rollout=None``.
+    :func:`geartrain.weights.send_weights` implements it from ``(name, tensor)`` pairs.
     """
 
 
@@ -243,7 +247,8 @@ def generate(rollout: RolloutEngine, prompts: list[list[int]], sampling: Samplin
     log-prob of each sampled token under the sampling distribution *before* temperature,
     top-p and top-k, i.e. the model's own distribution), and ``info["prompt_length"]``,
     the padded prompt width. Per-sample meta ``prompt_index`` and ``finish_reason``
-    (``"stop"`` or ``"length"``).
+    (``"stop"`` or ``"length"``). :func:`geartrain.layout.rollout_batch` builds this batch;
+    :func:`geartrain.layout.check_generate_inputs` refuses bad prompts and settings first.
     """
 
 
