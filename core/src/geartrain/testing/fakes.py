@@ -38,6 +38,7 @@ import torch
 
 from geartrain import plugins
 from geartrain.batch import Batch
+from geartrain.checkpoint import load_state, save_state
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
 from geartrain.hookspecs import hookimpl
@@ -208,12 +209,12 @@ class _FakeEngine:
         state = {"theta": model.theta.detach().clone(), "extra": extra}
         if model.optimizer is not None:
             state |= {"optimizer": model.optimizer.state_dict(), "scheduler": model.scheduler.state_dict()}
-        torch.save(state, Path(path) / "fake.pt")
+        save_state(state, Path(path) / "fake.pt")
 
     @hookimpl
     def load_checkpoint(self, model: FakeModel, path: Path) -> dict[str, Any]:
         self.owner.record(model.ctx.role, "load_checkpoint")
-        state = torch.load(Path(path) / "fake.pt", weights_only=True)
+        state = load_state(Path(path) / "fake.pt")
         with torch.no_grad():
             model.theta.copy_(state["theta"])
         if model.optimizer is not None and "optimizer" in state:
