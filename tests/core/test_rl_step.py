@@ -51,7 +51,7 @@ def fake_engine(lr: float) -> RoleEngine:
     return RoleEngine(engine=EngineConfig(backend="fake", optim=OptimConfig(lr=lr, weight_decay=0.0)))
 
 
-def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool) -> tuple[RLTrainer, list[GroupCall]]:
+def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool, reuse: bool = True) -> tuple[RLTrainer, list[GroupCall]]:
     config = TrainConfig(
         algorithm=algorithm,
         actor=fake_engine(0.1),
@@ -60,7 +60,7 @@ def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool) -> t
         rollout=RolloutConfig(backend="fake", max_model_len=64),
         sampling=SamplingConfig(n=N, max_tokens=MAX_TOKENS),
         reward=RewardConfig(function="arithmetic"),
-        trainer=TrainerConfig(output_dir=str(tmp_path), free_memory=free_memory, progress=False),
+        trainer=TrainerConfig(output_dir=str(tmp_path), free_memory=free_memory, progress=False, reuse_update_log_probs=reuse),
     )
     tokenizer = tiny_tokenizer()
     rows = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(PROMPTS)]
@@ -79,7 +79,8 @@ def by_hand_lengths() -> list[int]:
 
 
 def test_grpo_step_calls_keys_dispatch_and_metrics(tmp_path: Path, fakes: FakeBackends) -> None:
-    trainer, log = build(tmp_path, AlgorithmConfig(name="grpo"), free_memory=False)
+    # the separate old-log-prob forward (reuse off); the next test covers the reuse
+    trainer, log = build(tmp_path, AlgorithmConfig(name="grpo"), free_memory=False, reuse=False)
     # a rule reward and GRPO without KL build no reference, critic or reward engine
     assert [(c.role, c.hook) for c in fakes.calls] == [("actor", "build_model"), ("actor", "shard"), ("rollout", "build_rollout")]
     fakes.clear()
@@ -135,6 +136,32 @@ def test_grpo_step_calls_keys_dispatch_and_metrics(tmp_path: Path, fakes: FakeBa
     assert fakes.of("actor", "reshard_for_rollout")[0].detail["theta"] == pytest.approx(0.4, abs=1e-6)
 
 
+def test_one_optimizer_step_reuses_the_updates_forward(tmp_path: Path, fakes: FakeBackends) -> None:
+    trainer, log = build(tmp_path, AlgorithmConfig(name="grpo"), free_memory=False)
+    fakes.clear()
+    metrics = trainer.step(1)
+    # no separate old-log-prob forward: the update's forward (with entropy) supplies them
+    assert [(c.role, c.hook) for c in fakes.calls] == [
+        ("actor", "reshard_for_rollout"),
+        ("rollout", "update_weights"),
+        ("rollout", "generate"),
+        ("actor", "forward_backward"),
+        ("actor", "optimizer_step"),
+    ]
+    assert [(g.role, g.method, g.dispatch) for g in log] == [
+        ("actor", "generate", Dispatch.ALL),
+        ("reward", "score", Dispatch.DP),
+        ("actor", "update_once", Dispatch.DP),
+    ]
+    (update,) = fakes.of("actor", "forward_backward")
+    assert update.keys == SCORED_KEYS | ADVANTAGE_KEYS and update.detail == {"forward_only": False, "loss": True, "need_entropy": True}
+    # the same numbers as with the separate forward (test above): they come from the update's own
+    assert metrics["actor/entropy"] == 1.0
+    assert metrics["rollout_mismatch/mean_abs_diff"] == pytest.approx(0.0225, abs=1e-6)
+    assert metrics["actor/pg_loss"] == pytest.approx(-1 / 3, abs=1e-6)
+    assert metrics["actor/grad_norm"] == pytest.approx(1 / 3, abs=1e-6)
+
+
 def test_ppo_hybrid_switch_reference_and_critic(tmp_path: Path, fakes: FakeBackends) -> None:
     algorithm = AlgorithmConfig(name="ppo", use_kl_loss=True, critic_warmup_steps=1)
     trainer, log = build(tmp_path, algorithm, free_memory=True)
@@ -184,9 +211,11 @@ def test_ppo_hybrid_switch_reference_and_critic(tmp_path: Path, fakes: FakeBacke
         ("actor", "forward_backward"),
         ("actor", "optimizer_step"),
     ]
-    assert [(g.role, g.method) for g in log][-2:] == [("critic", "update"), ("actor", "update")]
+    # one optimizer step for the actor: no separate old-log-prob forward, the update's own
+    assert [(g.role, g.method) for g in log][-2:] == [("critic", "update"), ("actor", "update_once")]
+    assert ("actor", "compute_log_probs") not in [(g.role, g.method) for g in log]
     actor_update = fakes.of("actor", "forward_backward")[-1]
-    assert actor_update.keys == SCORED_KEYS | {"old_log_probs", "ref_log_probs", "old_values"} | ADVANTAGE_KEYS
+    assert actor_update.keys == SCORED_KEYS | {"ref_log_probs", "old_values"} | ADVANTAGE_KEYS
 
     # step 3: the actor changed in step 2, so its weights are synced after the resume
     fakes.clear()
