@@ -32,7 +32,7 @@ from geartrain.trainer.run import Job
 PROMPTS, N, MAX_TOKENS = 2, 3, 3
 # what the rollout returns, then what the trainer adds before anyone computes on it
 ROLLOUT_KEYS = {"input_ids", "attention_mask", "response_mask", "rollout_log_probs", "prompt_index", "finish_reason"}
-SCORED_KEYS = ROLLOUT_KEYS | {"prompt", "ground_truth", "data_meta", "uid", "response_text", "loss_mask"}
+SCORED_KEYS = ROLLOUT_KEYS | {"rollout_rank", "prompt", "ground_truth", "data_meta", "uid", "response_text", "loss_mask"}
 ADVANTAGE_KEYS = {"advantages", "returns"}
 
 
@@ -45,6 +45,12 @@ def length_reward(response: str, ground_truth: str) -> float:
 def fakes() -> Iterator[FakeBackends]:
     with FakeBackends().registered() as backends:
         yield backends
+    for group in _open_groups:  # frees each inline role's process group
+        group.shutdown()
+    _open_groups.clear()
+
+
+_open_groups: list[RecordingWorkerGroup] = []
 
 
 def fake_engine(lr: float) -> RoleEngine:
@@ -70,6 +76,7 @@ def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool, reus
     log: list[GroupCall] = []
     wrap = lambda g: RecordingWorkerGroup(g, log) if g is not None else None  # noqa: E731
     recorded = RLRoles(actor=wrap(roles.actor), reward=wrap(roles.reward), reference=wrap(roles.reference), critic=wrap(roles.critic))
+    _open_groups.extend(g for g in (recorded.actor, recorded.reward, recorded.reference, recorded.critic) if g is not None)
     return RLTrainer(config, recorded, tokenizer, loader), log
 
 
@@ -95,7 +102,7 @@ def test_grpo_step_calls_keys_dispatch_and_metrics(tmp_path: Path, fakes: FakeBa
         ("actor", "optimizer_step"),
     ]
     assert log == [
-        GroupCall(role="actor", method="generate", dispatch=Dispatch.ALL),
+        GroupCall(role="actor", method="generate", dispatch=Dispatch.DP),
         GroupCall(role="reward", method="score", dispatch=Dispatch.DP),
         GroupCall(role="actor", method="compute_log_probs", dispatch=Dispatch.DP),
         GroupCall(role="actor", method="update", dispatch=Dispatch.DP),
@@ -149,7 +156,7 @@ def test_one_optimizer_step_reuses_the_updates_forward(tmp_path: Path, fakes: Fa
         ("actor", "optimizer_step"),
     ]
     assert [(g.role, g.method, g.dispatch) for g in log] == [
-        ("actor", "generate", Dispatch.ALL),
+        ("actor", "generate", Dispatch.DP),
         ("reward", "score", Dispatch.DP),
         ("actor", "update_once", Dispatch.DP),
     ]
@@ -184,7 +191,7 @@ def test_ppo_hybrid_switch_reference_and_critic(tmp_path: Path, fakes: FakeBacke
         ("critic", "optimizer_step"),  # critic warm-up: the actor does not train in step 1
     ]
     assert [(g.role, g.method, g.dispatch) for g in log] == [
-        ("actor", "generate", Dispatch.ALL),
+        ("actor", "generate", Dispatch.DP),
         ("reward", "score", Dispatch.DP),
         ("actor", "compute_log_probs", Dispatch.DP),
         ("reference", "compute_log_probs", Dispatch.DP),

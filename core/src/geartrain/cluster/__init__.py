@@ -7,6 +7,7 @@ needs the ``geartrain[ray]`` extra). :mod:`geartrain.cluster.dispatch` splits ba
 data-parallel ranks and gathers results back in order.
 """
 
+from geartrain.cluster.placement import make_placement
 from geartrain.cluster.worker_group import (
     Dispatch,
     InlinePlacement,
@@ -14,7 +15,6 @@ from geartrain.cluster.worker_group import (
     Placement,
     WorkerGroup,
     create_worker_group,
-    make_placement,
 )
 
 __all__ = [

@@ -141,16 +141,3 @@ class InlinePlacement(Placement):
         if world_size != 1:
             raise ConfigError([(f"{role}.engine.parallel", f"the inline placement runs 1 rank, not {world_size}; set cluster.placement = \"ray\"")])
         return InlineWorkerGroup(role, worker_cls, *args, seed=seed, **kwargs)
-
-
-def make_placement(cluster: Any, *, log_dir: str | None = None) -> Placement:
-    """The placement ``cluster`` (a :class:`~geartrain.trainer.config.ClusterConfig`) asks
-    for. ``log_dir``: where Ray ranks write their logs (default: a temporary directory)."""
-    if cluster.placement == "inline":
-        return InlinePlacement()
-    if cluster.placement == "ray":
-        from geartrain.cluster.ray_placement import RayPlacement, require_ray
-
-        require_ray()
-        return RayPlacement(cluster, log_dir=log_dir)
-    raise ConfigError([("cluster.placement", f"unknown placement '{cluster.placement}' (use 'inline' or 'ray')")])
