@@ -32,7 +32,7 @@ from geartrain.trainer.run import Job
 PROMPTS, N, MAX_TOKENS = 2, 3, 3
 # what the rollout returns, then what the trainer adds before anyone computes on it
 ROLLOUT_KEYS = {"input_ids", "attention_mask", "response_mask", "rollout_log_probs", "prompt_index", "finish_reason"}
-SCORED_KEYS = ROLLOUT_KEYS | {"rollout_rank", "prompt", "ground_truth", "data_meta", "uid", "response_text", "loss_mask"}
+SCORED_KEYS = ROLLOUT_KEYS | {"rollout_rank", "prompt", "ground_truth", "data_meta", "uid", "response_text", "loss_mask", "score", "correct"}
 ADVANTAGE_KEYS = {"advantages", "returns"}
 
 
