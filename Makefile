@@ -29,7 +29,7 @@ PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 
-.PHONY: train test test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
+.PHONY: train envs test test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
 
 train: .venv/.base
 	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
@@ -113,7 +113,14 @@ clean-envs:
 	rm -rf .venv .venvs
 
 # --- tests --------------------------------------------------------------------------------
-test: test-core test-fsdp test-vllm test-megatron test-sglang test-e2e test-ray
+# Every suite's environment, built three at a time (pip mostly waits on unpacking and the disk,
+# so this overlaps well even on 2 cores); the suites themselves then run one after another.
+ENVS := .venvs/core/.ok .venvs/fsdp/.ok .venvs/vllm/.ok .venvs/megatron/.ok .venvs/sglang/.ok .venv/.full
+
+envs:
+	$(MAKE) -j3 $(ENVS)
+
+test: envs test-core test-fsdp test-vllm test-megatron test-sglang test-e2e test-ray
 	@echo "all geartrain test suites passed"
 
 test-core: .venvs/core/.ok
