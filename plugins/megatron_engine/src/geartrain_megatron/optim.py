@@ -9,7 +9,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
-from geartrain.config import OptimConfig
+from geartrain.optim import lr_factor
 from torch import nn
 
 from geartrain_megatron.compat import cpu_compat
@@ -17,21 +17,6 @@ from geartrain_megatron.options import MegatronOptions
 
 if TYPE_CHECKING:
     from geartrain_megatron.engine import MegatronModel
-
-
-def lr_factor(step: int, cfg: OptimConfig) -> float:
-    """Multiplier of ``cfg.lr`` at optimizer step ``step`` (0-based): the core's schedule
-    (linear warmup from ``1 / warmup_steps``, then constant or cosine/linear decay to
-    ``min_lr_ratio`` at ``total_steps``), as documented on :class:`OptimConfig`."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    if cfg.lr_schedule == "constant":
-        return 1.0
-    assert cfg.total_steps is not None
-    span = max(1, cfg.total_steps - cfg.warmup_steps)
-    progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
-    decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1.0 - progress
-    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
 
 
 def wrap_ddp(chunks: list[nn.Module], options: MegatronOptions) -> list[nn.Module]:
@@ -104,6 +89,8 @@ def _clip(optimizer: Any, max_norm: float, total_norm: float) -> None:
     """Scale the main gradients by ``max_norm / total_norm`` when that is below 1 (the
     norm is megatron's, over all TP/PP/DP shards). Done here rather than with megatron's
     ``clip_grad_by_total_norm_fp32``, which insists on CUDA tensors."""
+    if max_norm <= 0:  # the core's rule: clip_grad = 0 means no clipping
+        return
     coeff = max_norm / (total_norm + 1.0e-6)
     if coeff >= 1.0:
         return
