@@ -22,7 +22,7 @@ def test_plugin_is_listed_with_its_version_and_capabilities() -> None:
 
 
 def test_options_are_validated_with_their_path() -> None:
-    from geartrain.config import validate_backend_sections
+    from geartrain.validation import validate_backend_sections
     from pydantic import BaseModel
 
     class Root(BaseModel):
