@@ -8,10 +8,11 @@ import contextlib
 import torch
 import torch.distributed as dist
 from geartrain.batch import Batch
+from geartrain.micro_batches import plan_micro_batches
 from geartrain.types import LossContext, LossFn, StepOutput
 
 from geartrain_fsdp.mesh import all_reduce_
-from geartrain_fsdp.packing import pack, padded_inputs, plan_micro_batches, scatter_shifted, shift_padded
+from geartrain_fsdp.packing import pack, padded_inputs, scatter_shifted, shift_padded
 from geartrain_fsdp.sharding import FSDPModel
 from geartrain_fsdp.ulysses import PackedAttentionState, gather_sequence, local_slice, packed_attention_state
 

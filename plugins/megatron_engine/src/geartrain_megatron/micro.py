@@ -17,42 +17,6 @@ import torch
 from geartrain.batch import Batch
 
 
-def plan_micro_batches(lengths: list[int], budget: int, min_count: int = 1) -> list[list[int]]:
-    """Row indices per micro-batch: at most ``budget`` real tokens each (a longer row gets
-    one of its own), first-fit decreasing, rows in increasing order. Then the fullest
-    groups are halved (and, with too few rows, empty groups appended) until there are
-    ``min_count``."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    loads: list[int] = []
-    for i in order:
-        for g, load in enumerate(loads):
-            if load + lengths[i] <= budget:
-                groups[g].append(i)
-                loads[g] += lengths[i]
-                break
-        else:
-            groups.append([i])
-            loads.append(lengths[i])
-    while len(groups) < min_count:
-        splittable = [g for g in range(len(groups)) if len(groups[g]) > 1]
-        if not splittable:
-            groups.append([])
-            loads.append(0)
-            continue
-        g = max(splittable, key=lambda k: loads[k])
-        halves: tuple[list[int], list[int]] = ([], [])
-        half_loads = [0, 0]
-        for i in sorted(groups[g], key=lambda i: -lengths[i]):
-            side = 0 if half_loads[0] <= half_loads[1] else 1
-            halves[side].append(i)
-            half_loads[side] += lengths[i]
-        groups[g], loads[g] = halves[0], half_loads[0]
-        groups.append(halves[1])
-        loads.append(half_loads[1])
-    return [sorted(g) for g in groups]
-
-
 @dataclass(kw_only=True, slots=True)
 class MicroBatch:
     """One micro-batch. ``batch`` is ``None`` for a filler (a rank with no rows left runs

@@ -17,13 +17,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from geartrain.batch import Batch
+from geartrain.micro_batches import plan_micro_batches
 from geartrain.types import LossContext, LossFn, StepOutput
 
 from geartrain_megatron import parallel
 from geartrain_megatron.compat import cpu_compat
 from geartrain_megatron.engine import MegatronModel
 from geartrain_megatron.logprobs import vocab_parallel_log_probs
-from geartrain_megatron.micro import MicroBatch, make_micro_batch, plan_micro_batches
+from geartrain_megatron.micro import MicroBatch, make_micro_batch
 
 
 def _plan(model: MegatronModel, attention_mask: torch.Tensor) -> list[list[int]]:
