@@ -39,6 +39,8 @@ class MegatronModel:
     steps: int = 0
     """Optimizer steps taken (the LR schedule's position)."""
     offloaded: frozenset[str] = field(default_factory=frozenset)
+    parked: dict[str, list[Any]] = field(default_factory=dict)
+    """What ``offload`` released, by kind (:class:`geartrain_megatron.offload.Parked`)."""
 
     @property
     def device(self) -> torch.device:

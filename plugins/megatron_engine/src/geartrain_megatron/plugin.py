@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from geartrain.hookspecs import hookimpl
-from geartrain.types import Capability, DataParallelCoordinates, EngineContext, LossFn, StepOutput, SyncStats
+from geartrain.types import (
+    Capability,
+    DataParallelCoordinates,
+    EngineContext,
+    LossFn,
+    MemoryStats,
+    StepOutput,
+    SyncStats,
+)
 
 if TYPE_CHECKING:
     from geartrain.batch import Batch
@@ -34,6 +42,7 @@ def capabilities() -> Iterable[str]:
         Capability.PIPELINE_PARALLEL,
         Capability.VALUE_HEAD,
         Capability.HF_EXPORT,
+        Capability.OFFLOAD,
     ]
 
 
@@ -73,14 +82,18 @@ def data_parallel_coordinates(model: MegatronModel) -> DataParallelCoordinates:
 @hookimpl
 def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
     from geartrain_megatron import train
+    from geartrain_megatron.offload import require_onloaded
 
+    require_onloaded(model, "forward_backward")
     return train.forward_backward(model, batch, loss_fn, forward_only)
 
 
 @hookimpl
 def optimizer_step(model: MegatronModel) -> dict[str, float]:
+    from geartrain_megatron.offload import require_onloaded
     from geartrain_megatron.optim import clipped_step
 
+    require_onloaded(model, "optimizer_step")
     return clipped_step(model)
 
 
@@ -110,3 +123,17 @@ def export_hf(model: MegatronModel, path: Path, tokenizer: Any | None) -> None:
     from geartrain_megatron import weights
 
     weights.export_hf(model, Path(path), tokenizer)
+
+
+@hookimpl
+def offload(model: MegatronModel, what: frozenset[str]) -> MemoryStats:
+    from geartrain_megatron import offload as _offload
+
+    return _offload.offload(model, what)
+
+
+@hookimpl
+def onload(model: MegatronModel) -> MemoryStats:
+    from geartrain_megatron import offload as _offload
+
+    return _offload.onload(model)
