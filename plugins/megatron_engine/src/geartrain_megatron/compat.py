@@ -78,12 +78,46 @@ def _seed_cpu(seed: int) -> None:
     torch.default_generator.manual_seed(int(seed))
 
 
+class _CpuEvent:
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, *_: Any) -> None:
+        pass
+
+
+class _CpuStream:
+    """Stands in for ``torch.cuda.Stream`` (MoE's all-to-all dispatcher stages its
+    device-to-host copies on a side stream): on the CPU every op is already ordered."""
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def wait_stream(self, *_: Any) -> None:
+        pass
+
+    def wait_event(self, *_: Any) -> None:
+        pass
+
+    def record_event(self, *_: Any) -> _CpuEvent:
+        return _CpuEvent()
+
+    def synchronize(self) -> None:
+        pass
+
+
+_CURRENT_STREAM = _CpuStream()
+
+
 def _patches() -> list[tuple[Any, str, Any]]:
     from megatron.core.tensor_parallel import random as mrandom
 
     return [
         (torch.cuda, "current_device", lambda: 0),
         (torch.cuda, "synchronize", lambda *a, **k: None),
+        (torch.cuda, "Stream", _CpuStream),
+        (torch.cuda, "current_stream", lambda *a, **k: _CURRENT_STREAM),
+        (torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext()),
         (torch.cuda, "get_rng_state", _cpu_rng_state),
         (torch.cuda, "set_rng_state", _set_cpu_rng_state),
         (torch.cuda, "manual_seed", _seed_cpu),

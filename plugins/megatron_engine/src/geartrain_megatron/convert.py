@@ -14,6 +14,12 @@ Layouts (megatron's, for the local and the TransformerEngine specs alike):
 * vocabulary tensors (embedding, output layer) are split by rows over TP, the vocabulary
   padded with zero rows so that ``tp`` divides it.
 * ``linear_proj`` / ``linear_fc2`` are split by columns; norms are replicated.
+* MoE (Mixtral layout, transformers 5 fused experts): the router ``mlp.router`` is HF's
+  ``mlp.gate`` (replicated); each megatron expert ``mlp.experts.local_experts.<i>`` is one
+  slice ``[e]`` of HF's stacked ``mlp.experts.gate_up_proj`` (``[E, 2I, H]``, gate rows
+  first; megatron's gated ``linear_fc1``) and ``mlp.experts.down_proj`` (``[E, H, I]``,
+  ``linear_fc2``), ``e`` being the expert's global index (expert parallelism gives each rank
+  a range of them). :attr:`Rule.expert` names the slice.
 """
 
 from __future__ import annotations
@@ -44,10 +50,17 @@ class Rule:
     """``replicated``, ``rows`` (split dim 0), ``cols`` (split dim 1), ``vocab`` (rows,
     padded vocabulary), ``qkv`` (fused attention input) or ``gated`` (fused gate/up)."""
     hf_names: tuple[str, ...]
+    expert: int | None = None
+    """For a MoE expert: its index in HF's stacked expert tensors (the rule then maps the
+    slice ``hf[expert]``)."""
 
     def to_shard(self, get: Callable[[str], torch.Tensor], dims: Dims, tp: int, rank: int) -> torch.Tensor:
         """This TP rank's local tensor, from ``get(hf_name)`` (full HF tensors)."""
         tensors = [get(n) for n in self.hf_names]
+        if self.expert is not None:
+            tensors = [t[self.expert] for t in tensors]
+        if self.kind == "gated" and len(tensors) == 1:  # HF's fused [gate; up]
+            tensors = list(tensors[0].chunk(2, dim=0))
         if self.kind == "replicated":
             return tensors[0]
         if self.kind == "rows":
@@ -81,7 +94,8 @@ class Rule:
             return list(split_qkv(torch.cat(shards, dim=0), dims))
         if self.kind == "gated":
             halves = [s.chunk(2, dim=0) for s in shards]
-            return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+            gate, up = torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])
+            return [gate, up] if len(self.hf_names) == 2 else [torch.cat([gate, up])]
         raise AssertionError(self.kind)
 
 
@@ -108,6 +122,11 @@ def split_qkv(fused: torch.Tensor, dims: Dims) -> tuple[torch.Tensor, torch.Tens
 
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+_EXPERT_RULES = {
+    "linear_fc1": ("gated", ("mlp.experts.gate_up_proj",)),
+    "linear_fc2": ("cols", ("mlp.experts.down_proj",)),
+}
 
 _LAYER_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "input_layernorm.weight": ("replicated", ("input_layernorm.weight",)),
@@ -123,17 +142,33 @@ _LAYER_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "pre_mlp_layernorm.weight": ("replicated", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.weight": ("gated", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("cols", ("mlp.down_proj.weight",)),
+    "mlp.router.weight": ("replicated", ("mlp.gate.weight",)),
 }
 
 
-def rule_for(name: str, global_layer: Callable[[int], int], *, tied: bool, value_head: bool) -> Rule:
+def rule_for(
+    name: str,
+    global_layer: Callable[[int], int],
+    *,
+    tied: bool,
+    value_head: bool,
+    global_expert: Callable[[int, int], int] | None = None,
+) -> Rule:
     """The rule of the megatron parameter ``name`` (as a ``GPTModel`` chunk names it);
     ``global_layer(local_index)`` maps a chunk's layer index to the model's layer number
-    (0-based). Raises ``KeyError`` for a parameter the mapping does not know."""
+    (0-based), ``global_expert(local_layer, local_expert)`` a rank's expert to its index in
+    the model. Raises ``KeyError`` for a parameter the mapping does not know."""
     m = _LAYER.match(name)
     if m:
-        kind, hf = _LAYER_RULES[m.group(2)]
-        prefix = f"model.layers.{global_layer(int(m.group(1)))}."
+        local_layer, rest = int(m.group(1)), m.group(2)
+        prefix = f"model.layers.{global_layer(local_layer)}."
+        e = _EXPERT.match(rest)
+        if e:
+            kind, hf = _EXPERT_RULES[e.group(2)]
+            local_expert = int(e.group(1))
+            index = global_expert(local_layer, local_expert) if global_expert else local_expert
+            return Rule(kind, tuple(prefix + n for n in hf), expert=index)
+        kind, hf = _LAYER_RULES[rest]
         return Rule(kind, tuple(prefix + n for n in hf))
     if name == "embedding.word_embeddings.weight":
         return Rule("vocab", ("model.embed_tokens.weight",))

@@ -90,8 +90,18 @@ def shard_model(
         raise ValueError(
             "param_dtype: the megatron engine computes in float32 only (bf16 mixed precision is not built yet)"
         )
-    layout = parallel.setup(config.parallel, ctx)
+    layout = parallel.setup(config.parallel, ctx, ep=options.expert_parallel)
     hf_config = hf.config
+    if options.router_replay:
+        if not modeling.num_experts(hf_config):
+            raise ValueError(
+                f"options.router_replay: model type '{hf_config.model_type}' has no MoE router to replay"
+            )
+        if config.gradient_checkpointing:
+            raise ValueError(
+                "options.router_replay with gradient_checkpointing: megatron's activation recompute does not "
+                "replay the recorded routing yet; turn one of them off"
+            )
     with cpu_compat():
         chunks = modeling.build_chunks(
             hf_config,
@@ -99,6 +109,7 @@ def shard_model(
             value_head=value_head,
             recompute=config.gradient_checkpointing,
             use_te=_use_te(options),
+            router_replay=options.router_replay,
         )
         modeling.load_hf_weights(chunks, _hf_tensors(hf), hf_config, layout, value_head=value_head)
         if not on_cpu():

@@ -13,7 +13,15 @@ from geartrain_megatron.compat import needed as on_cpu
 from geartrain_megatron.convert import Dims, rule_for
 from geartrain_megatron.parallel import Layout
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mixtral")
+MOE_MODEL_TYPES = ("mixtral",)
+
+
+def num_experts(hf_config) -> int | None:  # noqa: ANN001
+    """Routed experts per MoE layer (Mixtral layout: every layer is MoE); ``None`` for a dense model."""
+    if getattr(hf_config, "model_type", None) in MOE_MODEL_TYPES:
+        return int(hf_config.num_local_experts)
+    return None
 
 
 def dims_of(hf_config, tp: int) -> Dims:  # noqa: ANN001
@@ -24,6 +32,15 @@ def dims_of(hf_config, tp: int) -> Dims:  # noqa: ANN001
     return Dims(
         num_heads=heads, num_kv_heads=kv, head_dim=head_dim, vocab_size=vocab, padded_vocab_size=-(-vocab // tp) * tp
     )
+
+
+def rope_theta(hf_config) -> float:  # noqa: ANN001
+    """The rotary base: transformers 5 keeps it in ``rope_parameters`` (``rope_theta`` as
+    an attribute is gone there; reading it with a default silently gave 10000)."""
+    theta = getattr(hf_config, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(hf_config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return float(theta)
 
 
 def check_supported(hf_config, layout: Layout) -> None:  # noqa: ANN001
@@ -43,19 +60,44 @@ def check_supported(hf_config, layout: Layout) -> None:  # noqa: ANN001
     if hf_config.intermediate_size % layout.tp:
         raise ValueError(f"parallel.tp={layout.tp} must divide intermediate_size={hf_config.intermediate_size}")
     stages = layout.pp * (layout.vpp or 1)
+    if num_experts(hf_config):
+        if float(getattr(hf_config, "router_jitter_noise", 0.0) or 0.0) != 0.0:
+            raise ValueError("router_jitter_noise != 0 is not mapped by the megatron engine (routing must be deterministic)")
+        if layout.ep > 1 and num_experts(hf_config) % layout.ep:
+            raise ValueError(f"options.expert_parallel={layout.ep} must divide the {num_experts(hf_config)} experts")
     if hf_config.num_hidden_layers % stages:
         raise ValueError(f"parallel.pp * vpp = {stages} must divide the model's {hf_config.num_hidden_layers} layers")
 
 
-def transformer_config(hf_config, layout: Layout, *, recompute: bool):  # noqa: ANN001, ANN201
-    """megatron's ``TransformerConfig`` for a Llama/Qwen2 ``hf_config`` (fp32, no dropout:
-    a training step must be a deterministic function of the weights and the batch)."""
+def transformer_config(hf_config, layout: Layout, *, recompute: bool, router_replay: bool = False):  # noqa: ANN001, ANN201
+    """megatron's ``TransformerConfig`` for a Llama/Qwen2/Mixtral ``hf_config`` (fp32, no
+    dropout: a training step must be a deterministic function of the weights and the batch).
+
+    Mixtral's routing is megatron's top-k softmax router without pre-softmax (softmax over
+    the chosen experts' logits, which equals HF's softmax-then-renormalise), no load-balancing
+    or z-loss (HF adds its aux loss only with ``output_router_logits``) and no token
+    dropping, so the MoE layer computes exactly the HF block."""
     from megatron.core.transformer import TransformerConfig
 
     dims = dims_of(hf_config, layout.tp)
     extra = {}
     if recompute:
         extra.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    experts = num_experts(hf_config)
+    if experts:
+        extra.update(
+            num_moe_experts=experts,
+            moe_router_topk=int(hf_config.num_experts_per_tok),
+            moe_ffn_hidden_size=hf_config.intermediate_size,
+            moe_router_pre_softmax=False,
+            moe_router_load_balancing_type="none",
+            moe_aux_loss_coeff=0.0,
+            moe_z_loss_coeff=None,
+            moe_grouped_gemm=False,
+            moe_permute_fusion=False,
+            moe_enable_routing_replay=router_replay,
+            expert_model_parallel_size=layout.ep,
+        )
     return TransformerConfig(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -86,12 +128,14 @@ def transformer_config(hf_config, layout: Layout, *, recompute: bool):  # noqa: 
         # micro-batches of different shapes (padding removed per micro-batch): the stages
         # exchange shapes before each activation
         variable_seq_lengths=True,
-        moe_token_dispatcher_type="alltoall",
         # gloo matches messages between two ranks by order; batched p2p then pairs the
         # activation and the gradient of interleaved stages wrongly when pp = 2 (measured)
         batch_p2p_comm=not on_cpu(),  # the default (allgather) refuses variable lengths
         use_cpu_initialization=on_cpu(),
         perform_initialization=False,  # every weight is loaded from the HF model
+        # the only dispatcher that takes variable sequence lengths (its side CUDA stream
+        # has a CPU stand-in in cpu_compat)
+        moe_token_dispatcher_type="alltoall",
         **extra,
     )
 
@@ -107,24 +151,28 @@ class ValueHead(nn.Linear):
         return super().forward(hidden), None
 
 
-def layer_spec(use_te: bool):  # noqa: ANN201
+def layer_spec(use_te: bool, experts: int | None = None):  # noqa: ANN201
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if use_te:
-        return specs.get_gpt_layer_with_transformer_engine_spec()
-    return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        return specs.get_gpt_layer_with_transformer_engine_spec(num_experts=experts, moe_grouped_gemm=False)
+    return specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm")
 
 
-def build_chunks(hf_config, layout: Layout, *, value_head: bool, recompute: bool, use_te: bool) -> list[nn.Module]:  # noqa: ANN001
+def build_chunks(  # noqa: ANN001
+    hf_config, layout: Layout, *, value_head: bool, recompute: bool, use_te: bool, router_replay: bool = False
+) -> list[nn.Module]:
     """One ``GPTModel`` per virtual pipeline stage this rank holds (one without VPP)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
     check_supported(hf_config, layout)
-    config = transformer_config(hf_config, layout, recompute=recompute)
+    if num_experts(hf_config):
+        _fix_moe_without_te()
+    config = transformer_config(hf_config, layout, recompute=recompute, router_replay=router_replay)
     dims = dims_of(hf_config, layout.tp)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
-    spec = layer_spec(use_te)
+    spec = layer_spec(use_te, num_experts(hf_config))
     chunks: list[nn.Module] = []
     for vp in range(layout.vpp or 1):
         vp_stage = vp if layout.vpp else None
@@ -139,13 +187,22 @@ def build_chunks(hf_config, layout: Layout, *, value_head: bool, recompute: bool
             post_process=post,
             share_embeddings_and_output_weights=tied,
             position_embedding_type="rope",
-            rotary_base=int(getattr(hf_config, "rope_theta", 10000)),
+            rotary_base=rope_theta(hf_config),
             vp_stage=vp_stage,
         )
         if value_head and post:
             model.output_layer = ValueHead(hf_config.hidden_size)
         chunks.append(model)
     return chunks
+
+
+def _fix_moe_without_te() -> None:
+    """megatron-core 0.16's router linear tests ``te_general_gemm is not None`` but only
+    defines the name when TransformerEngine imports (NameError otherwise)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def chunk_rules(chunk: nn.Module, hf_config, *, value_head: bool):  # noqa: ANN001, ANN201
@@ -156,8 +213,11 @@ def chunk_rules(chunk: nn.Module, hf_config, *, value_head: bool):  # noqa: ANN0
     def global_layer(local: int) -> int:
         return layers[local].layer_number - 1  # megatron numbers layers from 1, globally
 
+    def global_expert(local_layer: int, local_expert: int) -> int:
+        return int(layers[local_layer].mlp.local_expert_indices[local_expert])
+
     return [
-        (name, param, rule_for(name, global_layer, tied=tied, value_head=value_head))
+        (name, param, rule_for(name, global_layer, tied=tied, value_head=value_head, global_expert=global_expert))
         for name, param in chunk.named_parameters()
     ]
 

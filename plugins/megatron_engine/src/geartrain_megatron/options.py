@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class MegatronOptions(BaseModel):
@@ -19,3 +19,15 @@ class MegatronOptions(BaseModel):
     use_distributed_optimizer: bool = False
     """Shard optimizer state (and the fp32 main weights) over data-parallel ranks
     (megatron's distributed optimizer)."""
+    expert_parallel: int = Field(1, ge=1)
+    """MoE models: split the experts of each layer over this many data-parallel ranks
+    (megatron's expert parallelism; must divide ``parallel.dp`` and the number of experts)."""
+    router_replay: bool = False
+    """MoE models: record the experts each token is routed to and replay them. A forward of
+    a batch without a ``routed_experts`` field records the routing and returns it as
+    ``outputs["routed_experts"]`` (``[B, T, MoE layers, top-k]`` expert ids, per input token);
+    a forward/backward of a batch that carries ``routed_experts`` routes every token to
+    exactly those experts (the router's probabilities are still computed from the current
+    weights, so it trains), so log-probs recomputed later (after a weight update, at another
+    micro-batching) use the same experts as the first forward. Refused for dense models and
+    with ``gradient_checkpointing`` (megatron's recompute does not replay yet)."""

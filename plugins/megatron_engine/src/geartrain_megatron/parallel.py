@@ -33,6 +33,8 @@ class Layout:
     pp_rank: int
     dp_rank: int
     world: int
+    ep: int = 1
+    """Expert-parallel size (MoE experts split over this many data-parallel ranks)."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -78,13 +80,16 @@ def _ensure_process_group(ctx: EngineContext) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
-def setup(parallel: ParallelConfig, ctx: EngineContext) -> Layout:
+def setup(parallel: ParallelConfig, ctx: EngineContext, *, ep: int = 1) -> Layout:
     """Initialise (or reuse) megatron's parallel state for ``parallel`` on the role's
-    ranks and seed the model-parallel RNG tracker from ``ctx.seed``."""
+    ranks (``ep``: expert-parallel size, carved out of the data-parallel ranks) and seed
+    the model-parallel RNG tracker from ``ctx.seed``."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
     check_sizes(parallel, ctx.world_size)
+    if parallel.dp % ep:
+        raise ValueError(f"options.expert_parallel={ep} must divide parallel.dp={parallel.dp} (experts split over DP ranks)")
     vpp = parallel.vpp if parallel.vpp and parallel.vpp > 1 else None
     _ensure_process_group(ctx)
     with cpu_compat():
@@ -93,18 +98,20 @@ def setup(parallel: ParallelConfig, ctx: EngineContext) -> Layout:
                 ps.get_tensor_model_parallel_world_size(),
                 ps.get_pipeline_model_parallel_world_size(),
                 ps.get_virtual_pipeline_model_parallel_world_size(),
+                ps.get_expert_model_parallel_world_size(),
             )
-            if have != (parallel.tp, parallel.pp, vpp):
+            if have != (parallel.tp, parallel.pp, vpp, ep):
                 raise ValueError(
                     f"parallel: this process already runs megatron with tp={have[0]}, pp={have[1]}, vpp={have[2]}; "
                     f"every megatron engine in one process must use the same layout (asked tp={parallel.tp}, "
-                    f"pp={parallel.pp}, vpp={vpp})"
+                    f"pp={parallel.pp}, vpp={vpp}, expert_parallel={ep})"
                 )
         else:
             ps.initialize_model_parallel(
                 tensor_model_parallel_size=parallel.tp,
                 pipeline_model_parallel_size=parallel.pp,
                 virtual_pipeline_model_parallel_size=vpp,
+                expert_model_parallel_size=ep,
             )
             tensor_parallel.model_parallel_cuda_manual_seed(ctx.seed)
         return current_layout()
@@ -122,6 +129,7 @@ def current_layout() -> Layout:
         pp_rank=ps.get_pipeline_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
         world=dist.get_world_size(),
+        ep=ps.get_expert_model_parallel_world_size(),
     )
 
 

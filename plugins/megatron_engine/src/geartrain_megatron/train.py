@@ -20,7 +20,7 @@ from geartrain.batch import Batch
 from geartrain.micro_batches import plan_micro_batches
 from geartrain.types import LossContext, LossFn, StepOutput
 
-from geartrain_megatron import parallel
+from geartrain_megatron import parallel, routing
 from geartrain_megatron.compat import cpu_compat
 from geartrain_megatron.engine import MegatronModel
 from geartrain_megatron.logprobs import vocab_parallel_log_probs
@@ -114,11 +114,17 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
 
     index_of = {id(mb): i for i, mb in enumerate(micro)}
 
+    replay = routing.replay_for(model, batch)
+
     def forward_step(data_iterator: Any, chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         mb: MicroBatch = next(data_iterator)
         tokens = mb.tokens.to(dev)
         positions = torch.arange(tokens.shape[1], device=dev).unsqueeze(0).expand_as(tokens)
+        if replay is not None:
+            replay.before(chunk, mb)
         output = chunk(input_ids=tokens, position_ids=positions, attention_mask=None)
+        if replay is not None:
+            replay.after(chunk, mb)
         return output, partial(loss_func, mb, index_of[id(mb)])
 
     func = get_forward_backward_func()
@@ -138,6 +144,8 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
         )
 
     result, metrics = _collect(model, store, len(batch), width, need_entropy)
+    if replay is not None:
+        result.update(replay.finish())
     # this rank's slice only: the core sums metrics over the data-parallel ranks
     metrics.update(tokens=float(attention_mask.sum()), sequences=float(len(batch)), micro_batches=float(n))
     return StepOutput(outputs=result, metrics=metrics)

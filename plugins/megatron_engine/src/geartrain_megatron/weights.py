@@ -73,6 +73,11 @@ def _local_entries(model: MegatronModel) -> list[Entry]:
 def plan_entries(model: MegatronModel) -> list[Entry]:
     """Every parameter of the model (all stages), in HF order; the same on every rank."""
     local = _local_entries(model)
+    if model.layout.ep > 1 and any(e.rule.expert is not None for e in local):
+        raise NotImplementedError(
+            "reshard_for_rollout / export_hf of MoE experts under expert parallelism (joining the "
+            "experts of every expert-parallel rank) is not built yet"
+        )
     if model.layout.pp > 1:
         gathered: list[Any] = [None] * model.layout.pp
         dist.all_gather_object(gathered, local, group=parallel.groups()["pp"])
@@ -119,6 +124,11 @@ def iter_hf_weights(
     buckets = plan_buckets(sizes, bucket_bytes)
     params = {(ci, n): p for ci, chunk in enumerate(model.modules) for n, p in chunk.named_parameters()}
     pending: dict[int, list[torch.Tensor | None]] = {}
+    # MoE: HF stacks a layer's experts into one tensor ([E, ...]); each expert's slice waits
+    # here until the last one is gathered (a bucket may then exceed `bucket_bytes` by one
+    # stacked tensor)
+    experts: dict[str, dict[int, torch.Tensor]] = {}
+    num_experts = getattr(model.hf_config, "num_local_experts", 0)
 
     def gather(keys: list[tuple[int, int]]) -> list[tuple[str, torch.Tensor]]:
         named: list[tuple[str, torch.Tensor]] = []
@@ -133,7 +143,14 @@ def iter_hf_weights(
                 tensor = pending[i][j]
                 pending[i][j] = None
                 assert tensor is not None
-                named.append((entry.rule.hf_names[j], tensor))
+                name = entry.rule.hf_names[j]
+                if entry.rule.expert is None:
+                    named.append((name, tensor))
+                else:
+                    experts.setdefault(name, {})[entry.rule.expert] = tensor
+                    if len(experts[name]) == num_experts:
+                        parts = experts.pop(name)
+                        named.append((name, torch.stack([parts[e] for e in range(num_experts)])))
                 if all(t is None for t in pending[i]):
                     del pending[i]
         return named

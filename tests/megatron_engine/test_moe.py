@@ -1,0 +1,151 @@
+"""A tiny Mixtral-layout MoE model (built in code) in the megatron engine: log-probs and a
+training step against plain transformers on the same weights, and router replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from geartrain.config import EngineConfig, ModelConfig, OptimConfig
+from geartrain.engine import Engine
+from geartrain.testing.reference import reference_token_outputs, token_valid_mask
+from transformers import MixtralConfig, MixtralForCausalLM
+
+from .common import Receiver, make_batch, rank_context, reference_token_outputs_grad, token_mean_loss
+
+LAYERS, EXPERTS, TOPK = 2, 4, 2
+
+
+@pytest.fixture(scope="module")
+def mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = MixtralConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=EXPERTS,
+        num_experts_per_tok=TOPK,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(config)
+    with torch.no_grad():  # decisive routing: router logits of order 1, not 0.02
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0.0, 0.5)
+    path = tmp_path_factory.mktemp("mixtral")
+    model.save_pretrained(path)
+    return path
+
+
+def _engine(path: Path, *, lr: float = 1e-3, budget: int = 4096, **options: object) -> Engine:
+    config = EngineConfig(
+        backend="megatron",
+        optim=OptimConfig(lr=lr, weight_decay=0.01, clip_grad=1.0),
+        max_tokens_per_micro_batch=budget,
+        options=dict(options),
+    )
+    return Engine(config, ModelConfig(path=str(path), tokenizer=None), rank_context(0, 1))
+
+
+def _hf(path: Path) -> MixtralForCausalLM:
+    return MixtralForCausalLM.from_pretrained(path, dtype=torch.float32).train()
+
+
+def test_moe_log_probs_and_a_step_match_transformers(mixtral_dir: Path) -> None:
+    engine = _engine(mixtral_dir, budget=24)  # several micro-batches
+    hf = _hf(mixtral_dir)
+    batch = make_batch(0)
+    ours = engine.compute_log_probs(batch).outputs["log_probs"]
+    theirs = reference_token_outputs(hf.eval(), batch)["log_probs"]
+    valid = token_valid_mask(batch["attention_mask"])
+    torch.testing.assert_close(ours[valid], theirs[valid], atol=1e-5, rtol=0)
+
+    # one training step: loss, gradient norm, and the log-probs after it
+    hf.train()
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    train = make_batch(10)
+    lp = reference_token_outputs_grad(hf, train)
+    mask = train["loss_mask"].float()
+    loss = -(lp * mask).sum() / mask.sum()
+    loss.backward()
+    norm = float(torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0))
+    opt.step()
+    out = engine.forward_backward(train, token_mean_loss)
+    stats = engine.optimizer_step()
+    assert out.metrics["loss"] == pytest.approx(loss.item(), abs=1e-5)
+    assert stats["grad_norm"] == pytest.approx(norm, abs=1e-5)
+    after = engine.compute_log_probs(batch).outputs["log_probs"]
+    theirs = reference_token_outputs(hf.eval(), batch)["log_probs"]
+    torch.testing.assert_close(after[valid], theirs[valid], atol=1e-5, rtol=0)
+
+
+def test_router_replay_reproduces_the_recorded_routing(mixtral_dir: Path) -> None:
+    engine = _engine(mixtral_dir, lr=2e-2, router_replay=True)
+    batch = make_batch(3, rows=8)
+    first = engine.compute_log_probs(batch).outputs
+    routed = first["routed_experts"]
+    valid = batch["attention_mask"].bool()
+    assert routed.shape == (len(batch), batch["input_ids"].shape[1], LAYERS, TOPK)
+    assert (routed[valid].sort(-1).values[..., 0] != routed[valid].sort(-1).values[..., 1]).all()
+
+    # replayed at the same weights, in a training forward/backward: exactly the first forward
+    replayed = batch.clone()
+    replayed["routed_experts"] = routed
+    out = engine.forward_backward(replayed, token_mean_loss)
+    assert torch.equal(out.outputs["log_probs"], first["log_probs"])
+    assert "routed_experts" not in out.outputs  # replaying records nothing new
+
+    # a small weight update between forwards: free routing changes, replayed routing holds
+    engine.optimizer_step()
+    free = engine.compute_log_probs(batch).outputs
+    changed = (free["routed_experts"] != routed).any(-1).any(-1) & valid
+    assert changed.any(), "the update moved no token to another expert: the case shows nothing"
+    held = engine.compute_log_probs(replayed).outputs["log_probs"]
+    # where free routing changed, the replayed log-probs differ from the free ones
+    rows, cols = changed.nonzero(as_tuple=True)
+    affected = torch.zeros_like(valid)
+    for r, c in zip(rows.tolist(), cols.tolist()):
+        affected[r, c + 1 :] = valid[r, c + 1 :]  # later tokens attend to the re-routed one
+    assert (held - free["log_probs"]).abs()[affected].max() > 1e-4
+    assert torch.equal(held[~affected], free["log_probs"][~affected])
+
+
+def test_moe_weights_round_trip_to_hf(mixtral_dir: Path, tmp_path: Path) -> None:
+    """Rollout sync and ``export_hf`` rebuild HF's stacked expert tensors exactly; the export
+    loads in plain transformers with the engine's log-probs."""
+    engine = _engine(mixtral_dir)
+    receiver = Receiver(bucket_bytes=4096)  # several buckets: experts straddle them
+    stats = engine.sync_weights(receiver)
+    hf = _hf(mixtral_dir)
+    state = hf.state_dict()
+    assert sorted(receiver.tensors) == sorted(state)
+    for name, tensor in state.items():
+        assert torch.equal(receiver.tensors[name], tensor), name
+    assert stats.num_buckets > 1
+    engine.forward_backward(make_batch(10), token_mean_loss)
+    engine.optimizer_step()
+    engine.export_hf(tmp_path / "hf", tokenizer=None)
+    loaded = MixtralForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    batch = make_batch(0)
+    valid = token_valid_mask(batch["attention_mask"])
+    ours = engine.compute_log_probs(batch).outputs["log_probs"]
+    theirs = reference_token_outputs(loaded, batch)["log_probs"]
+    torch.testing.assert_close(ours[valid], theirs[valid], atol=1e-5, rtol=0)
+
+
+def test_router_replay_options_are_validated(mixtral_dir: Path) -> None:
+    engine = _engine(mixtral_dir, router_replay=True)
+    bad = make_batch(0)
+    bad["routed_experts"] = torch.zeros(len(bad), 3, LAYERS, TOPK, dtype=torch.long)
+    with pytest.raises(ValueError, match="routed_experts"):
+        engine.compute_log_probs(bad)
+    with pytest.raises(ValueError, match="router_replay"):
+        Engine(
+            EngineConfig(backend="megatron", options={"router_replay": True}),
+            ModelConfig(tiny="llama", seed=1),
+            rank_context(0, 1),
+        )
