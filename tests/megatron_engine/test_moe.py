@@ -4,6 +4,7 @@ training step against plain transformers on the same weights, and router replay.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from geartrain.engine import Engine
 from geartrain.testing.reference import reference_token_outputs, token_valid_mask
 from transformers import MixtralConfig, MixtralForCausalLM
 
-from .common import Receiver, make_batch, rank_context, reference_token_outputs_grad, token_mean_loss
+from .common import Receiver, make_batch, rank_context, reference_token_outputs_grad, run_ranks, token_mean_loss
+from .moe_workers import expert_parallel_step
 
 LAYERS, EXPERTS, TOPK = 2, 4, 2
 
@@ -55,16 +57,12 @@ def _hf(path: Path) -> MixtralForCausalLM:
     return MixtralForCausalLM.from_pretrained(path, dtype=torch.float32).train()
 
 
-def test_moe_log_probs_and_a_step_match_transformers(mixtral_dir: Path) -> None:
-    engine = _engine(mixtral_dir, budget=24)  # several micro-batches
-    hf = _hf(mixtral_dir)
+def _hf_step(path: Path) -> dict[str, Any]:
+    """Plain transformers: log-probs of ``make_batch(0)``, one AdamW step on
+    ``make_batch(10)`` (loss, clipped grad norm), log-probs after it."""
+    hf = _hf(path)
     batch = make_batch(0)
-    ours = engine.compute_log_probs(batch).outputs["log_probs"]
-    theirs = reference_token_outputs(hf.eval(), batch)["log_probs"]
-    valid = token_valid_mask(batch["attention_mask"])
-    torch.testing.assert_close(ours[valid], theirs[valid], atol=1e-5, rtol=0)
-
-    # one training step: loss, gradient norm, and the log-probs after it
+    out: dict[str, Any] = {"before": reference_token_outputs(hf.eval(), batch)["log_probs"]}
     hf.train()
     opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     train = make_batch(10)
@@ -72,15 +70,59 @@ def test_moe_log_probs_and_a_step_match_transformers(mixtral_dir: Path) -> None:
     mask = train["loss_mask"].float()
     loss = -(lp * mask).sum() / mask.sum()
     loss.backward()
-    norm = float(torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0))
+    out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0))
+    out["loss"] = loss.item()
     opt.step()
-    out = engine.forward_backward(train, token_mean_loss)
+    out["after"] = reference_token_outputs(hf.eval(), batch)["log_probs"]
+    return out
+
+
+def test_moe_log_probs_and_a_step_match_transformers(mixtral_dir: Path) -> None:
+    engine = _engine(mixtral_dir, budget=24)  # several micro-batches
+    ref = _hf_step(mixtral_dir)
+    batch = make_batch(0)
+    valid = token_valid_mask(batch["attention_mask"])
+    ours = engine.compute_log_probs(batch).outputs["log_probs"]
+    torch.testing.assert_close(ours[valid], ref["before"][valid], atol=1e-5, rtol=0)
+    out = engine.forward_backward(make_batch(10), token_mean_loss)
     stats = engine.optimizer_step()
-    assert out.metrics["loss"] == pytest.approx(loss.item(), abs=1e-5)
-    assert stats["grad_norm"] == pytest.approx(norm, abs=1e-5)
+    assert out.metrics["loss"] == pytest.approx(ref["loss"], abs=1e-5)
+    assert stats["grad_norm"] == pytest.approx(ref["grad_norm"], abs=1e-5)
     after = engine.compute_log_probs(batch).outputs["log_probs"]
-    theirs = reference_token_outputs(hf.eval(), batch)["log_probs"]
-    torch.testing.assert_close(after[valid], theirs[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(after[valid], ref["after"][valid], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "train",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(),
+                reason="GPU only: on CPU the backward of megatron's all-to-all (_AllToAll.backward -> "
+                "new_empty(device=torch.cuda.current_device())) runs where the CPU compat layer's "
+                "TorchFunctionMode is not active: 'Cannot access accelerator device' (measured)",
+            ),
+        ),
+    ],
+    ids=["forward", "train_step"],
+)
+def test_expert_parallel_2_matches_transformers(mixtral_dir: Path, train: bool) -> None:
+    """dp=2 with the experts split over the 2 ranks (megatron's all-to-all dispatcher over
+    gloo): log-probs (and a training step's loss, grad norm and effect) equal plain
+    transformers'."""
+    ranks = run_ranks(expert_parallel_step, 2, str(mixtral_dir), train, timeout=240)
+    assert sorted(tuple(r["experts"]) for r in ranks) == [(0, 1), (2, 3)]
+    ref = _hf_step(mixtral_dir)
+    by_dp = sorted(ranks, key=lambda r: r["dp"])
+    valid = token_valid_mask(make_batch(0)["attention_mask"])
+    for key in ("before", "after") if train else ("before",):
+        ours = torch.cat([r[key] for r in by_dp])
+        torch.testing.assert_close(ours[valid], ref[key][valid], atol=1e-5, rtol=0)
+    for r in ranks if train else []:  # the core sums the loss over DP ranks; the norm is global
+        assert r["loss"] == pytest.approx(ref["loss"], abs=1e-5)
+        assert r["grad_norm"] == pytest.approx(ref["grad_norm"], abs=1e-5)
 
 
 def test_router_replay_reproduces_the_recorded_routing(mixtral_dir: Path) -> None:

@@ -109,8 +109,18 @@ class _CpuStream:
 _CURRENT_STREAM = _CpuStream()
 
 
+def _to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """megatron's ``maybe_move_tensor_to_cpu`` converts to numpy only tensors it moves off
+    a GPU; the MoE all-to-all then gets tensor split sizes that ``all_to_all_single`` refuses."""
+    if torch.is_tensor(tensor):
+        tensor = tensor.cpu()
+        return tensor.numpy() if as_numpy else tensor
+    return tensor
+
+
 def _patches() -> list[tuple[Any, str, Any]]:
     from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import token_dispatcher
 
     return [
         (torch.cuda, "current_device", lambda: 0),
@@ -124,6 +134,7 @@ def _patches() -> list[tuple[Any, str, Any]]:
         (torch.cuda, "manual_seed_all", _seed_cpu),
         (torch.cuda.random, "get_rng_state", _cpu_rng_state),
         (mrandom, "_get_cuda_rng_state", _cpu_rng_state),
+        (token_dispatcher, "maybe_move_tensor_to_cpu", _to_host),
         (mrandom, "_set_cuda_rng_state", _set_cpu_rng_state),
     ]
 
