@@ -185,3 +185,31 @@ def test_unknown_tensor_is_named_and_engine_stays_usable(rollout: Rollout, model
     rollout.update_weights(named_tensors(models[0]))
     batch = rollout.generate(prompts, SAMPLING)
     assert max_logprob_error(batch, models[0]) <= ATOL
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("token", r"prompt 1 has token ids outside the vocabulary \(size \d+\): \[\d+\]"),
+        ("top_p", r"sampling.top_p must be in \(0, 1\]"),
+    ],
+)
+def test_bad_input_is_refused_before_the_engine(
+    rollout: Rollout,
+    models,  # noqa: ANN001
+    prompts,  # noqa: ANN001
+    bad: str,
+    message: str,
+) -> None:
+    """The core's input checks (geartrain.layout.check_generate_inputs) run on the whole batch
+    first: an out-of-vocabulary id names its prompt and the engine keeps generating."""
+    vocab = models[0].config.vocab_size
+    batch_prompts, sampling = list(prompts), SAMPLING
+    if bad == "token":
+        batch_prompts[1] = [*prompts[1], vocab + 3]
+    else:
+        sampling = SamplingParams(n=3, temperature=1.0, top_p=1.5, max_tokens=12, seed=123)
+    with pytest.raises(GeartrainError, match=f"^sglang rollout: {message}"):
+        rollout.generate(batch_prompts, sampling)
+    batch = rollout.generate(prompts, SAMPLING)
+    assert max_logprob_error(batch, models[0]) <= ATOL

@@ -123,6 +123,10 @@ def engine_kwargs(
         kwargs["device"] = "cpu"
         kwargs.setdefault("attention_backend", "torch_native")
         kwargs["disable_cuda_graph"] = True
+        # An idle scheduler otherwise polls its sockets in a busy loop, a whole core taken
+        # from the trainer between generate calls (measured: bench/RESULTS.md); with this it
+        # blocks on them and wakes as soon as a request arrives.
+        kwargs["sleep_on_idle"] = True
         kwargs.setdefault("max_total_tokens", cpu_kv_cache_tokens(config, model))
         if config.tensor_parallel_size != 1:
             from geartrain.errors import GeartrainError

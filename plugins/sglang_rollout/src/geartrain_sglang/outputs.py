@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from geartrain.batch import Batch
+from geartrain.layout import rollout_batch
 
 
 @dataclass(slots=True)
@@ -64,34 +64,13 @@ def samples_from_outputs(
 
 
 def to_batch(samples: Sequence[Sample], pad_token_id: int) -> Batch:
-    """The rollout batch the ``generate`` hook specifies: prompts left-padded to the widest
-    prompt, responses right-padded to the longest, per-token tensors aligned to ``input_ids``."""
-    prompt_width = max((len(s.prompt) for s in samples), default=0)
-    response_width = max((len(s.tokens) for s in samples), default=0)
-    rows, width = len(samples), prompt_width + response_width
-    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((rows, width), dtype=torch.long)
-    response_mask = torch.zeros((rows, width), dtype=torch.long)
-    log_probs = torch.zeros((rows, width), dtype=torch.float32)
-    for row, s in enumerate(samples):
-        p, r = len(s.prompt), len(s.tokens)
-        input_ids[row, prompt_width - p : prompt_width] = torch.as_tensor(s.prompt, dtype=torch.long)
-        attention_mask[row, prompt_width - p : prompt_width + r] = 1
-        if r:
-            input_ids[row, prompt_width : prompt_width + r] = torch.as_tensor(s.tokens, dtype=torch.long)
-            response_mask[row, prompt_width : prompt_width + r] = 1
-            log_probs[row, prompt_width : prompt_width + r] = torch.as_tensor(s.log_probs, dtype=torch.float32)
-    return Batch(
-        {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "response_mask": response_mask,
-            "rollout_log_probs": log_probs,
-        },
-        meta={
-            "prompt_index": [s.prompt_index for s in samples],
-            "finish_reason": [s.finish_reason for s in samples],
-        },
-        info={"prompt_length": prompt_width},
-        batch_size=rows,
+    """Lay ``samples`` out as the rollout batch the ``generate`` hook specifies
+    (:func:`geartrain.layout.rollout_batch`, the layout every rollout shares)."""
+    return rollout_batch(
+        [s.prompt for s in samples],
+        [s.tokens for s in samples],
+        [s.log_probs for s in samples],
+        prompt_index=[s.prompt_index for s in samples],
+        finish_reason=[s.finish_reason for s in samples],
+        pad_token_id=pad_token_id,
     )

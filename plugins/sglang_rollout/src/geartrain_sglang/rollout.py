@@ -14,8 +14,10 @@ import torch
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
+from geartrain.layout import check_generate_inputs
 from geartrain.modeling import build_hf_model
-from geartrain.types import EngineContext, MemoryStats, SamplingParams
+from geartrain.types import EngineContext, MemoryStats, SamplingParams, SyncStats
+from geartrain.weights import BucketStats, bucketed
 
 from geartrain_sglang import engine, weights
 from geartrain_sglang.model_dir import model_directory, pad_token_id
@@ -54,6 +56,7 @@ class SglangRollout:
         skeleton = build_hf_model(model, meta=True)
         self.tensor_names = frozenset(skeleton.state_dict())
         self.tied = weights.tied_aliases(skeleton)
+        self.vocab_size: int = skeleton.config.vocab_size
         architecture = type(skeleton).__name__
         del skeleton
         self.engine_kwargs = engine.engine_kwargs(config, model, options, self.model_dir, self.device, architecture)
@@ -61,7 +64,7 @@ class SglangRollout:
         self.weight_copy: weights.WeightCopy | None = (
             weights.WeightCopy(self.work_dir / "synced_weights.safetensors") if keep else None
         )
-        self.last_sync: weights.SyncStats | None = None
+        self.last_sync: SyncStats | None = None
         self.released = False
         self._sender: weights.DistributedSender | None = None
         self.engine: Any = None
@@ -87,7 +90,11 @@ class SglangRollout:
         """``sampling.n`` samples per prompt, prompt-major, with the model's log-probs
         (see :func:`geartrain_sglang.requests.build_requests`)."""
         self._require_running("generate")
-        self._check_prompts(prompts)
+        # the whole batch before any of it reaches the engine (a bad token id would take
+        # the scheduler process down with it)
+        check_generate_inputs(
+            "sglang", prompts, sampling, max_model_len=self.config.max_model_len, vocab_size=self.vocab_size
+        )
         requests = build_requests(prompts, sampling, self.config.max_model_len)
         outputs = self.engine.generate(
             input_ids=requests.input_ids, sampling_params=requests.params, return_logprob=True
@@ -95,13 +102,14 @@ class SglangRollout:
         return to_batch(samples_from_outputs(prompts, requests.owners, outputs), self.pad_token_id)
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.SyncStats:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
         """Load the streamed tensors (consumed once, lazily, bucket by bucket) between
         ``begin_weight_update`` and ``end_weight_update``, then flush the prefix cache.
         While a CPU engine is released they only update the weight copy it restarts from."""
         start = time.perf_counter()
-        stats = weights.SyncStats()
-        stream: Iterable[tuple[str, torch.Tensor]] = weights.checked(stats.count(named_tensors), self.tensor_names)
+        stats = BucketStats()
+        stream: Iterable[tuple[str, torch.Tensor]] = weights.counted(named_tensors, stats)
+        stream = weights.checked(stream, self.tensor_names)
         if self.weight_copy is not None:
             stream = self.weight_copy.tee(stream)
         if self.released:
@@ -111,17 +119,24 @@ class SglangRollout:
                 pass
         else:
             self._load(stream, stats)
-        stats.seconds = time.perf_counter() - start
-        self.last_sync = stats
-        return stats
+        self.last_sync = SyncStats(
+            seconds=time.perf_counter() - start,
+            bytes=stats.bytes,
+            num_tensors=stats.num_tensors,
+            num_buckets=stats.num_buckets,
+            max_bucket_bytes=stats.max_bucket_bytes,
+        )
+        return self.last_sync
 
-    def _load(self, stream: Iterable[tuple[str, torch.Tensor]], stats: weights.SyncStats) -> None:
+    def _load(self, stream: Iterable[tuple[str, torch.Tensor]], stats: BucketStats) -> None:
         eng = self.engine
         stream = weights.with_aliases(stream, self.tied)
         eng.begin_weight_update()
         try:
-            for bucket in weights.buckets(stream, self.config.weight_bucket_bytes):
+            for bucket in bucketed(stream, self.config.weight_bucket_bytes):
                 stats.num_buckets += 1
+                nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
+                stats.max_bucket_bytes = max(stats.max_bucket_bytes, nbytes)
                 if self.options.weight_sync == "distributed":
                     self._distributed_sender().send(eng, bucket)
                 else:
@@ -177,7 +192,7 @@ class SglangRollout:
             self._start()
             self.released = False
             if self.weight_copy is not None and len(self.weight_copy):
-                self._load(self.weight_copy.items(), weights.SyncStats())
+                self._load(self.weight_copy.items(), BucketStats())
         else:
             self.engine.resume_memory_occupation()
             self.released = False
@@ -200,18 +215,6 @@ class SglangRollout:
             free, total = torch.cuda.mem_get_info()
             return int(total - free)
         return engine.tree_rss(self._pids)
-
-    def _check_prompts(self, prompts: list[list[int]]) -> None:
-        """Refuse a batch before any of it reaches the engine."""
-        limit = self.config.max_model_len
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise GeartrainError(f"sglang rollout: prompt {i} is empty")
-            if len(prompt) >= limit:
-                raise GeartrainError(
-                    f"sglang rollout: prompt {i} has {len(prompt)} tokens, which leaves no room to generate "
-                    f"within max_model_len={limit}; raise rollout.max_model_len or shorten the prompt"
-                )
 
     def _require_running(self, what: str) -> None:
         if self.released or self.engine is None:

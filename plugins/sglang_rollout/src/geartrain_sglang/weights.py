@@ -1,7 +1,8 @@
 """Moving weights into an SGLang engine, and the host copy a CPU engine restarts from.
 
-Two transports (``SglangOptions.weight_sync``), both one bucket at a time between
-``begin_weight_update`` and ``end_weight_update`` (SGLang's weight-update session):
+Two transports (``SglangOptions.weight_sync``), both one bucket at a time (cut by
+:func:`geartrain.weights.bucketed`) between ``begin_weight_update`` and
+``end_weight_update`` (SGLang's weight-update session):
 
 * ``tensor``: ``update_weights_from_tensor`` per bucket; the engine's scheduler process
   receives the tensors through shared memory.
@@ -20,40 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from geartrain.weights import BucketStats
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 
-def buckets(named_tensors: NamedTensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group a (name, tensor) stream into lists of at most ``bucket_bytes`` (a larger
-    tensor is a bucket of its own), consuming the stream lazily."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
+def counted(named_tensors: NamedTensors, stats: BucketStats) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pass the stream through, adding each tensor to ``stats.num_tensors`` / ``stats.bytes``."""
     for name, tensor in named_tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
-class SyncStats:
-    """What one ``update_weights`` moved: tensors, bytes, buckets, seconds."""
-
-    def __init__(self) -> None:
-        self.num_tensors = 0
-        self.num_buckets = 0
-        self.bytes = 0
-        self.seconds = 0.0
-
-    def count(self, named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in named_tensors:
-            self.num_tensors += 1
-            self.bytes += tensor.numel() * tensor.element_size()
-            yield name, tensor
+        stats.num_tensors += 1
+        stats.bytes += tensor.numel() * tensor.element_size()
+        yield name, tensor
 
 
 class UnknownTensorError(KeyError):
