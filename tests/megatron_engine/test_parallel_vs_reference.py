@@ -1,4 +1,5 @@
-"""megatron's tensor, pipeline (interleaved) and data parallelism on 2 gloo ranks against
+"""megatron's tensor, pipeline (plain and interleaved) and data parallelism on 2 gloo ranks
+(and TP2 x PP2 on 4) against
 one plain transformers process on the same HF weights and batches: per-token log-probs and
 entropy, losses and grad norms of two AdamW steps, the weights streamed out afterwards, and
 a checkpoint saved at TP2 loaded at PP2 x VPP2 and at TP1."""
@@ -65,6 +66,25 @@ def test_tp2_then_pp2_vpp2_and_tp1_from_its_checkpoint(tmp_path: Path) -> None:
     assert extra == {"saved": {"tp": 2}}
     probe = one.compute_log_probs(make_batch(7)).outputs["log_probs"]
     torch.testing.assert_close(probe, tp[0]["probe"], atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_plain_pp2_1f1b() -> None:
+    """qwen2 on two pipeline stages without virtual stages (megatron's non-interleaved 1F1B):
+    the tied embedding lives on the first and the last stage, several micro-batches."""
+    ranks = run_ranks(train_and_sync, 2, "qwen2", {"pp": 2}, 12, None, None)
+    assert sorted(r["dp"] for r in ranks) == [(0, 1), (0, 1)]
+    assert ranks[0]["micro_batches"][0] > 2
+    _check_against_reference(ranks, "qwen2", lp_atol=1e-5)
+
+
+@pytest.mark.slow
+def test_llama_tp2_pp2_on_four_ranks() -> None:
+    """llama (untied output layer) on 4 ranks: two pipeline stages of two tensor-parallel
+    ranks each; the output layer's vocabulary is split across the last stage's TP pair."""
+    ranks = run_ranks(train_and_sync, 4, "llama", {"tp": 2, "pp": 2}, 20, None, None)
+    assert [r["dp"] for r in ranks] == [(0, 1)] * 4
+    _check_against_reference(ranks, "llama", lp_atol=1e-5)
 
 
 @pytest.mark.slow
