@@ -30,7 +30,7 @@ PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 
-.PHONY: train envs test test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
+.PHONY: train envs test test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
 
 train: .venv/.base
 	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
@@ -136,6 +136,11 @@ test-vllm: .venvs/vllm/.ok
 
 test-megatron: .venvs/megatron/.ok
 	.venvs/megatron/bin/python -m pytest $(PYTEST) tests/megatron_engine
+
+# the main job with actor.engine.backend=megatron at TP2 on 2 Ray ranks (tens of minutes;
+# not part of `make test`: see bench/RESULTS.md)
+test-megatron-e2e: .venv/.full
+	.venv/bin/python -m pytest $(PYTEST) -s tests/megatron_e2e
 
 # geartrain vs TRL's GRPOTrainer on the main job (minutes; not part of `make test`)
 bench-trl: .venvs/trl/.ok

@@ -55,18 +55,48 @@ class _Receiver:
 
 
 class EngineRank:
-    """The worker on each rank: one :class:`Engine` of the role the test asked for."""
+    """The worker on each rank: one :class:`Engine` of the role the test asked for.
+
+    The worker group gathers each data-parallel slice's outputs from one rank of the slice
+    (its first); the contract says every rank of a slice — tensor-, pipeline- or
+    sequence-parallel peers, a pipeline's first stage included — returns the same outputs,
+    so each rank checks that here, against its peers, before returning."""
 
     def __init__(self, config: EngineConfig, model: ModelConfig, role: str, *, ctx: EngineContext) -> None:
         ctx.role = role
         self.engine = Engine(config, model, ctx)
         self.rank = ctx.rank
+        self.group, self.world_size = ctx.process_group, ctx.world_size
 
     def forward_backward(self, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
-        return self.engine.forward_backward(batch, loss_fn, forward_only=forward_only)
+        return self._same_as_peers(self.engine.forward_backward(batch, loss_fn, forward_only=forward_only))
 
     def compute_log_probs(self, batch: Batch, entropy: bool) -> StepOutput:
-        return self.engine.compute_log_probs(batch, entropy=entropy)
+        return self._same_as_peers(self.engine.compute_log_probs(batch, entropy=entropy))
+
+    def _same_as_peers(self, out: StepOutput) -> StepOutput:
+        """Raise ``AssertionError`` unless every rank of this rank's data-parallel slice
+        returned exactly these outputs (collective over the role's ranks)."""
+        if self.world_size == 1 or self.group is None:
+            return out
+        import torch.distributed as dist
+
+        mine = self.engine.dp.rank
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, (mine, out.outputs), group=self.group)
+        for peer, (dp_rank, outputs) in enumerate(everyone):
+            if dp_rank != mine:
+                continue
+            if sorted(outputs) != sorted(out.outputs):
+                raise AssertionError(f"rank {self.rank} returned outputs {sorted(out.outputs)}, its peer rank {peer} {sorted(outputs)}")
+            for key, tensor in out.outputs.items():
+                if not torch.equal(tensor, outputs[key]):
+                    diff = (tensor.float() - outputs[key].float()).abs().max() if tensor.shape == outputs[key].shape else "shape"
+                    raise AssertionError(
+                        f"'{key}' differs between rank {self.rank} and rank {peer} of the same data-parallel slice "
+                        f"({diff}): every rank of a slice must return the same outputs"
+                    )
+        return out
 
     def optimizer_step(self) -> dict[str, float]:
         return self.engine.optimizer_step()
@@ -93,14 +123,21 @@ class EngineRank:
 
 
 class RankedEngine:
-    """:class:`~geartrain.engine.Engine`'s interface over a worker group of ranks."""
+    """:class:`~geartrain.engine.Engine`'s interface over a worker group of ranks.
 
-    def __init__(self, placement: Placement, config: EngineConfig, model: ModelConfig, role: str) -> None:
+    Engines of one ``pool`` share its rank processes (the conformance suite's engines all
+    live in pool ``"conformance"``); engines that must not share processes — e.g. two
+    layouts of a backend that keeps its parallel state per process, as megatron-core
+    does — are given different pools."""
+
+    def __init__(
+        self, placement: Placement, config: EngineConfig, model: ModelConfig, role: str, *, pool: str = "conformance"
+    ) -> None:
         self.config, self.model_config = config, model
         self.info = plugins.backend_info("engine", config.backend)
         self.group: WorkerGroup = placement.group(
             f"{role}-{next(_keys)}", EngineRank, config, model, role,
-            world_size=config.parallel.world_size, pool="conformance",
+            world_size=config.parallel.world_size, pool=pool,
         )
         size = getattr(self.group, "dp_size", config.parallel.world_size)
         self.dp = DataParallelCoordinates(rank=0, size=size)
