@@ -10,9 +10,8 @@ from geartrain.engine import Engine
 from .common import make_batch, rank_context, token_mean_loss
 
 
-def expert_parallel_step(rank: int, world: int, path: str, train: bool) -> dict[str, Any]:
-    """Log-probs, (``train``:) one training step and log-probs again, at dp=world,
-    expert_parallel=world."""
+def expert_parallel_step(rank: int, world: int, path: str) -> dict[str, Any]:
+    """Log-probs, one training step and log-probs again, at dp=world, expert_parallel=world."""
     config = EngineConfig(
         backend="megatron",
         parallel=ParallelConfig(dp=world),
@@ -24,8 +23,6 @@ def expert_parallel_step(rank: int, world: int, path: str, train: bool) -> dict[
     experts = [int(i) for i in engine.handle.modules[0].decoder.layers[0].mlp.local_expert_indices]
     out: dict[str, Any] = {"dp": dp.rank, "experts": experts}
     out["before"] = engine.compute_log_probs(make_batch(0).split(dp.size)[dp.rank]).outputs["log_probs"]
-    if not train:
-        return out
     res = engine.forward_backward(make_batch(10).split(dp.size)[dp.rank], token_mean_loss)
     out["loss"] = res.metrics["loss"]
     out["grad_norm"] = engine.optimizer_step()["grad_norm"]

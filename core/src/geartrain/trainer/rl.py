@@ -291,6 +291,8 @@ class RLTrainer:
         if not reuse:
             old = self.roles.actor.call("compute_log_probs", batch, dispatch=Dispatch.DP)
             batch["old_log_probs"] = old.outputs["log_probs"]
+            if "routed_experts" in old.outputs:  # MoE router replay: the update routes as this forward did
+                batch["routed_experts"] = old.outputs["routed_experts"]
             if "entropy" in old.outputs:
                 metrics["actor/entropy"] = float(masked_mean(old.outputs["entropy"], mask))
             metrics.update(mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))

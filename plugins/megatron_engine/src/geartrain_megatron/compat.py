@@ -48,6 +48,33 @@ def _is_cuda(device: Any) -> bool:
     return isinstance(device, torch.device) and device.type == "cuda"
 
 
+def _run_backward(
+    func: Any,
+    tensors: Any,
+    grad_tensors: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: Any = None,
+    *,
+    gradient: Any = None,
+) -> None:
+    """``torch.autograd.backward`` (or ``Tensor.backward``, whose second argument is the
+    gradient) without its ``__torch_function__`` dispatch, i.e. its body in torch 2.13."""
+    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+    from torch.autograd.graph import _engine_run_backward
+
+    if func is torch.Tensor.backward:
+        grad_tensors = gradient if gradient is not None else grad_tensors
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    inputs_tuple = () if inputs is None else ((inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs))
+    grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(grad_tensors, len(tensors)), is_grads_batched=False)
+    if retain_graph is None:
+        retain_graph = create_graph
+    _engine_run_backward(
+        tensors, grads, retain_graph, create_graph, inputs_tuple, allow_unreachable=True, accumulate_grad=True
+    )
+
+
 class _CudaToCpu(TorchFunctionMode):
     """Maps CUDA device arguments to the CPU and makes ``Tensor.cuda()`` a no-op."""
 
@@ -55,6 +82,13 @@ class _CudaToCpu(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.autograd.backward or func is torch.Tensor.backward:
+            # torch 2.13's backward dispatches to this mode, and a mode is off inside its
+            # own handler: run the engine with the mode re-entered so that the backward
+            # pass is bridged too (megatron's MoE all-to-all allocates on
+            # `torch.cuda.current_device()` in its backward)
+            with _CudaToCpu():
+                return _run_backward(func, *args, **kwargs)
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             # megatron checks `t.type() == "torch.cuda.FloatTensor"` (optimizer, clipping)
             name = func(*args)

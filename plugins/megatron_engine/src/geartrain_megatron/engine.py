@@ -97,11 +97,7 @@ def shard_model(
             raise ValueError(
                 f"options.router_replay: model type '{hf_config.model_type}' has no MoE router to replay"
             )
-        if config.gradient_checkpointing:
-            raise ValueError(
-                "options.router_replay with gradient_checkpointing: megatron's activation recompute does not "
-                "replay the recorded routing yet; turn one of them off"
-            )
+
     with cpu_compat():
         chunks = modeling.build_chunks(
             hf_config,

@@ -94,6 +94,9 @@ def _clip(optimizer: Any, max_norm: float, total_norm: float) -> None:
     coeff = max_norm / (total_norm + 1.0e-6)
     if coeff >= 1.0:
         return
-    for param in optimizer.get_parameters():
-        if param.grad is not None:
-            param.grad.mul_(coeff)
+    # a MoE model gets a ChainedOptimizer (dense and expert parameters), whose own
+    # get_parameters() refuses to pick one of its parts
+    for part in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        for param in part.get_parameters():
+            if param.grad is not None:
+                param.grad.mul_(coeff)

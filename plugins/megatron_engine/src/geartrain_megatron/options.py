@@ -29,5 +29,7 @@ class MegatronOptions(BaseModel):
     a forward/backward of a batch that carries ``routed_experts`` routes every token to
     exactly those experts (the router's probabilities are still computed from the current
     weights, so it trains), so log-probs recomputed later (after a weight update, at another
-    micro-batching) use the same experts as the first forward. Refused for dense models and
-    with ``gradient_checkpointing`` (megatron's recompute does not replay yet)."""
+    micro-batching, in the activation recompute of ``gradient_checkpointing``) use the same
+    experts as the first forward. The trainer copies the old-log-prob forward's routing into
+    the batch, so the update replays it (a reference engine with this option on would replay
+    the actor's routing too). Refused for dense models."""

@@ -79,23 +79,29 @@ class Replay:
         action = RouterReplayAction.REPLAY_FORWARD if self.replaying else RouterReplayAction.RECORD
         b, length = mb.tokens.shape
         for layer, replay in self.routers[id(chunk)]:
-            replay.clear_indices()
             replay.set_router_replay_action(action)
             if self.replaying:
                 target = torch.arange(self.topk).expand(length, b, self.topk).clone()
                 if mb.batch is not None:
                     r, j, br, c = _token_positions(mb)
                     target[j, r] = self.routed[br, c, layer]
+                # also queued for the activation recompute in backward (see after())
                 replay.set_target_indices(target.reshape(length * b, self.topk).to(self.model.device))
 
     def after(self, chunk: nn.Module, mb: MicroBatch) -> None:
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
         b, length = mb.tokens.shape
         for layer, replay in self.routers[id(chunk)]:
-            if not self.replaying and mb.batch is not None:
+            if self.replaying:
+                # with gradient checkpointing the backward recomputes the forward: it must
+                # take the queued targets in forward order (the schedules run a chunk's
+                # backwards in the order of its forwards), not the latest one
+                replay.set_router_replay_action(RouterReplayAction.REPLAY_BACKWARD)
+            elif mb.batch is not None:
                 recorded = replay.get_recorded_indices().detach().to("cpu").reshape(length, b, self.topk)
                 r, j, br, c = _token_positions(mb)
                 self.routed[br, c, layer] = recorded[j, r]
-            replay.clear_indices()
 
     def finish(self) -> dict[str, torch.Tensor]:
         """Reset the routers; the recorded routing (all stages' layers) when recording."""
