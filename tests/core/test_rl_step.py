@@ -143,6 +143,31 @@ def test_grpo_step_calls_keys_dispatch_and_metrics(tmp_path: Path, fakes: FakeBa
     assert fakes.of("actor", "reshard_for_rollout")[0].detail["theta"] == pytest.approx(0.4, abs=1e-6)
 
 
+def test_routing_of_the_old_log_prob_forward_reaches_the_update(
+    tmp_path: Path, fakes: FakeBackends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine with MoE router replay returns ``routed_experts`` from the old-log-prob
+    forward; the trainer puts it into the batch, so the update (every mini-batch row) gets
+    the very routing that forward used."""
+    from geartrain.testing import fakes as fakes_module
+
+    plain = fakes_module.fake_outputs
+
+    def with_routing(model, batch, need_entropy):  # noqa: ANN001, ANN202
+        out = plain(model, batch, need_entropy)
+        if "routed_experts" not in batch:  # recording: one expert id per token, closed form
+            out["routed_experts"] = (batch["input_ids"] % 4)[..., None, None].expand(-1, -1, 2, 1).clone()
+        return out
+
+    monkeypatch.setattr(fakes_module, "fake_outputs", with_routing)
+    trainer, _ = build(tmp_path, AlgorithmConfig(name="grpo"), free_memory=False, reuse=False)
+    fakes.clear()
+    trainer.step(1)
+    old, update = fakes.of("actor", "forward_backward")
+    assert "routed_experts" not in old.keys
+    assert update.keys == SCORED_KEYS | {"old_log_probs", "routed_experts"} | ADVANTAGE_KEYS
+
+
 def test_one_optimizer_step_reuses_the_updates_forward(tmp_path: Path, fakes: FakeBackends) -> None:
     trainer, log = build(tmp_path, AlgorithmConfig(name="grpo"), free_memory=False)
     fakes.clear()
