@@ -14,7 +14,7 @@ from geartrain.testing.reference import reference_token_outputs, token_valid_mas
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from .common import Receiver, make_batch, rank_context, reference_token_outputs_grad, run_ranks, token_mean_loss
-from .moe_workers import expert_parallel_step
+from .moe_workers import expert_parallel_step, replay_run
 
 LAYERS, EXPERTS, TOPK = 2, 4, 2
 
@@ -155,11 +155,16 @@ def test_moe_weights_round_trip_to_hf(mixtral_dir: Path, tmp_path: Path) -> None
     assert stats.num_buckets > 1
     engine.forward_backward(make_batch(10), token_mean_loss)
     engine.optimizer_step()
+    batch = make_batch(0)
+    ours = engine.compute_log_probs(batch).outputs["log_probs"]
+    # offload/onload of a MoE model (expert buffers, the chained dense+expert optimizer)
+    off = engine.offload()
+    assert off.detail["optimizer_released_bytes"] > 0 and off.detail["grads_released_bytes"] > 0
+    engine.onload()
+    assert torch.equal(engine.compute_log_probs(batch).outputs["log_probs"], ours)
     engine.export_hf(tmp_path / "hf", tokenizer=None)
     loaded = MixtralForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    batch = make_batch(0)
     valid = token_valid_mask(batch["attention_mask"])
-    ours = engine.compute_log_probs(batch).outputs["log_probs"]
     theirs = reference_token_outputs(loaded, batch)["log_probs"]
     torch.testing.assert_close(ours[valid], theirs[valid], atol=1e-5, rtol=0)
 
@@ -184,6 +189,21 @@ def test_router_replay_holds_in_the_activation_recompute(mixtral_dir: Path) -> N
         grads[gc] = {n: p.main_grad.clone() for n, p in engine.handle.modules[0].named_parameters()}
     for name, grad in grads[False].items():
         torch.testing.assert_close(grads[True][name], grad, atol=1e-6, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_router_replay_at_pp2_with_recompute_matches_one_rank(mixtral_dir: Path) -> None:
+    """pp=2 (one MoE layer per stage), 1F1B over several micro-batches, gradient
+    checkpointing: the recorded routing (gathered from both stages) equals one rank's, and a
+    replayed training step gives one rank's log-probs, loss and grad norm."""
+    ranks = run_ranks(replay_run, 2, str(mixtral_dir), 2, True, timeout=240)
+    one = replay_run(0, 1, str(mixtral_dir), 1, False)  # in this process: one rank
+    assert ranks[0]["micro_batches"] > 1
+    for r in ranks:
+        assert torch.equal(r["routed"], one["routed"])
+        assert (r["free"] != r["routed"]).any()  # without replay the step's routing would differ
+        torch.testing.assert_close(r["log_probs"], one["log_probs"], atol=1e-5, rtol=0)
+        assert r["loss"] == pytest.approx(one["loss"], abs=1e-5)
+        assert r["grad_norm"] == pytest.approx(one["grad_norm"], abs=1e-5)
 
 
 def test_router_replay_options_are_validated(mixtral_dir: Path) -> None:
