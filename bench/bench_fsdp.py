@@ -175,23 +175,30 @@ def main() -> None:
     )
 
 
-def main_job_batch(rows: int = 128, seed: int = 0) -> Batch:
-    """The main job's actor batch: ``[left pad | prompt (5-7) | response (2-5) | right pad]``
-    in a 16 + 5 wide layout, with GRPO advantages and old log-probs."""
+def main_job_batch(prompts: int = 16, n: int = 8, seed: int = 0) -> Batch:
+    """The main job's actor batch: ``prompts`` prompts x ``n`` samples, prompt-major as the
+    rollout returns them, ``[left pad | prompt (5-7) | response (2-5) | right pad]`` in a
+    16 + 5 wide layout, with GRPO advantages and old log-probs."""
     g = torch.Generator().manual_seed(seed)
     width_p, width_r = 16, 5
+    rows = prompts * n
     ids = torch.zeros(rows, width_p + width_r, dtype=torch.long)
     att, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i in range(rows):
+    for i in range(prompts):
         p = int(torch.randint(5, 8, (1,), generator=g))
-        r = int(torch.randint(2, 6, (1,), generator=g))
-        ids[i, width_p - p : width_p + r] = torch.randint(4, 20, (p + r,), generator=g)
-        att[i, width_p - p : width_p + r] = 1
-        loss_mask[i, width_p : width_p + r] = 1
+        prompt = torch.randint(4, 20, (p,), generator=g)
+        for j in range(n):
+            row = i * n + j
+            r = int(torch.randint(2, 6, (1,), generator=g))
+            ids[row, width_p - p : width_p] = prompt
+            ids[row, width_p : width_p + r] = torch.randint(4, 20, (r,), generator=g)
+            att[row, width_p - p : width_p + r] = 1
+            loss_mask[row, width_p : width_p + r] = 1
     adv = torch.randn(rows, 1, generator=g).expand(rows, width_p + width_r) * loss_mask
     old = torch.zeros(rows, width_p + width_r)
     return Batch(
-        {"input_ids": ids, "attention_mask": att, "loss_mask": loss_mask, "advantages": adv, "old_log_probs": old}
+        {"input_ids": ids, "attention_mask": att, "loss_mask": loss_mask, "advantages": adv, "old_log_probs": old},
+        info={"prompt_length": width_p},
     )
 
 
@@ -207,11 +214,20 @@ def main_job(repeats: int, threads: int) -> None:
     optim = OptimConfig(lr=1e-4, clip_grad=1.0)
     batch = main_job_batch()
     eng = Engine(EngineConfig(backend="fsdp", optim=optim), model_cfg, EngineContext(role="actor"))
+    unshared = Engine(
+        EngineConfig(backend="fsdp", optim=optim, options={"share_prompt_prefix": False}),
+        model_cfg,
+        EngineContext(role="actor"),
+    )
     actor_loss = make_actor_loss(ActorLossConfig())
 
     def engine_step() -> None:
         eng.forward_backward(batch, actor_loss)
         eng.optimizer_step()
+
+    def unshared_step() -> None:
+        unshared.forward_backward(batch, actor_loss)
+        unshared.optimizer_step()
 
     hf = build_hf_model(model_cfg).train()
     opt = torch.optim.AdamW(
@@ -233,12 +249,13 @@ def main_job(repeats: int, threads: int) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    steps = (("engine", engine_step), ("engine, unshared", unshared_step), ("plain", plain_step))
     for _ in range(3):
-        engine_step()
-        plain_step()
-    clocks = {"engine": ([], []), "plain": ([], [])}
-    for _ in range(repeats):  # interleaved, so load from other processes hits both alike
-        for name, fn in (("engine", engine_step), ("plain", plain_step)):
+        for _, fn in steps:
+            fn()
+    clocks: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name, _ in steps}
+    for _ in range(repeats):  # interleaved, so load from other processes hits all alike
+        for name, fn in steps:
             w, c = time.perf_counter(), time.process_time()
             fn()
             clocks[name][0].append(time.perf_counter() - w)
@@ -249,12 +266,15 @@ def main_job(repeats: int, threads: int) -> None:
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  torch {torch.__version__}  "
         f"threads {threads}  load(1 min) {os.getloadavg()[0]:.1f}"
     )
-    print(f"main-job actor update: {len(batch)} sequences, {tokens} real tokens, model hidden 128 x 2 layers")
+    print(
+        f"main-job actor update: {len(batch)} sequences (16 prompts x 8 samples), {tokens} real tokens, "
+        "model hidden 128 x 2 layers"
+    )
     for clock, i in (("wall", 0), ("cpu", 1)):
-        e, p = med["engine"][i], med["plain"][i]
+        e, u, p = med["engine"][i], med["engine, unshared"][i], med["plain"][i]
         print(
-            f"  {clock:4s}: engine {1000 * e:.1f} ms/step, plain loop {1000 * p:.1f} ms/step, "
-            f"engine speed / plain {p / e:.2f}"
+            f"  {clock:4s}: engine {1000 * e:.1f} ms/step (prompts not shared: {1000 * u:.1f}), "
+            f"plain loop {1000 * p:.1f} ms/step, engine speed / plain {p / e:.2f} (unshared {p / u:.2f})"
         )
 
 

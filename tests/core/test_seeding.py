@@ -47,3 +47,21 @@ def test_ray_needs_colocated_roles_on_the_actors_ranks() -> None:
     assert "reference.engine.parallel" in str(info.value) and "make the product 2" in str(info.value)
     # a role with ranks of its own may have any size
     _load("cluster.placement=ray", "actor.engine.parallel.dp=2", "algorithm.use_kl_loss=true", "cluster.colocate=[]")
+
+
+def test_tensor_uniforms_equal_the_reference_bit_for_bit() -> None:
+    import torch
+
+    from geartrain.seeding import sample_seed, uniform, uniforms
+
+    seeds = [sample_seed(s, p, j) for s in (0, 7, 2**40 + 3) for p in (0, 1, 99) for j in (0, 5)]
+    seeds += [0, 1, 2**63 - 1]
+    for counter in (0, 1, 4, 2**33 + 1):
+        got = uniforms(torch.tensor(seeds, dtype=torch.int64), counter).tolist()
+        want = [uniform(s, counter) for s in seeds]
+        assert got == want
+        assert all(0.0 <= u < 1.0 for u in got)
+    # streams are distinct across seeds and counters, and roughly uniform
+    many = uniforms(torch.arange(20000, dtype=torch.int64) * 7919, 3)
+    assert abs(float(many.mean()) - 0.5) < 0.01 and len(set(many.tolist())) == 20000
+    assert not torch.equal(uniforms(torch.tensor([5]), 0), uniforms(torch.tensor([5]), 1))

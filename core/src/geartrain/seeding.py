@@ -11,6 +11,8 @@ generators with :func:`sample_seed`.
 
 from __future__ import annotations
 
+import torch
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -40,6 +42,41 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     value = _mix(value ^ (prompt_index & _MASK64))
     value = _mix(value ^ ((sample_index + 0x5A5A) & _MASK64))
     return value >> 1
+
+
+def _signed(value: int) -> int:
+    """A uint64 constant as the int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors read as uint64 (torch's ``>>`` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix_tensor(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_mix` on an int64 tensor read as uint64 (multiplication wraps mod 2**64)."""
+    x = x + _signed(0x9E3779B97F4A7C15)
+    x = (x ^ _shift_right(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shift_right(x, 27)) * _signed(0x94D049BB133111EB)
+    return x ^ _shift_right(x, 31)
+
+
+def uniform(seed: int, counter: int) -> float:
+    """The ``counter``-th uniform number in ``[0, 1)`` of the stream of ``seed`` (a
+    :func:`sample_seed`): the reference for :func:`uniforms`."""
+    value = _mix((seed & _MASK64) ^ _mix(counter & _MASK64))
+    return (value >> 11) * 2.0**-53
+
+
+def uniforms(seeds: torch.Tensor, counter: int) -> torch.Tensor:
+    """``uniform(seeds[i], counter)`` for an int64 tensor of seeds, computed with tensor
+    operations (no per-row generator): float64 in ``[0, 1)``, the same on every device and
+    equal to :func:`uniform` bit for bit. A sample's ``t``-th token draws
+    ``uniforms(seed, t)``, so its numbers do not depend on the rows it is batched with."""
+    mixed_counter = _signed(_mix(counter & _MASK64))
+    value = _mix_tensor(seeds.to(torch.int64) ^ mixed_counter)
+    return _shift_right(value, 11).to(torch.float64) * 2.0**-53
 
 
 def prompt_indices(sampling_indices: list[int] | None, num_prompts: int) -> list[int]:

@@ -7,10 +7,13 @@ rollouts are compared with, so it favours exactness over speed:
   left-padded prompts get ``position_ids`` that start at 0 on each row's first real token;
 * ``rollout_log_probs`` are ``log_softmax`` of the *unscaled* logits (the model's own
   distribution, as vLLM reports by default), whatever temperature / top-p / top-k sampled;
-* every sample draws its random numbers from its own CPU ``torch.Generator`` seeded with
-  :func:`geartrain.seeding.sample_seed` of (seed, prompt index in the step, sample index),
-  so a seed gives the same samples however the rows are chunked or split across ranks, on
-  any device;
+* every sample draws its random numbers from its own counter-based stream
+  (:func:`geartrain.seeding.uniforms`: its ``t``-th token uses the ``t``-th number of the
+  stream of :func:`geartrain.seeding.sample_seed` of (seed, prompt index in the step,
+  sample index)), computed for all rows at once, so a seed gives the same samples however
+  the rows are chunked or split across ranks, on any device;
+* the samples of one prompt share its prefill (one forward per distinct prompt, the KV
+  cache copied to each sample);
 * rows are decoded in chunks of at most ``max_batch_size`` (default: the config's
   ``max_num_seqs``), fewer when ``kv_cache_bytes`` cannot hold that many full-length rows;
 * finished rows leave the batch (and the KV cache), so a long tail costs only its rows.
@@ -39,7 +42,7 @@ from geartrain.hookspecs import hookimpl
 from geartrain.layout import check_generate_inputs, rollout_batch
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
-from geartrain.seeding import prompt_indices, sample_seed
+from geartrain.seeding import prompt_indices, sample_seed, uniforms
 from geartrain.types import Capability, EngineContext, MemoryStats, SamplingParams
 
 #: Below this temperature sampling is greedy (argmax), as in vLLM.
@@ -274,8 +277,9 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
         out = _decode_chunk(
             rollout,
             [prompts[i] for i, _ in part],
-            [_sample_generator(sample_seed(base_seed, global_index[i], j)) for i, j in part],
+            [sample_seed(base_seed, global_index[i], j) for i, j in part],
             sampling,
+            prompt_ids=[i for i, _ in part],
         )
         for toks, lps, reason in out:
             responses.append(toks)
@@ -306,13 +310,6 @@ def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: 
     return rows
 
 
-def _sample_generator(seed: int) -> torch.Generator:
-    # CPU generators: the uniforms are the same on any device.
-    g = torch.Generator()
-    g.manual_seed(seed)
-    return g
-
-
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """Logits ``[b, V]`` scaled by ``temperature`` with everything outside the top-k, then
     outside the top-p nucleus (the smallest most-probable set whose mass reaches ``top_p``),
@@ -334,14 +331,15 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return scaled
 
 
-def _sample(logits: torch.Tensor, sampling: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row of ``logits`` ``[b, V]`` (float32)."""
+def _sample(logits: torch.Tensor, sampling: SamplingParams, seeds: torch.Tensor, counter: int) -> torch.Tensor:
+    """One token per row of ``logits`` ``[b, V]`` (float32); row ``i`` draws the
+    ``counter``-th number of the stream of ``seeds[i]``."""
     if sampling.temperature < GREEDY_TEMPERATURE:
         return logits.argmax(dim=-1)
     filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
     probs = torch.softmax(filtered, dim=-1)
-    # Inverse-CDF sampling with one uniform per row from that row's own generator.
-    u = torch.stack([torch.rand((), generator=g) for g in generators]).to(logits.device)
+    # Inverse-CDF sampling with one uniform per row from that row's own stream.
+    u = uniforms(seeds, counter).to(device=logits.device, dtype=probs.dtype)
     cdf = torch.cumsum(probs, dim=-1)
     u = u * cdf[:, -1]  # the cdf's last value is 1 up to rounding
     tokens = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).squeeze(-1)
@@ -359,58 +357,80 @@ def _sample(logits: torch.Tensor, sampling: SamplingParams, generators: list[tor
 def _decode_chunk(
     rollout: TorchRolloutEngine,
     prompts: list[list[int]],
-    generators: list[torch.Generator],
+    seeds: list[int],
     sampling: SamplingParams,
+    prompt_ids: list[int] | None = None,
 ) -> list[tuple[list[int], list[float], str]]:
-    """Decode one chunk of rows; returns (response tokens, their log-probs, finish reason)."""
+    """Decode one chunk of rows; returns (response tokens, their log-probs, finish reason).
+
+    Rows with the same ``prompt_ids`` entry (the samples of one prompt) share its prefill:
+    each distinct prompt runs through the model once and its KV cache and first-token
+    logits are copied to its rows."""
     from transformers import DynamicCache
 
     model, device = rollout.model, rollout.device
     b = len(prompts)
+    keys = prompt_ids if prompt_ids is not None else list(range(b))
+    first_row: dict[int, int] = {}
+    for r, key in enumerate(keys):
+        first_row.setdefault(key, r)
+    unique = list(first_row.values())  # one row per distinct prompt, in order
+    slot = {key: u for u, key in enumerate(first_row)}
+    expand = torch.tensor([slot[key] for key in keys], device=device)
     width = max(len(p) for p in prompts)
-    input_ids = torch.full((b, width), rollout.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    for r, p in enumerate(prompts):
-        input_ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[r, width - len(p) :] = 1
+    input_ids = torch.full((len(unique), width), rollout.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(unique), width), dtype=torch.long)
+    for u, r in enumerate(unique):
+        p = prompts[r]
+        input_ids[u, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[u, width - len(p) :] = 1
     input_ids, mask = input_ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     budget = [min(sampling.max_tokens, rollout.config.max_model_len - len(p)) for p in prompts]
     stop = torch.tensor(sorted(set(sampling.stop_token_ids)) or [-1], device=device)
 
-    tokens_out: list[list[int]] = [[] for _ in range(b)]
-    lps_out: list[list[float]] = [[] for _ in range(b)]
-    reasons: list[str] = ["length"] * b
-    active = list(range(b))  # original row of each live batch row
+    # Per-row results in tensors, indexed by original row; each step writes column `t`.
+    steps = max(budget)
+    tokens = torch.zeros((b, steps), dtype=torch.long)
+    token_lps = torch.zeros((b, steps), dtype=torch.float32)
+    lengths = torch.zeros(b, dtype=torch.long)
+    stopped = torch.zeros(b, dtype=torch.bool)
+    limits = torch.tensor(budget, dtype=torch.long)
+    row_seeds = torch.tensor(seeds, dtype=torch.int64)
+    active = torch.arange(b)  # original row of each live batch row
     cache = DynamicCache(config=model.config)
     step_ids, step_pos = input_ids, positions
-    while active:
+    for t in range(steps):
         out = model(
             input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True
         )
         logits = out.logits[:, -1, :].float()
         cache = out.past_key_values
+        if t == 0:  # from one row per prompt to one row per sample
+            if len(unique) < b:
+                logits = logits.index_select(0, expand)
+                cache.batch_select_indices(expand)
+            mask, step_pos = mask.index_select(0, expand), step_pos.index_select(0, expand)
         raw_lp = torch.log_softmax(logits, dim=-1)
-        new = _sample(logits, sampling, [generators[r] for r in active])
+        new = _sample(logits, sampling, row_seeds[active], t)
         new_lp = raw_lp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        is_stop = torch.isin(new, stop)
-        keep: list[int] = []
-        new_list, lp_list, stop_list = new.tolist(), new_lp.tolist(), is_stop.tolist()
-        for k, r in enumerate(active):
-            tokens_out[r].append(new_list[k])
-            lps_out[r].append(lp_list[k])
-            if stop_list[k]:
-                reasons[r] = "stop"
-            elif len(tokens_out[r]) < budget[r]:
-                keep.append(k)
-        if not keep:
+        is_stop = torch.isin(new, stop).cpu()
+        tokens[active, t] = new.cpu()
+        token_lps[active, t] = new_lp.cpu()
+        lengths[active] = t + 1
+        stopped[active] = is_stop
+        keep = ~is_stop & (t + 1 < limits[active])
+        if not bool(keep.any()):
             break
-        if len(keep) < len(active):
-            index = torch.tensor(keep, device=device)
-            cache.batch_select_indices(index)
-            mask, new, step_pos = mask[index], new[index], step_pos[index]
-            active = [active[k] for k in keep]
+        if not bool(keep.all()):
+            index = keep.nonzero().squeeze(1)
+            cache.batch_select_indices(index.to(device))
+            mask, new, step_pos = mask[index.to(device)], new[index.to(device)], step_pos[index.to(device)]
+            active = active[index]
         mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
         step_ids = new.unsqueeze(-1)
         step_pos = step_pos[:, -1:] + 1
+    tokens_out = [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist(), strict=True)]
+    lps_out = [row[:n] for row, n in zip(token_lps.tolist(), lengths.tolist(), strict=True)]
+    reasons = ["stop" if s else "length" for s in stopped.tolist()]
     return list(zip(tokens_out, lps_out, reasons, strict=True))

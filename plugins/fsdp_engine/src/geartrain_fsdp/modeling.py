@@ -29,10 +29,16 @@ class TokenOutputs(nn.Module):
         attention_mask: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
         need_entropy: bool = False,
+        output_positions: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
+        """Outputs at every position of ``input_ids`` (shaped like ``targets``), or, with
+        ``output_positions`` ``[U]`` (indices into the flattened positions), only there:
+        ``targets`` is then ``[U]`` and so are the outputs."""
         hidden = self.hf.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
+        if output_positions is not None:
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, output_positions)
         if self.value_head:
             # the token-classification head without its dropout: values must be deterministic
             return {"values": self.hf.score(hidden)[..., 0].float().clone()}

@@ -19,6 +19,12 @@ class FSDPOptions(BaseModel):
     """Pack each micro-batch's sequences into one row (position_ids restart per sequence,
     no attention across sequence boundaries). ``False`` runs padded ``[b, T]`` micro-batches
     (needs ``parallel.sp == 1``)."""
+    share_prompt_prefix: bool = True
+    """With ``remove_padding`` and ``sp = 1``: rows of a micro-batch with the same prompt
+    (a GRPO group's samples) run that prompt once, each response attending to it under a
+    segment mask (:mod:`geartrain_fsdp.prefix_sharing`). Same outputs and gradients up to
+    float rounding; for ``n`` samples of a prompt of ``p`` tokens, ``(n - 1) p`` fewer
+    tokens through every layer. Micro-batches keep each prompt's rows together."""
     logits_chunk_tokens: int = Field(1024, ge=1)
     """Tokens per chunk of the vocabulary projection: log-probs and entropy never
     materialise more than ``chunk x vocab`` logits (recomputed in backward)."""

@@ -13,21 +13,92 @@ from geartrain.types import LossContext, LossFn, StepOutput
 
 from geartrain_fsdp.mesh import all_reduce_
 from geartrain_fsdp.packing import pack, padded_inputs, scatter_shifted, shift_padded
+from geartrain_fsdp.prefix_sharing import (
+    SegmentAttention,
+    has_standard_layout,
+    pack_shared,
+    prompt_groups,
+    scatter_outputs,
+)
 from geartrain_fsdp.sharding import FSDPModel
 from geartrain_fsdp.ulysses import PackedAttentionState, gather_sequence, local_slice, packed_attention_state
 
 
-def _micro_batch_plan(model: FSDPModel, attention_mask: torch.Tensor) -> list[list[int]]:
+def _shares_prompts(model: FSDPModel, batch: Batch) -> int | None:
+    """The prompt width when this batch runs in the shared-prompt layout, else None."""
+    options = model.options
+    prompt_length = batch.info.get("prompt_length")
+    if not (options.share_prompt_prefix and options.remove_padding and model.meshes.sp == 1):
+        return None
+    if not isinstance(prompt_length, int) or len(batch) < 2:
+        return None
+    if not has_standard_layout(batch["attention_mask"], prompt_length):
+        return None
+    shared = len(prompt_groups(batch["input_ids"], batch["attention_mask"], prompt_length)) < len(batch)
+    return prompt_length if shared else None
+
+
+def _planning_units(batch: Batch, prompt_length: int | None, budget: int) -> tuple[list[list[int]], list[int]]:
+    """Rows that must share a micro-batch and their token cost: single rows, or (shared
+    prompts) each prompt's rows, costing the prompt once, split when over ``budget``."""
+    mask = batch["attention_mask"]
+    lengths = mask.sum(1).tolist()
+    if prompt_length is None:
+        return [[i] for i in range(len(lengths))], lengths
+    prompt = mask[:, :prompt_length].sum(1).tolist()
+    units: list[list[int]] = []
+    costs: list[int] = []
+    for rows in prompt_groups(batch["input_ids"], mask, prompt_length):
+        unit: list[int] = []
+        cost = prompt[rows[0]]
+        for row in rows:
+            extra = lengths[row] - prompt[row]
+            if unit and cost + extra > budget:
+                units.append(unit)
+                costs.append(cost)
+                unit, cost = [], prompt[row]
+            unit.append(row)
+            cost += extra
+        units.append(unit)
+        costs.append(cost)
+    return units, costs
+
+
+def _micro_batch_plan(model: FSDPModel, batch: Batch, prompt_length: int | None) -> list[list[int]]:
     """Rows of each micro-batch; every rank of the engine runs the same number (FSDP's
     collectives run once per micro-batch on every rank)."""
-    lengths = attention_mask.sum(1).tolist()
-    plan = plan_micro_batches(lengths, model.config.max_tokens_per_micro_batch)
+    budget = model.config.max_tokens_per_micro_batch
+    units, costs = _planning_units(batch, prompt_length, budget)
+    plan = plan_micro_batches(costs, budget)
     count = torch.tensor([len(plan)], device=model.device)
     if model.meshes.distributed:
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=model.meshes.ctx_group)
     if int(count) > len(plan):
-        plan = plan_micro_batches(lengths, model.config.max_tokens_per_micro_batch, min_count=int(count))
-    return plan
+        plan = plan_micro_batches(costs, budget, min_count=int(count))
+    return [sorted(row for u in group for row in units[u]) for group in plan]
+
+
+def _forward_shared(
+    model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, prompt_length: int, need_entropy: bool
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per-token outputs ``[b, T]`` of one micro-batch in the shared-prompt layout
+    (:mod:`geartrain_fsdp.prefix_sharing`; sp = 1)."""
+    packed = pack_shared(ids, mask, prompt_length)
+    dev = model.device
+    state = PackedAttentionState(
+        cu_seqlens=[0, packed.num_tokens], shared=SegmentAttention.build(packed.segments, dev)
+    )
+    with packed_attention_state(state):
+        raw = model.module(
+            input_ids=packed.input_ids.to(dev),
+            position_ids=packed.position_ids.to(dev),
+            targets=packed.out_targets.to(dev),
+            need_entropy=need_entropy,
+            output_positions=packed.out_positions.to(dev),
+        )
+    outputs = {key: scatter_outputs(value, packed) for key, value in raw.items()}
+    anchor = sum(v.sum() * 0.0 for v in raw.values())
+    return outputs, anchor  # type: ignore[return-value]
 
 
 def _forward_packed(
@@ -101,7 +172,8 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
     all_reduce_(counts, meshes.dp_group)
     global_tokens, global_sequences = (int(x) for x in counts.tolist()[:2])
 
-    plan = _micro_batch_plan(model, attention_mask)
+    prompt_length = _shares_prompts(model, batch)
+    plan = _micro_batch_plan(model, batch, prompt_length)
     forward = _forward_packed if model.options.remove_padding else _forward_padded
     scale = float(meshes.world)
     metric_sums: dict[str, float] = {}
@@ -118,7 +190,10 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
                 mb = None
                 ids = torch.zeros(1, 1, dtype=input_ids.dtype)
                 mask = torch.zeros(1, 1, dtype=attention_mask.dtype)
-            outputs, anchor = forward(model, ids, mask, need_entropy)
+            if prompt_length is not None and mb is not None and len(mb) > 1:
+                outputs, anchor = _forward_shared(model, ids, mask, prompt_length, need_entropy)
+            else:
+                outputs, anchor = forward(model, ids, mask, need_entropy)
             loss = anchor
             if mb is not None and loss_fn is not None:
                 loss_ctx = LossContext(

@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from geartrain_fsdp.prefix_sharing import SegmentAttention, segment_attention
+
 ATTENTION_NAME = "geartrain_packed"
 
 
@@ -41,6 +43,9 @@ class PackedAttentionState:
     groups: LengthGroups | None = None
     """The sequences grouped by length; built by the first attention layer of the
     forward, reused by the others."""
+    shared: SegmentAttention | None = None
+    """Set for a shared-prompt micro-batch (:mod:`geartrain_fsdp.prefix_sharing`, sp = 1):
+    attention runs under its segment masks instead of per sequence."""
 
 
 _local = threading.local()
@@ -219,6 +224,8 @@ def packed_attention(
     state = current_state()
     if dropout and module.training:
         raise ValueError("the fsdp engine's packed attention does not implement attention dropout")
+    if state.shared is not None:
+        return segment_attention(query, key, value, state.shared, scaling).transpose(1, 2).contiguous(), None
     sp = state.sp_size
     if sp > 1:
         reps = kv_repeats_for(query.shape[1], key.shape[1], sp)
