@@ -355,3 +355,26 @@ def test_the_engine_suite_has_the_same_guard() -> None:
 
         def test_training_matches_plain_adamw(self, family: str) -> None:
             pass
+
+
+def test_samples_of_one_prompt_share_its_prefill() -> None:
+    """n samples of a prompt: the prompt runs through the model once (the first forward
+    has one row per distinct prompt); the log-probs are the model's, and sample 0 of each
+    prompt is what an n = 1 request with the same seed (no sharing) draws."""
+    r = make_rollout(max_batch_size=1024)
+    try:
+        rows: list[int] = []
+        model = r.handle.model
+        hook = model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        prompts = encode_prompts()[:3]
+        shared = r.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=6, seed=5))
+        hook.remove()
+        assert rows[0] == 3 and max(rows[1:]) == 12
+        single = r.generate(prompts, SamplingParams(n=1, temperature=1.0, max_tokens=6, seed=5))
+        expected = teacher_forced_log_probs(tiny_model("qwen2", seed=0), shared)
+        assert float((shared["rollout_log_probs"] - expected).abs().max()) < 1e-5
+        # sample 0 of each prompt is what an n=1 request with the same seed draws
+        first = shared.index([0, 4, 8])
+        assert torch.equal(first["input_ids"][:, : single["input_ids"].shape[1]], single["input_ids"])
+    finally:
+        r.shutdown()
