@@ -7,9 +7,10 @@
 3. Weight export (``sync_weights`` into a receiver that keeps nothing) MB/s against a plain
    copy of the same bytes.
 
-4. The main job's update (``--main-job``): the arithmetic GRPO actor step (128 sequences of
-   7-12 real tokens, the main job's model, the GRPO loss, AdamW) through the engine against
-   a plain PyTorch loop on the same batch, both clocks (wall and process CPU) in one run.
+4. The main job's update (``--main-job``): the arithmetic GRPO actor step (16 prompts x 8
+   samples, 7-12 real tokens each, the main job's model, the GRPO loss, AdamW) through the
+   engine (prompts shared, and not) against a plain PyTorch loop on the same batch, both
+   clocks (wall and process CPU) in one run.
 
 Usage: ``python bench/bench_fsdp.py [--repeats 5] [--hidden 256] [--layers 4] [--cpu-time]``;
 ``python bench/bench_fsdp.py --main-job [--threads 1]``;
