@@ -212,6 +212,12 @@ def test_router_replay_options_are_validated(mixtral_dir: Path) -> None:
     bad["routed_experts"] = torch.zeros(len(bad), 3, LAYERS, TOPK, dtype=torch.long)
     with pytest.raises(ValueError, match="routed_experts"):
         engine.compute_log_probs(bad)
+    from geartrain_megatron.modeling import check_supported
+    from geartrain_megatron.parallel import Layout
+
+    tp2 = Layout(tp=2, pp=1, vpp=None, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, world=2)
+    with pytest.raises(ValueError, match="parallel.tp=2: a MoE model needs megatron's sequence parallelism"):
+        check_supported(MixtralConfig.from_pretrained(mixtral_dir), tp2)
     with pytest.raises(ValueError, match="router_replay"):
         Engine(
             EngineConfig(backend="megatron", options={"router_replay": True}),

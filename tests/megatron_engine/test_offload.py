@@ -48,6 +48,8 @@ def test_offload_mid_step_and_between_steps_is_bitwise(distributed_optimizer: bo
                     assert stats.detail["optimizer_released_bytes"] > 0
                 with pytest.raises(RuntimeError, match="offloaded"):
                     engine.optimizer_step()
+                with pytest.raises(RuntimeError, match="reshard_for_rollout called while"):
+                    engine.sync_weights(None)
                 engine.onload()
                 assert _storages(engine)["grads"] == sizes["grads"]
             engine.optimizer_step()

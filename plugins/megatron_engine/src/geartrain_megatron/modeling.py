@@ -63,6 +63,12 @@ def check_supported(hf_config, layout: Layout) -> None:  # noqa: ANN001
     if num_experts(hf_config):
         if float(getattr(hf_config, "router_jitter_noise", 0.0) or 0.0) != 0.0:
             raise ValueError("router_jitter_noise != 0 is not mapped by the megatron engine (routing must be deterministic)")
+        if layout.tp > 1:
+            # megatron-core's MoE layer refuses to train at TP > 1 without sequence parallelism
+            raise ValueError(
+                f"parallel.tp={layout.tp}: a MoE model needs megatron's sequence parallelism at tp > 1, which this "
+                "engine does not enable yet; split the experts with options.expert_parallel instead"
+            )
         if layout.ep > 1 and num_experts(hf_config) % layout.ep:
             raise ValueError(f"options.expert_parallel={layout.ep} must divide the {num_experts(hf_config)} experts")
     if hf_config.num_hidden_layers % stages:

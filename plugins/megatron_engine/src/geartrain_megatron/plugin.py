@@ -100,14 +100,18 @@ def optimizer_step(model: MegatronModel) -> dict[str, float]:
 @hookimpl
 def reshard_for_rollout(model: MegatronModel, rollout: WeightReceiver | None) -> SyncStats:
     from geartrain_megatron import weights
+    from geartrain_megatron.offload import require_onloaded
 
+    require_onloaded(model, "reshard_for_rollout")
     return weights.reshard_for_rollout(model, rollout)
 
 
 @hookimpl
 def save_checkpoint(model: MegatronModel, path: Path, extra: dict[str, Any]) -> None:
     from geartrain_megatron import checkpoint
+    from geartrain_megatron.offload import require_onloaded
 
+    require_onloaded(model, "save_checkpoint")
     checkpoint.save(model, path, extra)
 
 
@@ -121,7 +125,9 @@ def load_checkpoint(model: MegatronModel, path: Path) -> dict[str, Any]:
 @hookimpl
 def export_hf(model: MegatronModel, path: Path, tokenizer: Any | None) -> None:
     from geartrain_megatron import weights
+    from geartrain_megatron.offload import require_onloaded
 
+    require_onloaded(model, "export_hf")
     weights.export_hf(model, Path(path), tokenizer)
 
 
