@@ -81,3 +81,23 @@ def test_ray_placement_without_ray_says_how_to_install_it(monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "ray", None)  # as in the core-only environment
     with pytest.raises(GeartrainError, match=r"pip install 'geartrain\[ray\]'"):
         make_placement(ClusterConfig(placement="ray"))
+
+
+def test_balanced_partition_keeps_a_prompts_samples_together() -> None:
+    # 4 prompts x 4 samples, every second prompt long: whole groups per rank, tokens even
+    lengths = [10, 9, 10, 8, 3, 2, 3, 3, 11, 10, 9, 10, 2, 3, 2, 2]
+    batch = _batch(lengths)
+    batch.meta["uid"] = [f"0:{i // 4}" for i in range(16)]
+    parts = partition(batch, 2, balance=True)
+    assert [len(p) for p in parts] == [8, 8]
+    for part in parts:
+        assert len({batch.meta["uid"][i] for i in part}) == 2, part
+    loads = [sum(lengths[i] for i in part) for part in parts]
+    assert max(loads) - min(loads) <= 3, loads
+    # 3 groups of 4 cannot split evenly over 2 ranks: rows are balanced one by one
+    small = _batch(lengths[:12])
+    small.meta["uid"] = [f"0:{i // 4}" for i in range(12)]
+    assert [len(p) for p in partition(small, 2, balance=True)] == [6, 6]
+    # without uids nothing changes
+    rows = partition(_batch(lengths), 2, balance=True)
+    assert sorted(i for p in rows for i in p) == list(range(16)) and [len(p) for p in rows] == [8, 8]

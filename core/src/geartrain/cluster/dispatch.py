@@ -4,7 +4,9 @@ Pure functions over :class:`~geartrain.batch.Batch`, tensors and metric dicts, s
 every placement (and unit-tested without any cluster):
 
 * :func:`partition` chooses which rows each data-parallel rank gets — contiguous slices, or
-  slices balanced by token count (the way verl balances them), sizes differing by at most one;
+  slices balanced by token count (the way verl balances them), sizes differing by at most one,
+  keeping the samples of one prompt (rows with one ``uid``) on one rank where the sizes allow,
+  so an engine can run their shared prompt once;
 * :func:`gather` concatenates the ranks' results and restores the caller's row order
   (a result may hold ``m`` rows per input row, e.g. ``n`` samples per prompt);
 * :func:`reduce_metrics` combines the ranks' metric dicts: ``hybrid/*`` (phase-switch seconds
@@ -14,7 +16,6 @@ every placement (and unit-tested without any cluster):
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,10 +35,40 @@ def row_tokens(batch: Batch) -> list[int]:
     return [1] * len(batch)
 
 
+def sample_groups(batch: Batch) -> list[list[int]] | None:
+    """The rows of each prompt's samples (equal ``uid``, as the trainer's batches carry), in
+    order of first appearance; None when the batch has no ``uid``."""
+    if "uid" not in batch.meta:
+        return None
+    groups: dict[Any, list[int]] = {}
+    for row, uid in enumerate(batch.meta["uid"]):
+        groups.setdefault(uid, []).append(row)
+    return list(groups.values())
+
+
+def _assign(units: list[list[int]], tokens: list[int], sizes: list[int]) -> list[list[int]] | None:
+    """Units (lists of rows) to parts of exactly ``sizes`` rows, longest unit first to the
+    part with the fewest tokens that has room for all of it; None when a unit fits nowhere."""
+    cost = [sum(tokens[i] for i in unit) for unit in units]
+    order = sorted(range(len(units)), key=lambda u: (-cost[u], units[u][0]))
+    loads = [0] * len(sizes)
+    assigned: list[list[int]] = [[] for _ in sizes]
+    for u in order:
+        room = [p for p in range(len(sizes)) if len(assigned[p]) + len(units[u]) <= sizes[p]]
+        if not room:
+            return None
+        p = min(room, key=lambda q: (loads[q], q))
+        assigned[p].extend(units[u])
+        loads[p] += cost[u]
+    return [sorted(rows) for rows in assigned]
+
+
 def partition(batch: Batch, parts: int, *, balance: bool) -> list[list[int]]:
     """Row indices for each of ``parts`` ranks, each list in increasing order. Sizes differ
     by at most one (the first parts larger, as :meth:`Batch.split`); with ``balance`` the
-    rows are assigned longest first to the part with the fewest tokens that still has room."""
+    rows are assigned longest first to the part with the fewest tokens that still has room —
+    whole groups of one prompt's samples (:func:`sample_groups`) when they fit the sizes,
+    single rows otherwise."""
     n = len(batch)
     base, extra = divmod(n, parts)
     sizes = [base + (1 if i < extra else 0) for i in range(parts)]
@@ -48,16 +79,14 @@ def partition(batch: Batch, parts: int, *, balance: bool) -> list[list[int]]:
             start += size
         return out
     tokens = row_tokens(batch)
-    order = sorted(range(n), key=lambda i: (-tokens[i], i))
-    heap = [(0, p) for p in range(parts)]
-    assigned: list[list[int]] = [[] for _ in range(parts)]
-    for i in order:
-        load, p = heapq.heappop(heap)
-        while len(assigned[p]) >= sizes[p]:  # full parts leave the heap for good
-            load, p = heapq.heappop(heap)
-        assigned[p].append(i)
-        heapq.heappush(heap, (load + tokens[i], p))
-    return [sorted(rows) for rows in assigned]
+    groups = sample_groups(batch)
+    if groups is not None and len(groups) < n:
+        by_group = _assign(groups, tokens, sizes)
+        if by_group is not None:
+            return by_group
+    assigned = _assign([[i] for i in range(n)], tokens, sizes)
+    assert assigned is not None  # single rows always fit
+    return assigned
 
 
 def dp_rows(value: Any, parts: int, *, balance: bool) -> list[list[list[int]]]:
