@@ -93,9 +93,15 @@ def has_standard_layout(attention_mask: torch.Tensor, prompt_length: int) -> boo
     return bool((prompt > 0).all()) and bool((expected == mask).all())
 
 
-def pack_shared(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> SharedPacked:
+def pack_shared(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    groups: list[list[int]] | None = None,
+) -> SharedPacked:
     """Pack ``[b, T]`` rows in the standard layout (see :func:`has_standard_layout`) into
-    one row of segments, one per group of rows with the same prompt."""
+    one row of segments, one per group of rows with the same prompt (``groups``, as
+    :func:`prompt_groups` returns them; computed when not given)."""
     b, t = input_ids.shape
     mask = attention_mask.bool()
     prompt_lens = mask[:, :prompt_length].sum(1).tolist()
@@ -109,7 +115,9 @@ def pack_shared(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_le
     out_targets: list[int] = []
     expand: list[int] = []
     dest: list[int] = []
-    for rows in prompt_groups(input_ids, attention_mask, prompt_length):
+    if groups is None:
+        groups = prompt_groups(input_ids, attention_mask, prompt_length)
+    for rows in groups:
         first = rows[0]
         p = prompt_lens[first]
         prompt = ids_rows[first][prompt_length - p : prompt_length]

@@ -4,6 +4,7 @@ processing, the loss contract and gradient accumulation."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,8 +25,23 @@ from geartrain_fsdp.sharding import FSDPModel
 from geartrain_fsdp.ulysses import PackedAttentionState, gather_sequence, local_slice, packed_attention_state
 
 
-def _shares_prompts(model: FSDPModel, batch: Batch) -> int | None:
-    """The prompt width when this batch runs in the shared-prompt layout, else None."""
+@dataclass(frozen=True, slots=True)
+class SharedPrompts:
+    """How a batch runs in the shared-prompt layout: its prompt width and its rows grouped
+    by prompt (:func:`~geartrain_fsdp.prefix_sharing.prompt_groups`)."""
+
+    prompt_length: int
+    groups: list[list[int]]
+
+    def within(self, rows: list[int]) -> list[list[int]]:
+        """The groups restricted to ``rows`` (a micro-batch), as positions in ``rows``."""
+        position = {row: k for k, row in enumerate(rows)}
+        local = ([position[r] for r in group if r in position] for group in self.groups)
+        return [g for g in local if g]
+
+
+def _shares_prompts(model: FSDPModel, batch: Batch) -> SharedPrompts | None:
+    """How this batch runs in the shared-prompt layout, or None when it does not."""
     options = model.options
     prompt_length = batch.info.get("prompt_length")
     if not (options.share_prompt_prefix and options.remove_padding and model.meshes.sp == 1):
@@ -34,21 +50,21 @@ def _shares_prompts(model: FSDPModel, batch: Batch) -> int | None:
         return None
     if not has_standard_layout(batch["attention_mask"], prompt_length):
         return None
-    shared = len(prompt_groups(batch["input_ids"], batch["attention_mask"], prompt_length)) < len(batch)
-    return prompt_length if shared else None
+    groups = prompt_groups(batch["input_ids"], batch["attention_mask"], prompt_length)
+    return SharedPrompts(prompt_length, groups) if len(groups) < len(batch) else None
 
 
-def _planning_units(batch: Batch, prompt_length: int | None, budget: int) -> tuple[list[list[int]], list[int]]:
+def _planning_units(batch: Batch, shared: SharedPrompts | None, budget: int) -> tuple[list[list[int]], list[int]]:
     """Rows that must share a micro-batch and their token cost: single rows, or (shared
     prompts) each prompt's rows, costing the prompt once, split when over ``budget``."""
     mask = batch["attention_mask"]
     lengths = mask.sum(1).tolist()
-    if prompt_length is None:
+    if shared is None:
         return [[i] for i in range(len(lengths))], lengths
-    prompt = mask[:, :prompt_length].sum(1).tolist()
+    prompt = mask[:, : shared.prompt_length].sum(1).tolist()
     units: list[list[int]] = []
     costs: list[int] = []
-    for rows in prompt_groups(batch["input_ids"], mask, prompt_length):
+    for rows in shared.groups:
         unit: list[int] = []
         cost = prompt[rows[0]]
         for row in rows:
@@ -64,11 +80,11 @@ def _planning_units(batch: Batch, prompt_length: int | None, budget: int) -> tup
     return units, costs
 
 
-def _micro_batch_plan(model: FSDPModel, batch: Batch, prompt_length: int | None) -> list[list[int]]:
+def _micro_batch_plan(model: FSDPModel, batch: Batch, shared: SharedPrompts | None) -> list[list[int]]:
     """Rows of each micro-batch; every rank of the engine runs the same number (FSDP's
     collectives run once per micro-batch on every rank)."""
     budget = model.config.max_tokens_per_micro_batch
-    units, costs = _planning_units(batch, prompt_length, budget)
+    units, costs = _planning_units(batch, shared, budget)
     plan = plan_micro_batches(costs, budget)
     count = torch.tensor([len(plan)], device=model.device)
     if model.meshes.distributed:
@@ -79,11 +95,16 @@ def _micro_batch_plan(model: FSDPModel, batch: Batch, prompt_length: int | None)
 
 
 def _forward_shared(
-    model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, prompt_length: int, need_entropy: bool
+    model: FSDPModel,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_length: int,
+    groups: list[list[int]],
+    need_entropy: bool,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per-token outputs ``[b, T]`` of one micro-batch in the shared-prompt layout
     (:mod:`geartrain_fsdp.prefix_sharing`; sp = 1)."""
-    packed = pack_shared(ids, mask, prompt_length)
+    packed = pack_shared(ids, mask, prompt_length, groups)
     dev = model.device
     state = PackedAttentionState(
         cu_seqlens=[0, packed.num_tokens], shared=SegmentAttention.build(packed.segments, dev)
@@ -172,8 +193,8 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
     all_reduce_(counts, meshes.dp_group)
     global_tokens, global_sequences = (int(x) for x in counts.tolist()[:2])
 
-    prompt_length = _shares_prompts(model, batch)
-    plan = _micro_batch_plan(model, batch, prompt_length)
+    shared = _shares_prompts(model, batch)
+    plan = _micro_batch_plan(model, batch, shared)
     forward = _forward_packed if model.options.remove_padding else _forward_padded
     scale = float(meshes.world)
     metric_sums: dict[str, float] = {}
@@ -190,8 +211,10 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
                 mb = None
                 ids = torch.zeros(1, 1, dtype=input_ids.dtype)
                 mask = torch.zeros(1, 1, dtype=attention_mask.dtype)
-            if prompt_length is not None and mb is not None and len(mb) > 1:
-                outputs, anchor = _forward_shared(model, ids, mask, prompt_length, need_entropy)
+            if shared is not None and mb is not None and len(mb) > 1:
+                outputs, anchor = _forward_shared(
+                    model, ids, mask, shared.prompt_length, shared.within(rows), need_entropy
+                )
             else:
                 outputs, anchor = forward(model, ids, mask, need_entropy)
             loss = anchor
