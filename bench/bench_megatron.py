@@ -8,7 +8,7 @@ one, then one of the other, ``--repeats`` times) so that load from other process
 alike. Each worker times its own steps on both clocks: wall (``perf_counter``) and its
 process CPU time (``process_time``, all threads). One rank each, CPU or GPU as available.
 
-Usage: ``python bench/bench_megatron.py [--repeats 5] [--hidden 256] [--layers 4] [--threads 2]``
+Usage: ``python bench/bench_megatron.py [--repeats 5] [--hidden 256] [--layers 4] [--threads 1]``
 (any python: the driver imports nothing from geartrain). Prints one table.
 """
 
@@ -154,7 +154,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    # 1: on a shared machine a 2-thread worker's OpenMP threads spin while the other waits
+    # for a core, which inflates even the CPU clock (measured: ratios 0.9 to 4.6 between runs)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     worker(args) if args.worker else driver(args)
 
