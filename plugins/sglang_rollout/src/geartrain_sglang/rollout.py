@@ -149,8 +149,12 @@ class SglangRollout:
                 f"(expected transformers names such as '{min(self.tensor_names)}')"
             ) from exc
         finally:
+            # The prefix cache holds KV computed with the old weights. Engine.flush_cache
+            # would also empty the allocator's cache, which on CPU is a full gc.collect() in
+            # the scheduler (0.6-0.8 s, most of a sync: bench/RESULTS.md); an update with no
+            # tensors flushes the same pools without it.
+            weights.check_result(eng.update_weights_from_tensor([], flush_cache=True), "flush_cache")
             eng.end_weight_update()
-            eng.flush_cache()
 
     def _distributed_sender(self) -> weights.DistributedSender:
         if self._sender is None:
