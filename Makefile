@@ -122,7 +122,7 @@ ENVS := .venvs/core/.ok .venvs/fsdp/.ok .venvs/vllm/.ok .venvs/megatron/.ok .ven
 envs:
 	$(MAKE) -j3 $(ENVS)
 
-test: envs test-core test-fsdp test-vllm test-megatron test-sglang test-e2e test-ray
+test: envs test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray
 	@echo "all geartrain test suites passed"
 
 test-core: .venvs/core/.ok
@@ -149,7 +149,8 @@ bench-trl: .venvs/trl/.ok
 test-sglang: .venvs/sglang/.ok
 	GEARTRAIN_PLUGINS=sglang .venvs/sglang/bin/python -m pytest $(PYTEST) tests/sglang_rollout
 
-# the main job with rollout.backend=sglang (not part of `make test`: see bench/RESULTS.md)
+# the main job with rollout.backend=sglang, 300 GRPO steps (about 3.5 min on the shared 2-core
+# machine: bench/RESULTS.md)
 test-sglang-e2e: .venvs/sglang/.e2e
 	.venvs/sglang/bin/python -m pytest $(PYTEST) tests/e2e/test_main_job_sglang.py
 

@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 import torch
 from geartrain.config import ModelConfig, RolloutConfig
+from geartrain.layout import check_generate_inputs
 from geartrain.rollout import Rollout
 from geartrain.testing.tiny import tiny_model
 from geartrain.types import EngineContext, SamplingParams
@@ -102,12 +103,15 @@ def time_raw(rollout: Rollout, prompts: list[list[int]], sampling: SamplingParam
 def plugin_overhead(
     rollout: Rollout, prompts: list[list[int]], sampling: SamplingParams, repeats: int
 ) -> dict[str, float]:
-    """The plugin's own work around ``Engine.generate`` (building requests, reading the
-    log-probs, laying out the Batch), timed alone on real outputs."""
+    """The plugin's own work around ``Engine.generate`` (checking the inputs, building
+    requests, reading the log-probs, laying out the Batch), timed alone on real outputs."""
     engine_s, own_s = [], []
     eng = rollout.handle.engine
     for _ in range(repeats):
         start = time.perf_counter()
+        check_generate_inputs(
+            "sglang", prompts, sampling, max_model_len=rollout.config.max_model_len, vocab_size=rollout.handle.vocab_size
+        )
         requests = build_requests(prompts, sampling, rollout.config.max_model_len)
         build = time.perf_counter() - start
         start = time.perf_counter()

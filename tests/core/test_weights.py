@@ -4,12 +4,21 @@ whole reshard_for_rollout of a single-process engine) on a real tiny model."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 from geartrain.modeling import tiny_model
-from geartrain.weights import bucketed, plan_buckets, send_weights
+from geartrain.weights import (
+    UnknownTensorError,
+    bucketed,
+    checked,
+    plan_buckets,
+    send_weights,
+    tied_aliases,
+    with_aliases,
+)
 
 
 def test_plan_buckets_keeps_order_and_the_bound() -> None:
@@ -89,3 +98,50 @@ def test_what_the_receiver_leaves_is_still_gathered() -> None:
     assert len(gathered) == len(entries) and stats.num_tensors == len(entries)
     without = send_weights(entries, None, dtype=torch.float32, bucket_bytes=4096, materialize=materialize)
     assert without.num_tensors == len(entries) and without.num_buckets == stats.num_buckets
+
+
+def test_receiving_side_names_unknown_tensors_and_fans_out_tied_ones() -> None:
+    """A rollout's view of an incoming stream: a tied weight named under either of its names
+    reaches both (qwen2 ties lm_head to the input embedding, llama does not), each name once,
+    and the first name the model lacks is refused before anything after it is pulled."""
+    tied = tied_aliases(tiny_model("qwen2", seed=0))
+    assert tied == {"lm_head.weight": ("model.embed_tokens.weight",), "model.embed_tokens.weight": ("lm_head.weight",)}
+    assert tied_aliases(tiny_model("llama", seed=0)) == {}
+    embed, norm = torch.ones(2), torch.zeros(2)
+    stream = [("lm_head.weight", embed), ("model.norm.weight", norm), ("model.embed_tokens.weight", embed)]
+    assert [(n, t is embed) for n, t in with_aliases(stream, tied)] == [
+        ("lm_head.weight", True),
+        ("model.embed_tokens.weight", True),
+        ("model.norm.weight", False),
+    ]
+    pulled: list[str] = []
+
+    def source() -> Iterator[tuple[str, torch.Tensor]]:
+        for name in ("a", "bogus", "b"):
+            pulled.append(name)
+            yield name, norm
+
+    passed = []
+    with pytest.raises(UnknownTensorError, match="bogus") as info:
+        for name, _ in checked(source(), frozenset({"a", "b"})):
+            passed.append(name)
+    assert info.value.name == "bogus" and passed == ["a"] and pulled == ["a", "bogus"]
+
+
+def test_model_directory_writes_what_an_engine_loads(tmp_path) -> None:  # noqa: ANN001
+    """A tiny model's directory loads back as the same weights and tokenizer; a plain path
+    is handed through untouched."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from geartrain.config import ModelConfig
+    from geartrain.modeling import model_directory, pad_token_id, tiny_tokenizer
+
+    config = ModelConfig(tiny="qwen2", seed=3)
+    target = model_directory(config, tmp_path)
+    assert target == tmp_path / "model"
+    loaded = AutoModelForCausalLM.from_pretrained(target).state_dict()
+    for name, tensor in tiny_model("qwen2", seed=3).state_dict().items():
+        assert torch.equal(loaded[name], tensor), name
+    assert AutoTokenizer.from_pretrained(target).get_vocab() == tiny_tokenizer().get_vocab()
+    assert model_directory(ModelConfig(path="org/some-model"), tmp_path) == Path("org/some-model")
+    assert pad_token_id(config) == tiny_tokenizer().pad_token_id and pad_token_id(config, 7) == 7

@@ -12,6 +12,7 @@ in any process. The CPU main job trains them; tests and the conformance suites u
 from __future__ import annotations
 
 import string
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -33,6 +34,8 @@ __all__ = [
     "build_hf_model",
     "hf_config",
     "load_tokenizer",
+    "model_directory",
+    "pad_token_id",
     "tiny_config",
     "tiny_model",
     "tiny_tokenizer",
@@ -95,6 +98,37 @@ def load_tokenizer(config: ModelConfig) -> Any:
     if source is None:
         return tiny_tokenizer()
     return AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
+
+
+def model_directory(config: ModelConfig, work_dir: str | Path) -> Path:
+    """A Hugging Face directory (``config.json``, weights, tokenizer) for an inference engine
+    that loads models only from one (vLLM, SGLang).
+
+    A ``path`` without ``config_overrides`` is returned as is (a local directory, or a hub id
+    the engine resolves). A tiny model, or a ``path`` with ``config_overrides`` (which the
+    engine could not apply), is built with :func:`build_hf_model` and written, with its
+    tokenizer, under ``work_dir/model``, by this process whatever its ``torch.distributed``
+    rank (every rank of a multi-rank job starts its own engine from its own directory)."""
+    if config.path is not None and not config.config_overrides:
+        return Path(config.path)
+    target = Path(work_dir) / "model"
+    target.mkdir(parents=True, exist_ok=True)
+    model = build_hf_model(config)
+    # transformers writes only on torch.distributed rank 0
+    model.should_save_on_this_rank = lambda is_main_process: True  # type: ignore[method-assign]
+    model.save_pretrained(target, safe_serialization=True)
+    load_tokenizer(config).save_pretrained(target)
+    del model
+    return target
+
+
+def pad_token_id(config: ModelConfig, override: int | None = None) -> int:
+    """The id a rollout writes into padding positions: ``override``, else the model
+    config's ``pad_token_id``, else 0."""
+    if override is not None:
+        return override
+    pad = getattr(hf_config(config), "pad_token_id", None)
+    return int(pad) if pad is not None else 0
 
 
 # --------------------------------------------------------------------------- tiny models

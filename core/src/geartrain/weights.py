@@ -17,7 +17,10 @@ Engine side:
   gathers are not per tensor.
 
 Rollout side: :func:`bucketed` cuts an incoming stream into lists of at most
-``bucket_bytes`` (one RPC each), lazily.
+``bucket_bytes`` (one RPC each), lazily; :func:`checked` refuses a name the model does not
+have (:class:`UnknownTensorError`) before the engine sees it; :func:`tied_aliases` /
+:func:`with_aliases` send a tied weight under each of its names (engines keep a tied output
+layer as a layer of its own, or load only one of the names).
 """
 
 from __future__ import annotations
@@ -37,12 +40,16 @@ T = TypeVar("T")
 __all__ = [
     "Bucket",
     "BucketStats",
+    "UnknownTensorError",
     "bucketed",
+    "checked",
     "drain",
     "plan_buckets",
     "send_weights",
     "stream_buckets",
     "stream_weights",
+    "tied_aliases",
+    "with_aliases",
 ]
 
 
@@ -201,3 +208,52 @@ def send_weights(
         num_buckets=stats.num_buckets,
         max_bucket_bytes=stats.max_bucket_bytes,
     )
+
+
+# --------------------------------------------------------------------------- receiving side
+
+
+class UnknownTensorError(KeyError):
+    """A weight stream named a tensor the model does not have (``name``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def checked(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], known: frozenset[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pass the stream through, raising :class:`UnknownTensorError` at the first name not in
+    ``known`` (e.g. the transformers state dict's names), before it reaches an engine."""
+    for name, tensor in named_tensors:
+        if name not in known:
+            raise UnknownTensorError(name)
+        yield name, tensor
+
+
+def tied_aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """For each parameter name of ``model`` (a meta-device skeleton is enough), the other
+    names of the same tensor (tied embeddings); untied names are absent."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return {
+        name: tuple(other for other in names if other != name)
+        for names in groups.values()
+        if len(names) > 1
+        for name in names
+    }
+
+
+def with_aliases(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], aliases: dict[str, tuple[str, ...]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield each tensor under every name it is tied to, each name once: a sync naming only
+    one of them (``lm_head.weight`` or the input embedding) reaches both."""
+    sent: set[str] = set()
+    for name, tensor in named_tensors:
+        for alias in (name, *aliases.get(name, ())):
+            if alias not in sent:
+                sent.add(alias)
+                yield alias, tensor

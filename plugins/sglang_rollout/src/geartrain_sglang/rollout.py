@@ -15,12 +15,11 @@ from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
 from geartrain.layout import check_generate_inputs
-from geartrain.modeling import build_hf_model
+from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams, SyncStats
-from geartrain.weights import BucketStats, bucketed
+from geartrain.weights import BucketStats, UnknownTensorError, bucketed, checked, tied_aliases, with_aliases
 
 from geartrain_sglang import engine, weights
-from geartrain_sglang.model_dir import model_directory, pad_token_id
 from geartrain_sglang.options import SglangOptions
 from geartrain_sglang.outputs import samples_from_outputs, to_batch
 from geartrain_sglang.requests import build_requests
@@ -51,11 +50,14 @@ class SglangRollout:
         self.work_dir = Path(options.work_dir or tempfile.mkdtemp(prefix="geartrain-sglang-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = model_directory(model, self.work_dir)
+        if self.model_dir.is_relative_to(self.work_dir):
+            # SGLang adds a generation config's EOS ids to the ones that stop a sample
+            (self.model_dir / "generation_config.json").unlink(missing_ok=True)
         self.pad_token_id = pad_token_id(model, options.pad_token_id)
         # The names update_weights accepts: the transformers state dict's (built on meta, free).
         skeleton = build_hf_model(model, meta=True)
         self.tensor_names = frozenset(skeleton.state_dict())
-        self.tied = weights.tied_aliases(skeleton)
+        self.tied = tied_aliases(skeleton)
         self.vocab_size: int = skeleton.config.vocab_size
         architecture = type(skeleton).__name__
         del skeleton
@@ -109,7 +111,7 @@ class SglangRollout:
         start = time.perf_counter()
         stats = BucketStats()
         stream: Iterable[tuple[str, torch.Tensor]] = weights.counted(named_tensors, stats)
-        stream = weights.checked(stream, self.tensor_names)
+        stream = checked(stream, self.tensor_names)
         if self.weight_copy is not None:
             stream = self.weight_copy.tee(stream)
         if self.released:
@@ -130,7 +132,7 @@ class SglangRollout:
 
     def _load(self, stream: Iterable[tuple[str, torch.Tensor]], stats: BucketStats) -> None:
         eng = self.engine
-        stream = weights.with_aliases(stream, self.tied)
+        stream = with_aliases(stream, self.tied)
         eng.begin_weight_update()
         try:
             for bucket in bucketed(stream, self.config.weight_bucket_bytes):
@@ -143,7 +145,7 @@ class SglangRollout:
                     weights.check_result(
                         eng.update_weights_from_tensor(bucket, flush_cache=False), "update_weights_from_tensor"
                     )
-        except weights.UnknownTensorError as exc:
+        except UnknownTensorError as exc:
             raise GeartrainError(
                 f"sglang rollout: update_weights got tensor '{exc.name}', which the model does not have "
                 f"(expected transformers names such as '{min(self.tensor_names)}')"

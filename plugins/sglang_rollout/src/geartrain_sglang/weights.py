@@ -1,8 +1,8 @@
 """Moving weights into an SGLang engine, and the host copy a CPU engine restarts from.
 
 Two transports (``SglangOptions.weight_sync``), both one bucket at a time (cut by
-:func:`geartrain.weights.bucketed`) between ``begin_weight_update`` and
-``end_weight_update`` (SGLang's weight-update session):
+:func:`geartrain.weights.bucketed`, after the core's name checks and tied-name fan-out)
+between ``begin_weight_update`` and ``end_weight_update`` (SGLang's weight-update session):
 
 * ``tensor``: ``update_weights_from_tensor`` per bucket; the engine's scheduler process
   receives the tensors through shared memory.
@@ -32,44 +32,6 @@ def counted(named_tensors: NamedTensors, stats: BucketStats) -> Iterator[tuple[s
         stats.num_tensors += 1
         stats.bytes += tensor.numel() * tensor.element_size()
         yield name, tensor
-
-
-class UnknownTensorError(KeyError):
-    """A weight stream named a tensor the model does not have."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
-
-
-def checked(named_tensors: NamedTensors, known: frozenset[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Pass the stream through, raising :class:`UnknownTensorError` at the first unknown name."""
-    for name, tensor in named_tensors:
-        if name not in known:
-            raise UnknownTensorError(name)
-        yield name, tensor
-
-
-def tied_aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
-    """For each parameter name, the other names of the same tensor (tied embeddings)."""
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return {n: tuple(o for o in names if o != n) for names in groups.values() if len(names) > 1 for n in names}
-
-
-def with_aliases(
-    named_tensors: NamedTensors, aliases: dict[str, tuple[str, ...]]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield each tensor under all names it is tied to, once each: SGLang's loaders skip
-    ``lm_head.weight`` of a tied model, so a sync naming only that must reach the input
-    embedding too."""
-    sent: set[str] = set()
-    for name, tensor in named_tensors:
-        for alias in (name, *aliases.get(name, ())):
-            if alias not in sent:
-                sent.add(alias)
-                yield alias, tensor
 
 
 def check_result(result: Any, what: str) -> None:

@@ -15,12 +15,11 @@ from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
 from geartrain.layout import check_generate_inputs
 from geartrain.memory import collect_garbage, current_memory_bytes
-from geartrain.modeling import build_hf_model
+from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
-from geartrain.weights import bucketed
+from geartrain.weights import UnknownTensorError, bucketed, checked, tied_aliases, with_aliases
 
 from geartrain_vllm import engine, weights
-from geartrain_vllm.model_dir import model_directory, pad_token_id
 from geartrain_vllm.options import VllmOptions
 from geartrain_vllm.outputs import samples_from_outputs, to_batch
 from geartrain_vllm.requests import build_requests
@@ -49,7 +48,7 @@ class VllmRollout:
         # The names update_weights accepts: the transformers state dict's (built on meta, free).
         skeleton = build_hf_model(model, meta=True)
         self.tensor_names = frozenset(skeleton.state_dict())
-        self.tied = weights.tied_aliases(skeleton)
+        self.tied = tied_aliases(skeleton)
         self.vocab_size: int = skeleton.config.vocab_size
         del skeleton
         self.engine_kwargs = engine.engine_kwargs(config, model, options, self.model_dir, self.device)
@@ -85,7 +84,7 @@ class VllmRollout:
         While a CPU engine is released they only update the weight copy it restarts from."""
         counter = weights.SyncCounter()
         stream: Iterable[tuple[str, torch.Tensor]] = weights.timed_stream(named_tensors, counter)
-        stream = weights.checked(stream, self.tensor_names)
+        stream = checked(stream, self.tensor_names)
         if self.weight_copy is not None:
             stream = self.weight_copy.tee(stream)
         if self.released:
@@ -102,7 +101,9 @@ class VllmRollout:
         mode = self.options.weight_sync
         if mode == "auto":
             mode = "stream" if engine.runs_in_process(self.llm) else "buckets"
-        stream = weights.with_aliases(stream, self.tied)
+        # vLLM keeps a tied output layer as its own layer (on CPU with a repacked copy of the
+        # weight), refreshed only when a tensor is loaded under its name
+        stream = with_aliases(stream, self.tied)
         with engine.quiet_partial_reload():
             try:
                 if mode == "stream":
@@ -118,7 +119,7 @@ class VllmRollout:
                 # Put back the tensors of layers that received nothing, so the engine stays usable.
                 self.llm.collective_rpc(weights.finish_reload)
                 self.llm.reset_prefix_cache()
-                unknown = _find_cause(exc, weights.UnknownTensorError)
+                unknown = _find_cause(exc, UnknownTensorError)
                 if unknown is not None:
                     raise GeartrainError(
                         f"vllm rollout: update_weights got tensor '{unknown.name}', which the model does not have "

@@ -145,48 +145,6 @@ class WeightCopy:
         self._spill_path.unlink(missing_ok=True)
 
 
-def checked(named_tensors: NamedTensors, known: frozenset[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Pass the stream through, raising :class:`UnknownTensorError` at the first name the
-    model does not have (before vLLM sees it)."""
-    for name, tensor in named_tensors:
-        if name not in known:
-            raise UnknownTensorError(name)
-        yield name, tensor
-
-
-def tied_aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
-    """For each parameter name, the other names of the same tensor (tied embeddings)."""
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return {name: tuple(n for n in names if n != name) for names in groups.values() if len(names) > 1 for name in names}
-
-
-def with_aliases(
-    named_tensors: NamedTensors, aliases: dict[str, tuple[str, ...]]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield each tensor under all names it is tied to, once each.
-
-    vLLM keeps a tied output layer as its own layer (on CPU with a repacked copy of the
-    weight) that is refreshed only when a tensor is loaded under *its* name, so a sync that
-    names only the input embedding must be repeated under the output layer's name.
-    """
-    sent: set[str] = set()
-    for name, tensor in named_tensors:
-        for alias in (name, *aliases.get(name, ())):
-            if alias not in sent:
-                sent.add(alias)
-                yield alias, tensor
-
-
-class UnknownTensorError(KeyError):
-    """A weight stream named a tensor the model does not have."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
-
-
 def timed_stream(named_tensors: NamedTensors, counter: SyncCounter) -> Iterator[tuple[str, torch.Tensor]]:
     """``counter.count`` plus wall time from the first pull to exhaustion."""
     start = time.perf_counter()
