@@ -75,6 +75,12 @@ def _restore(parked: Parked) -> None:
         parked.tensor.copy_(parked.copy)
 
 
+def _restore_all(parked: list[Parked]) -> int:
+    for p in parked:
+        _restore(p)
+    return sum(p.nbytes for p in parked)
+
+
 def _ddp_buffers(model: MegatronModel) -> list[Any]:
     return [b for c in model.chunks for b in getattr(c, "buffers", []) + getattr(c, "expert_parallel_buffers", [])]
 
@@ -157,12 +163,11 @@ def onload(model: MegatronModel) -> MemoryStats:
     start = time.perf_counter()
     before = current_memory_bytes(dev)
     detail: dict[str, int] = {}
-    for kind, parked in model.parked.items():
-        for p in parked:
-            _restore(p)
-        detail[f"{kind}_restored_bytes"] = sum(p.nbytes for p in parked)
-    model.parked = {}
+    for kind in list(model.parked):
+        # popped and restored in a helper, so the host copies are gone before measuring
+        detail[f"{kind}_restored_bytes"] = _restore_all(model.parked.pop(kind))
     model.offloaded = frozenset()
+    collect_garbage(dev)
     after = current_memory_bytes(dev)
     return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start, detail=detail)
 
