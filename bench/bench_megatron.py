@@ -80,8 +80,18 @@ def worker(args: argparse.Namespace) -> None:
         stats = engine.optimizer_step()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         tokens = int(batch["attention_mask"].sum())
-        print(json.dumps({"wall": wall, "cpu": cpu, "tokens": tokens, "grad_norm": stats["grad_norm"],
-                          "loss": out.metrics.get("loss")}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "wall": wall,
+                    "cpu": cpu,
+                    "tokens": tokens,
+                    "grad_norm": stats["grad_norm"],
+                    "loss": out.metrics.get("loss"),
+                }
+            ),
+            flush=True,
+        )
 
 
 # ----------------------------------------------------------------------------- driver
@@ -92,8 +102,22 @@ def _start(name: str, args: argparse.Namespace) -> subprocess.Popen:
     if not python.exists():
         raise SystemExit(f"{python} is missing: run `make {python.parent.parent}/.ok` first")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
-    cmd = [str(python), __file__, "--worker", name, "--threads", str(args.threads), "--hidden", str(args.hidden),
-           "--layers", str(args.layers), "--rows", str(args.rows), "--width", str(args.width)]
+    cmd = [
+        str(python),
+        __file__,
+        "--worker",
+        name,
+        "--threads",
+        str(args.threads),
+        "--hidden",
+        str(args.hidden),
+        "--layers",
+        str(args.layers),
+        "--rows",
+        str(args.rows),
+        "--width",
+        str(args.width),
+    ]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     hello = json.loads(proc.stdout.readline())
     assert hello.get("ready"), hello
@@ -109,10 +133,15 @@ def _step(proc: subprocess.Popen, kind: str) -> dict:
 
 def driver(args: argparse.Namespace) -> None:
     load = os.getloadavg()
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  {os.cpu_count()} cores  "
-          f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}  threads/worker {args.threads}")
-    print(f"# model: qwen2 hidden={args.hidden} layers={args.layers} vocab=128 fp32; batch {args.rows} x {args.width}; "
-          f"forward_backward + optimizer_step (Adam, clipping); median of {args.repeats} interleaved steps after 1 warm-up")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  {os.cpu_count()} cores  "
+        f"load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}  threads/worker {args.threads}"
+    )
+    print(
+        f"# model: qwen2 hidden={args.hidden} layers={args.layers} vocab=128 fp32; batch {args.rows} x {args.width}; "
+        f"forward_backward + optimizer_step (Adam, clipping); "
+        f"median of {args.repeats} interleaved steps after 1 warm-up"
+    )
     procs = {name: _start(name, args) for name in ("megatron", "fsdp")}
     try:
         rows = []
@@ -120,8 +149,10 @@ def driver(args: argparse.Namespace) -> None:
             samples: dict[str, list[dict]] = {name: [] for name in procs}
             warm = {name: _step(proc, kind) for name, proc in procs.items()}  # warm-up
             # same model, batch and loss: the first step must agree (the engines do the same work)
-            print(f"# {kind}: first-step loss megatron {warm['megatron']['loss']:.6f} fsdp {warm['fsdp']['loss']:.6f}, "
-                  f"grad norm {warm['megatron']['grad_norm']:.6f} / {warm['fsdp']['grad_norm']:.6f}")
+            print(
+                f"# {kind}: first-step loss megatron {warm['megatron']['loss']:.6f} fsdp {warm['fsdp']['loss']:.6f}, "
+                f"grad norm {warm['megatron']['grad_norm']:.6f} / {warm['fsdp']['grad_norm']:.6f}"
+            )
             for _ in range(args.repeats):
                 for name, proc in procs.items():
                     samples[name].append(_step(proc, kind))
@@ -133,13 +164,17 @@ def driver(args: argparse.Namespace) -> None:
             }
             rows.append((kind, tokens, rate))
         print(f"load after: {os.getloadavg()[0]:.1f}")
-        print("| batch | real tokens | megatron tok/s (wall) | fsdp tok/s (wall) | megatron/fsdp (wall) "
-              "| megatron tok/s (CPU) | fsdp tok/s (CPU) | megatron/fsdp (CPU) |")
+        print(
+            "| batch | real tokens | megatron tok/s (wall) | fsdp tok/s (wall) | megatron/fsdp (wall) "
+            "| megatron tok/s (CPU) | fsdp tok/s (CPU) | megatron/fsdp (CPU) |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for kind, tokens, r in rows:
-            print(f"| {kind} | {tokens} | {r['megatron', 'wall']:,.0f} | {r['fsdp', 'wall']:,.0f} | "
-                  f"{r['megatron', 'wall'] / r['fsdp', 'wall']:.2f} | {r['megatron', 'cpu']:,.0f} | "
-                  f"{r['fsdp', 'cpu']:,.0f} | {r['megatron', 'cpu'] / r['fsdp', 'cpu']:.2f} |")
+            print(
+                f"| {kind} | {tokens} | {r['megatron', 'wall']:,.0f} | {r['fsdp', 'wall']:,.0f} | "
+                f"{r['megatron', 'wall'] / r['fsdp', 'wall']:.2f} | {r['megatron', 'cpu']:,.0f} | "
+                f"{r['fsdp', 'cpu']:,.0f} | {r['megatron', 'cpu'] / r['fsdp', 'cpu']:.2f} |"
+            )
     finally:
         for proc in procs.values():
             proc.stdin.close()

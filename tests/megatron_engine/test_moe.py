@@ -43,7 +43,9 @@ def mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _engine(path: Path, *, lr: float = 1e-3, budget: int = 4096, checkpointing: bool = False, **options: object) -> Engine:
+def _engine(
+    path: Path, *, lr: float = 1e-3, budget: int = 4096, checkpointing: bool = False, **options: object
+) -> Engine:
     config = EngineConfig(
         backend="megatron",
         gradient_checkpointing=checkpointing,
@@ -135,7 +137,7 @@ def test_router_replay_reproduces_the_recorded_routing(mixtral_dir: Path) -> Non
     # where free routing changed, the replayed log-probs differ from the free ones
     rows, cols = changed.nonzero(as_tuple=True)
     affected = torch.zeros_like(valid)
-    for r, c in zip(rows.tolist(), cols.tolist()):
+    for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
         affected[r, c + 1 :] = valid[r, c + 1 :]  # later tokens attend to the re-routed one
     assert (held - free["log_probs"]).abs()[affected].max() > 1e-4
     assert torch.equal(held[~affected], free["log_probs"][~affected])
@@ -174,7 +176,9 @@ def test_router_replay_holds_in_the_activation_recompute(mixtral_dir: Path) -> N
     routing must be used there too, so the gradients equal those of a run without recompute
     (several micro-batches: the recompute takes each one's routing in order)."""
     batch = make_batch(3, rows=8)
-    engines = {gc: _engine(mixtral_dir, lr=2e-2, budget=40, checkpointing=gc, router_replay=True) for gc in (False, True)}
+    engines = {
+        gc: _engine(mixtral_dir, lr=2e-2, budget=40, checkpointing=gc, router_replay=True) for gc in (False, True)
+    }
     routed = engines[False].compute_log_probs(batch).outputs["routed_experts"]
     for engine in engines.values():  # the same update on both: free routing now differs
         engine.forward_backward(make_batch(4, rows=8), token_mean_loss)

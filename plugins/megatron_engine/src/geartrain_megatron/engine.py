@@ -94,9 +94,7 @@ def shard_model(
     hf_config = hf.config
     if options.router_replay:
         if not modeling.num_experts(hf_config):
-            raise ValueError(
-                f"options.router_replay: model type '{hf_config.model_type}' has no MoE router to replay"
-            )
+            raise ValueError(f"options.router_replay: model type '{hf_config.model_type}' has no MoE router to replay")
 
     with cpu_compat():
         chunks = modeling.build_chunks(

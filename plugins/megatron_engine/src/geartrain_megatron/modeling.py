@@ -62,7 +62,9 @@ def check_supported(hf_config, layout: Layout) -> None:  # noqa: ANN001
     stages = layout.pp * (layout.vpp or 1)
     if num_experts(hf_config):
         if float(getattr(hf_config, "router_jitter_noise", 0.0) or 0.0) != 0.0:
-            raise ValueError("router_jitter_noise != 0 is not mapped by the megatron engine (routing must be deterministic)")
+            raise ValueError(
+                "router_jitter_noise != 0 is not mapped by the megatron engine (routing must be deterministic)"
+            )
         if layout.tp > 1:
             # megatron-core's MoE layer refuses to train at TP > 1 without sequence parallelism
             raise ValueError(

@@ -150,7 +150,9 @@ def offload(model: MegatronModel, what: frozenset[str]) -> MemoryStats:
         parked = [p for t in _TENSORS[kind](model) if (p := _release(t, zeros_need_no_copy=kind == "grads"))]
         model.parked[kind] = parked
         detail[f"{kind}_released_bytes"] = sum(p.nbytes for p in parked)
-        detail[f"{kind}_host_copy_bytes"] = sum(p.copy.numel() * p.copy.element_size() for p in parked if p.copy is not None)
+        detail[f"{kind}_host_copy_bytes"] = sum(
+            p.copy.numel() * p.copy.element_size() for p in parked if p.copy is not None
+        )
     model.offloaded = model.offloaded | frozenset(what)
     collect_garbage(dev)
     after = current_memory_bytes(dev)

@@ -89,7 +89,9 @@ def setup(parallel: ParallelConfig, ctx: EngineContext, *, ep: int = 1) -> Layou
 
     check_sizes(parallel, ctx.world_size)
     if parallel.dp % ep:
-        raise ValueError(f"options.expert_parallel={ep} must divide parallel.dp={parallel.dp} (experts split over DP ranks)")
+        raise ValueError(
+            f"options.expert_parallel={ep} must divide parallel.dp={parallel.dp} (experts split over DP ranks)"
+        )
     vpp = parallel.vpp if parallel.vpp and parallel.vpp > 1 else None
     _ensure_process_group(ctx)
     with cpu_compat():
