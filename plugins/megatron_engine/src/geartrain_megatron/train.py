@@ -106,7 +106,10 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
                 micro_batch_index=index,
                 num_micro_batches=n,
             )
-            share, metrics = loss_fn(outputs, mb.batch, ctx)
+            # the loss sees its micro-batch on the outputs' device (found on an H200: CPU-held
+            # batch tensors met CUDA log-probs in every loss)
+            on_device = mb.batch if output.device.type == "cpu" else mb.batch.to(output.device)
+            share, metrics = loss_fn(outputs, on_device, ctx)
             loss = loss + share
         record = {"rows": mb.rows, "outputs": {k: v.detach().to("cpu") for k, v in outputs.items()}, "metrics": metrics}
         store.append(record)
