@@ -105,8 +105,14 @@ def check_moe(tmp: str) -> None:
     replayed = batch.clone()
     replayed["routed_experts"] = out["routed_experts"]
     again = e.forward_backward(replayed, token_mean_nll_loss).outputs["log_probs"]
-    same = bool(torch.equal(again, out["log_probs"]))
-    record("moe router replay bitwise", same, same)
+    # on CUDA the MoE un-permute (scatter_add) is not deterministic, so bitwise equality is a
+    # CPU property: compare the replay's distance with two free forwards' distance instead
+    free = e.compute_log_probs(batch).outputs
+    replay_diff = float((again - out["log_probs"]).abs().max())
+    noise = float((free["log_probs"] - out["log_probs"]).abs().max())
+    record("moe free forward twice: same routing", bool(torch.equal(free["routed_experts"], out["routed_experts"])))
+    record("moe free forward twice max |diff|", noise)
+    record("moe replayed (training forward) max |diff|", replay_diff, replay_diff < 1e-5)
     stats = e.optimizer_step()
     record("moe train step grad norm", stats["grad_norm"])
 
