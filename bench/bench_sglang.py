@@ -110,7 +110,11 @@ def plugin_overhead(
     for _ in range(repeats):
         start = time.perf_counter()
         check_generate_inputs(
-            "sglang", prompts, sampling, max_model_len=rollout.config.max_model_len, vocab_size=rollout.handle.vocab_size
+            "sglang",
+            prompts,
+            sampling,
+            max_model_len=rollout.config.max_model_len,
+            vocab_size=rollout.handle.vocab_size,
         )
         requests = build_requests(prompts, sampling, rollout.config.max_model_len)
         build = time.perf_counter() - start

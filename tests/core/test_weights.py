@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from geartrain.modeling import tiny_model
 from geartrain.weights import (
     UnknownTensorError,
@@ -131,10 +130,9 @@ def test_receiving_side_names_unknown_tensors_and_fans_out_tied_ones() -> None:
 def test_model_directory_writes_what_an_engine_loads(tmp_path) -> None:  # noqa: ANN001
     """A tiny model's directory loads back as the same weights and tokenizer; a plain path
     is handed through untouched."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from geartrain.config import ModelConfig
     from geartrain.modeling import model_directory, pad_token_id, tiny_tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = ModelConfig(tiny="qwen2", seed=3)
     target = model_directory(config, tmp_path)
