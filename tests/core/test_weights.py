@@ -11,6 +11,7 @@ import torch
 from geartrain.modeling import tiny_model
 from geartrain.weights import (
     UnknownTensorError,
+    WeightCopy,
     bucketed,
     checked,
     plan_buckets,
@@ -143,3 +144,24 @@ def test_model_directory_writes_what_an_engine_loads(tmp_path) -> None:  # noqa:
     assert AutoTokenizer.from_pretrained(target).get_vocab() == tiny_tokenizer().get_vocab()
     assert model_directory(ModelConfig(path="org/some-model"), tmp_path) == Path("org/some-model")
     assert pad_token_id(config) == tiny_tokenizer().pad_token_id and pad_token_id(config, 7) == 7
+
+
+def test_weight_copy_merges_syncs_and_survives_a_spill(tmp_path: Path) -> None:
+    """The host copy a released CPU engine restarts from: a partial sync updates only the
+    tensors it names (in place), a spill frees the memory and leaves the values readable in
+    arrival order, and a sync while spilled merges into them."""
+    copy = WeightCopy(tmp_path / "w.safetensors")
+    first = [("b", torch.ones(3)), ("a", torch.zeros(2))]
+    assert [n for n, _ in copy.tee(iter(first))] == ["b", "a"]
+    held = dict(copy.items())["b"]
+    list(copy.tee(iter([("b", torch.full((3,), 2.0))])))
+    assert dict(copy.items())["b"] is held and torch.equal(held, torch.full((3,), 2.0)), "updated in place"
+    assert len(copy) == 2 and copy.nbytes == 5 * 4
+    copy.spill()
+    assert copy.spilled and copy.nbytes == 0 and (tmp_path / "w.safetensors").exists()
+    assert [(n, t.tolist()) for n, t in copy.items()] == [("b", [2.0, 2.0, 2.0]), ("a", [0.0, 0.0])]
+    list(copy.tee(iter([("a", torch.full((2,), 5.0))])))
+    assert not copy.spilled and not (tmp_path / "w.safetensors").exists()
+    assert [(n, t.tolist()) for n, t in copy.items()] == [("b", [2.0, 2.0, 2.0]), ("a", [5.0, 5.0])]
+    copy.clear()
+    assert len(copy) == 0 and list(copy.items()) == []

@@ -20,14 +20,17 @@ Rollout side: :func:`bucketed` cuts an incoming stream into lists of at most
 ``bucket_bytes`` (one RPC each), lazily; :func:`checked` refuses a name the model does not
 have (:class:`UnknownTensorError`) before the engine sees it; :func:`tied_aliases` /
 :func:`with_aliases` send a tied weight under each of its names (engines keep a tied output
-layer as a layer of its own, or load only one of the names).
+layer as a layer of its own, or load only one of the names); :class:`WeightCopy` keeps the
+last synced weights on the host for an engine that is shut down on release and restarted.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import torch
@@ -41,6 +44,7 @@ __all__ = [
     "Bucket",
     "BucketStats",
     "UnknownTensorError",
+    "WeightCopy",
     "bucketed",
     "checked",
     "drain",
@@ -257,3 +261,85 @@ def with_aliases(
             if alias not in sent:
                 sent.add(alias)
                 yield alias, tensor
+
+
+class WeightCopy:
+    """A host copy of the last synced weights (name -> CPU tensor) for a rollout whose
+    ``release`` shuts its engine down (no sleep mode on CPU) and whose ``resume`` restarts it
+    and loads them. Merged across syncs (a sync naming some tensors updates only those),
+    optionally spilled to one safetensors file while the engine is released; names keep the
+    order they first arrived in."""
+
+    def __init__(self, spill_path: str | Path) -> None:
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._names: list[str] = []
+        self._spill_path = Path(spill_path)
+        self._spilled = False
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    @property
+    def spilled(self) -> bool:
+        """Whether the tensors are on disk (``spill``) rather than in memory."""
+        return self._spilled
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory (0 while spilled)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors.values())
+
+    def tee(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Pass the stream through, keeping a CPU copy of each tensor (a spilled copy is
+        read back first, so the sync merges into it)."""
+        self.restore()
+        for name, tensor in named_tensors:
+            held = self._tensors.get(name)
+            if held is not None and held.shape == tensor.shape and held.dtype == tensor.dtype:
+                held.copy_(tensor.detach())  # reuse the buffer: no new allocation per sync
+            else:
+                if held is None:
+                    self._names.append(name)
+                self._tensors[name] = tensor.detach().to("cpu", copy=True)
+            yield name, tensor
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The held tensors in arrival order (read back one at a time while spilled)."""
+        if not self._spilled:
+            for name in list(self._names):
+                yield name, self._tensors[name]
+            return
+        from safetensors import safe_open
+
+        with safe_open(str(self._spill_path), framework="pt") as f:
+            for name in self._names:
+                yield name, f.get_tensor(name)
+
+    def spill(self) -> None:
+        """Write the held tensors to disk and drop them from memory."""
+        if self._spilled or not self._tensors:
+            return
+        from safetensors.torch import save_file
+
+        self._spill_path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self._tensors.items()}, str(self._spill_path))
+        self._tensors = {}
+        self._spilled = True
+        gc.collect()
+
+    def restore(self) -> None:
+        """Bring spilled tensors back into memory and remove the file."""
+        if not self._spilled:
+            return
+        from safetensors.torch import load_file
+
+        self._tensors = load_file(str(self._spill_path))
+        self._spilled = False
+        self._spill_path.unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        """Drop everything, the spill file included."""
+        self._tensors = {}
+        self._names = []
+        self._spilled = False
+        self._spill_path.unlink(missing_ok=True)

@@ -17,7 +17,15 @@ from geartrain.errors import GeartrainError
 from geartrain.layout import check_generate_inputs
 from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams, SyncStats
-from geartrain.weights import BucketStats, UnknownTensorError, bucketed, checked, tied_aliases, with_aliases
+from geartrain.weights import (
+    BucketStats,
+    UnknownTensorError,
+    WeightCopy,
+    bucketed,
+    checked,
+    tied_aliases,
+    with_aliases,
+)
 
 from geartrain_sglang import engine, weights
 from geartrain_sglang.options import SglangOptions
@@ -63,9 +71,7 @@ class SglangRollout:
         del skeleton
         self.engine_kwargs = engine.engine_kwargs(config, model, options, self.model_dir, self.device, architecture)
         keep = options.keep_weights_copy if options.keep_weights_copy is not None else self.device == "cpu"
-        self.weight_copy: weights.WeightCopy | None = (
-            weights.WeightCopy(self.work_dir / "synced_weights.safetensors") if keep else None
-        )
+        self.weight_copy: WeightCopy | None = WeightCopy(self.work_dir / "synced_weights.safetensors") if keep else None
         self.last_sync: SyncStats | None = None
         self.released = False
         self._sender: weights.DistributedSender | None = None

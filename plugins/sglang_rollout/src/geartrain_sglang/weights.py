@@ -1,4 +1,5 @@
-"""Moving weights into an SGLang engine, and the host copy a CPU engine restarts from.
+"""Moving weights into an SGLang engine (the host copy a released CPU engine restarts from is
+:class:`geartrain.weights.WeightCopy`).
 
 Two transports (``SglangOptions.weight_sync``), both one bucket at a time (cut by
 :func:`geartrain.weights.bucketed`, after the core's name checks and tied-name fan-out)
@@ -17,7 +18,6 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -126,74 +126,3 @@ class DistributedSender:
         if engine is not None:
             engine.destroy_weights_update_group(self.group_name)
         torch.distributed.destroy_process_group(self.group)
-
-
-class WeightCopy:
-    """A host copy of the last synced weights (name -> CPU tensor), merged across syncs,
-    optionally spilled to one safetensors file while the engine is released."""
-
-    def __init__(self, spill_path: Path) -> None:
-        self._tensors: dict[str, torch.Tensor] = {}
-        self._spill_path = spill_path
-        self.spilled = False
-
-    def __len__(self) -> int:
-        return len(self._tensors) if not self.spilled else len(self._names())
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._tensors.values())
-
-    def tee(self, named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
-        """Pass the stream through, keeping a CPU copy of each tensor."""
-        self.restore()
-        for name, tensor in named_tensors:
-            held = self._tensors.get(name)
-            if held is not None and held.shape == tensor.shape and held.dtype == tensor.dtype:
-                held.copy_(tensor.detach())
-            else:
-                self._tensors[name] = tensor.detach().to("cpu", copy=True)
-            yield name, tensor
-
-    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The held tensors (read back one at a time when spilled)."""
-        if not self.spilled:
-            yield from list(self._tensors.items())
-            return
-        from safetensors import safe_open
-
-        with safe_open(str(self._spill_path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                yield name, f.get_tensor(name)
-
-    def _names(self) -> list[str]:
-        from safetensors import safe_open
-
-        with safe_open(str(self._spill_path), framework="pt") as f:
-            return list(f.keys())
-
-    def spill(self) -> None:
-        """Write the held tensors to disk and drop them from memory."""
-        if self.spilled or not self._tensors:
-            return
-        from safetensors.torch import save_file
-
-        self._spill_path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self._tensors.items()}, str(self._spill_path))
-        self._tensors = {}
-        self.spilled = True
-
-    def restore(self) -> None:
-        """Bring spilled tensors back into memory (a sync merges into them)."""
-        if not self.spilled:
-            return
-        from safetensors.torch import load_file
-
-        self._tensors = load_file(str(self._spill_path))
-        self.spilled = False
-        self._spill_path.unlink(missing_ok=True)
-
-    def clear(self) -> None:
-        self._tensors = {}
-        self.spilled = False
-        self._spill_path.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ from geartrain.layout import check_generate_inputs
 from geartrain.memory import collect_garbage, current_memory_bytes
 from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
-from geartrain.weights import UnknownTensorError, bucketed, checked, tied_aliases, with_aliases
+from geartrain.weights import UnknownTensorError, WeightCopy, bucketed, checked, tied_aliases, with_aliases
 
 from geartrain_vllm import engine, weights
 from geartrain_vllm.options import VllmOptions
@@ -55,9 +55,7 @@ class VllmRollout:
         keep = options.keep_weights_copy
         if keep is None:
             keep = self.device == "cpu" or options.sleep_level == 2
-        self.weight_copy: weights.WeightCopy | None = (
-            weights.WeightCopy(self.work_dir / "synced_weights.safetensors") if keep else None
-        )
+        self.weight_copy: WeightCopy | None = WeightCopy(self.work_dir / "synced_weights.safetensors") if keep else None
         self.last_sync: weights.SyncCounter | None = None
         self.released = False
         # vLLM's in-process shutdown tears torch.distributed down; spare a group we did not create.

@@ -1,4 +1,5 @@
-"""Moving weights into a vLLM engine, and the host copy a CPU engine restarts from.
+"""Moving weights into a vLLM engine (the host copy a released CPU engine restarts from is
+:class:`geartrain.weights.WeightCopy`).
 
 Two transports (``VllmOptions.weight_sync``):
 
@@ -14,10 +15,8 @@ Two transports (``VllmOptions.weight_sync``):
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,81 +67,6 @@ class SyncCounter:
             self.num_tensors += 1
             self.bytes += tensor.numel() * tensor.element_size()
             yield name, tensor
-
-
-class WeightCopy:
-    """A host copy of the last synced weights (name -> CPU tensor), merged across syncs
-    (a sync that names only some tensors updates only those), optionally spilled to one
-    safetensors file while the engine is released."""
-
-    def __init__(self, spill_path: Path) -> None:
-        self._tensors: dict[str, torch.Tensor] = {}
-        self._names: list[str] = []
-        self._spill_path = spill_path
-        self._spilled = False
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    @property
-    def spilled(self) -> bool:
-        return self._spilled
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._tensors.values())
-
-    def tee(self, named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
-        """Pass the stream through, keeping a CPU copy of each tensor."""
-        self.restore()
-        for name, tensor in named_tensors:
-            held = self._tensors.get(name)
-            if held is not None and held.shape == tensor.shape and held.dtype == tensor.dtype:
-                held.copy_(tensor.detach())  # reuse the buffer: no new allocation per sync
-            else:
-                if held is None:
-                    self._names.append(name)
-                self._tensors[name] = tensor.detach().to("cpu", copy=True)
-            yield name, tensor
-
-    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The held tensors (read back one at a time when spilled)."""
-        if not self._spilled:
-            yield from self._tensors.items()
-            return
-        from safetensors import safe_open
-
-        with safe_open(str(self._spill_path), framework="pt") as f:
-            for name in self._names:
-                yield name, f.get_tensor(name)
-
-    def spill(self) -> None:
-        """Write the held tensors to disk and drop them from memory."""
-        if self._spilled or not self._tensors:
-            return
-        from safetensors.torch import save_file
-
-        self._spill_path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self._tensors.items()}, str(self._spill_path))
-        self._tensors = {}
-        self._spilled = True
-        gc.collect()
-
-    def restore(self) -> None:
-        """Bring spilled tensors back into memory (a sync merges into them)."""
-        if not self._spilled:
-            return
-        from safetensors.torch import load_file
-
-        self._tensors = load_file(str(self._spill_path))
-        self._spilled = False
-        self._spill_path.unlink(missing_ok=True)
-
-    def clear(self) -> None:
-        self._tensors = {}
-        self._names = []
-        self._spilled = False
-        self._spill_path.unlink(missing_ok=True)
 
 
 def timed_stream(named_tensors: NamedTensors, counter: SyncCounter) -> Iterator[tuple[str, torch.Tensor]]:
