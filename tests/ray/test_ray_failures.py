@@ -93,8 +93,12 @@ def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> N
 
     out = tmp_path / "run"
     log = (tmp_path / "driver.log").open("w")
+    # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT
+    # ignored: when the suite runs in the background (`make test &`), the job would never see
+    # the Ctrl-C. Give it the default disposition, as a terminal's foreground job has.
     proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", f"trainer.output_dir={out}"),
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for(lambda: _steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
         assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
