@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,14 @@ def digit_reward(response: str, ground_truth: str) -> float:
     place. A random policy earns some, so advantages and gradients are not all zero."""
     hits = sum(a == b for a, b in zip(response, ground_truth))
     return hits / max(len(ground_truth), 1) - 0.1 * abs(len(response) - len(ground_truth))
+
+
+def paced_digit_reward(response: str, ground_truth: str) -> float:
+    """:func:`digit_reward`, 10 ms later: a step of the failure tests (32 samples) then lasts
+    about 0.3 s, so a rank killed "mid-run" is killed before the run's last step however fast
+    the engines get (at 6 steps of ~30 ms the run once finished before the kill landed)."""
+    time.sleep(0.01)
+    return digit_reward(response, ground_truth)
 
 
 def records(path: Path) -> list[dict]:

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow]
 
 STEPS = 6
 REWARD = Path(__file__).resolve().parent / "ray_helpers.py"
-ARGS = [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=2", f"reward.function={REWARD}:digit_reward"]
+ARGS = [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=2", f"reward.function={REWARD}:paced_digit_reward"]
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
