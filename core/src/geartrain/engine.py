@@ -11,7 +11,16 @@ from geartrain.checkpoint import CheckpointManager
 from geartrain.cluster.reduce import sum_over_data_parallel
 from geartrain.config import EngineConfig, ModelConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import ConfigError, GeartrainError
-from geartrain.types import DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats, WeightReceiver
+from geartrain.types import (
+    OFFLOAD_KINDS,
+    DataParallelCoordinates,
+    EngineContext,
+    LossFn,
+    MemoryStats,
+    StepOutput,
+    SyncStats,
+    WeightReceiver,
+)
 from geartrain.validation import capability_problems
 
 
@@ -99,7 +108,10 @@ class Engine:
         self.pm.hook.export_hf(model=self.handle, path=path, tokenizer=tokenizer)
         return path
 
-    def offload(self, what: frozenset[str] = frozenset({"params", "grads", "optimizer"})) -> MemoryStats:
+    def offload(self, what: frozenset[str] = OFFLOAD_KINDS) -> MemoryStats:
+        unknown = set(what) - OFFLOAD_KINDS
+        if unknown:
+            raise ValueError(f"cannot offload {sorted(unknown)}; choose from {sorted(OFFLOAD_KINDS)}")
         return self._require(self.pm.hook.offload(model=self.handle, what=what), "offload")
 
     def onload(self) -> MemoryStats:

@@ -236,3 +236,8 @@ class Capability:
     VALUE_HEAD = "value_head"
     HF_EXPORT = "hf_export"
     RELEASE_MEMORY = "release_memory"
+
+
+OFFLOAD_KINDS: frozenset[str] = frozenset({"params", "grads", "optimizer"})
+"""What an engine's ``offload`` hook may be asked to move (the core refuses anything else
+before the hook runs)."""

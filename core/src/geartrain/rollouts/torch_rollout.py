@@ -424,8 +424,9 @@ def _decode_chunk(
             break
         if not bool(keep.all()):
             index = keep.nonzero().squeeze(1)
-            cache.batch_select_indices(index.to(device))
-            mask, new, step_pos = mask[index.to(device)], new[index.to(device)], step_pos[index.to(device)]
+            on_device = index.to(device)
+            cache.batch_select_indices(on_device)
+            mask, new, step_pos = mask[on_device], new[on_device], step_pos[on_device]
             active = active[index]
         mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
         step_ids = new.unsqueeze(-1)
