@@ -64,3 +64,26 @@ def test_bad_generate_inputs_are_refused_naming_backend_prompt_and_limit(
 
 def test_good_inputs_pass() -> None:
     check_generate_inputs("x", [[1] * 7, [0, 127]], SamplingParams(n=2, top_p=1.0, temperature=0.0), max_model_len=8, vocab_size=128)
+
+
+def test_cut_at_stop_keeps_the_sequence_and_prefers_the_earliest_end():
+    from geartrain.layout import cut_at_stop
+
+    assert cut_at_stop([1, 2, 3, 4, 5], [[3, 4]]) == 4
+    assert cut_at_stop([1, 2, 3, 4, 3], [[4, 3], [3]]) == 3  # [3] ends at 3, before [4, 3] ends at 5
+    assert cut_at_stop([1, 2], [[5]]) is None
+    assert cut_at_stop([], [[1]]) is None
+
+
+def test_per_prompt_budgets_and_stop_sequences_are_checked():
+    from geartrain.layout import max_tokens_of
+
+    prompts = [[1, 2], [3]]
+    assert max_tokens_of(SamplingParams(max_tokens=7), 2) == [7, 7]
+    assert max_tokens_of(SamplingParams(max_tokens=7, max_tokens_per_prompt=[3, 4]), 2) == [3, 4]
+    with pytest.raises(GeartrainError, match="max_tokens_per_prompt has 1 entries for 2 prompts"):
+        check_generate_inputs("torch", prompts, SamplingParams(max_tokens_per_prompt=[3]), max_model_len=16)
+    with pytest.raises(GeartrainError, match=r"max_tokens_per_prompt\[1\] must be >= 1"):
+        check_generate_inputs("torch", prompts, SamplingParams(max_tokens_per_prompt=[3, 0]), max_model_len=16)
+    with pytest.raises(GeartrainError, match=r"stop_sequences\[0\] is empty"):
+        check_generate_inputs("torch", prompts, SamplingParams(stop_sequences=[[]]), max_model_len=16)

@@ -25,7 +25,7 @@ from geartrain.batch import Batch
 from geartrain.errors import GeartrainError
 from geartrain.types import SamplingParams
 
-__all__ = ["check_generate_inputs", "rollout_batch", "sequence_batch"]
+__all__ = ["check_generate_inputs", "cut_at_stop", "max_tokens_of", "rollout_batch", "sequence_batch"]
 
 
 def sequence_batch(
@@ -106,6 +106,18 @@ def check_generate_inputs(
         raise GeartrainError(f"{where}: sampling.n must be >= 1, got {sampling.n}")
     if sampling.max_tokens < 1:
         raise GeartrainError(f"{where}: sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
+    if sampling.max_tokens_per_prompt is not None:
+        if len(sampling.max_tokens_per_prompt) != len(prompts):
+            raise GeartrainError(
+                f"{where}: sampling.max_tokens_per_prompt has {len(sampling.max_tokens_per_prompt)} entries "
+                f"for {len(prompts)} prompts"
+            )
+        bad_budgets = [(i, b) for i, b in enumerate(sampling.max_tokens_per_prompt) if b < 1]
+        if bad_budgets:
+            raise GeartrainError(f"{where}: sampling.max_tokens_per_prompt[{bad_budgets[0][0]}] must be >= 1, got {bad_budgets[0][1]}")
+    empty = [i for i, seq in enumerate(sampling.stop_sequences) if len(seq) == 0]
+    if empty:
+        raise GeartrainError(f"{where}: sampling.stop_sequences[{empty[0]}] is empty")
     if not 0.0 < sampling.top_p <= 1.0:
         raise GeartrainError(f"{where}: sampling.top_p must be in (0, 1], got {sampling.top_p}")
     if sampling.temperature < 0:
@@ -124,3 +136,23 @@ def check_generate_inputs(
                 raise GeartrainError(
                     f"{where}: prompt {index} has token ids outside the vocabulary (size {vocab_size}): {bad[:5]}"
                 )
+
+
+def max_tokens_of(sampling: SamplingParams, num_prompts: int) -> list[int]:
+    """The response budget of each of ``num_prompts`` prompts: ``max_tokens_per_prompt``
+    when given, else ``max_tokens`` for all."""
+    if sampling.max_tokens_per_prompt is not None:
+        return list(sampling.max_tokens_per_prompt)
+    return [sampling.max_tokens] * num_prompts
+
+
+def cut_at_stop(tokens: Sequence[int], stop_sequences: Sequence[Sequence[int]]) -> int | None:
+    """The length of ``tokens`` up to and including the first place where it ends in one of
+    ``stop_sequences`` (the earliest end wins), or ``None`` when none occurs. A backend that
+    cannot stop on multi-token sequences natively keeps ``tokens[:cut]`` (and the log-probs
+    of those tokens) and reports ``finish_reason = "stop"``."""
+    for end in range(1, len(tokens) + 1):
+        for seq in stop_sequences:
+            if len(seq) <= end and list(tokens[end - len(seq) : end]) == list(seq):
+                return end
+    return None

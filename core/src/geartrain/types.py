@@ -212,6 +212,18 @@ class SamplingParams:
     """Most response tokens per sample (a sample that reaches it finishes with ``length``)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Generation of a sample stops after it emits any of these (the stop token is kept)."""
+    stop_sequences: list[list[int]] = field(default_factory=list)
+    """Token-id sequences that also stop a sample: generation stops right after the sample's
+    last tokens equal one of them (the sequence is kept, nothing after it is returned, and
+    ``finish_reason`` is ``"stop"``). Only tokens generated in *this* call are matched, never
+    the prompt. A multi-turn agent's turn ends on its tool-call closer this way. A backend
+    that cannot stop on a multi-token sequence natively generates on and cuts the sample
+    after the first match (:func:`geartrain.layout.cut_at_stop`): the returned tokens and
+    log-probs are the same."""
+    max_tokens_per_prompt: list[int] | None = None
+    """A response budget per prompt (``len(prompts)`` entries, each ``>= 1``), replacing
+    ``max_tokens`` for that prompt's samples: a multi-turn episode's next turn may only use
+    what is left of the episode's token budget. ``None``: ``max_tokens`` for every prompt."""
     seed: int | None = None
     """With a seed, the same prompts, weights and settings give the same samples: sample
     ``j`` of prompt ``i`` draws from its own stream seeded with
