@@ -11,6 +11,7 @@ from geartrain import EngineContext, GeartrainError, ModelConfig, Rollout, Rollo
 from geartrain.rollouts import torch_rollout
 from geartrain.testing import RolloutConformance
 from geartrain.testing.rollout_suite import encode_prompts, named_tensors, teacher_forced_log_probs
+from geartrain.layout import cut_at_stop
 from geartrain.testing.tiny import tiny_model
 
 
@@ -378,3 +379,47 @@ def test_samples_of_one_prompt_share_its_prefill() -> None:
         assert torch.equal(first["input_ids"][:, : single["input_ids"].shape[1]], single["input_ids"])
     finally:
         r.shutdown()
+
+
+# --------------------------------------------------------------------------- turns (stop sequences, budgets)
+
+
+def test_stop_sequences_cut_each_row_where_a_one_shot_generation_first_ends_in_one(rollout: Rollout) -> None:
+    prompts = encode_prompts()
+    free = rollout.generate(prompts, SamplingParams(n=3, temperature=1.0, max_tokens=24, seed=5))
+    # stop on two-token sequences that occur in some rows' free generations, not in others
+    seqs = [free["input_ids"][0, free.info["prompt_length"] + 3 : free.info["prompt_length"] + 5].tolist(), [7, 7]]
+    stopped = rollout.generate(prompts, SamplingParams(n=3, temperature=1.0, max_tokens=24, seed=5, stop_sequences=seqs))
+    width_free, width_stop = free.info["prompt_length"], stopped.info["prompt_length"]
+    cuts = 0
+    for row in range(len(free)):
+        full = free["input_ids"][row, width_free:][free["response_mask"][row, width_free:].bool()].tolist()
+        full_lp = free["rollout_log_probs"][row, width_free : width_free + len(full)].tolist()
+        got = stopped["input_ids"][row, width_stop:][stopped["response_mask"][row, width_stop:].bool()].tolist()
+        got_lp = stopped["rollout_log_probs"][row, width_stop : width_stop + len(got)].tolist()
+        cut = cut_at_stop(full, seqs)
+        assert got == full[: cut or len(full)], row
+        assert got_lp == pytest.approx(full_lp[: len(got)], abs=1e-6)
+        assert stopped["finish_reason"][row] == ("stop" if cut else free["finish_reason"][row])
+        cuts += cut is not None and cut < len(full)
+    assert cuts >= 1  # the test exercised a real cut
+
+
+def test_stop_sequences_never_match_the_prompt(rollout: Rollout) -> None:
+    prompt = encode_prompts()[:1]
+    tail = prompt[0][-2:]
+    batch = rollout.generate(prompt, SamplingParams(n=2, temperature=0.0, max_tokens=6, stop_sequences=[tail[-1:] * 30]))
+    assert batch["response_mask"].sum(-1).tolist() == [6, 6]
+
+
+def test_max_tokens_per_prompt_gives_each_prompt_its_budget(rollout: Rollout) -> None:
+    prompts = encode_prompts()
+    budgets = [1, 9, 4, 16][: len(prompts)]
+    free = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=3))
+    per = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=3, max_tokens_per_prompt=budgets))
+    lengths = per["response_mask"].sum(-1).tolist()
+    assert lengths == [b for b in budgets for _ in range(2)]
+    w_free, w_per = free.info["prompt_length"], per.info["prompt_length"]
+    for row, budget in enumerate(b for b in budgets for _ in range(2)):
+        assert per["input_ids"][row, w_per : w_per + budget].tolist() == free["input_ids"][row, w_free : w_free + budget].tolist()
+    assert per["finish_reason"] == ["length"] * len(per)

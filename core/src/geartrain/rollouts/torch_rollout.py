@@ -16,7 +16,10 @@ rollouts are compared with, so it favours exactness over speed:
   cache copied to each sample);
 * rows are decoded in chunks of at most ``max_batch_size`` (default: the config's
   ``max_num_seqs``), fewer when ``kv_cache_bytes`` cannot hold that many full-length rows;
-* finished rows leave the batch (and the KV cache), so a long tail costs only its rows.
+* finished rows leave the batch (and the KV cache), so a long tail costs only its rows;
+* ``stop_sequences`` are matched natively, per row, on the tokens generated in this call
+  (a row stops right after its last tokens equal one), and ``max_tokens_per_prompt`` gives
+  each prompt's rows their own budget: a multi-turn agent's turn is one such call.
 
 ``release`` writes the weights to a safetensors file and empties every parameter, which on
 CPU returns their memory to the operating system; ``resume`` reads them back.
@@ -39,7 +42,7 @@ from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig, options_of
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.hookspecs import hookimpl
-from geartrain.layout import check_generate_inputs, rollout_batch
+from geartrain.layout import check_generate_inputs, max_tokens_of, rollout_batch
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
 from geartrain.seeding import prompt_indices, sample_seed, uniforms
@@ -268,6 +271,7 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
     # trainer's random stream.
     base_seed = sampling.seed if sampling.seed is not None else secrets.randbits(62)
     global_index = prompt_indices(sampling.prompt_indices, len(prompts))
+    budgets = max_tokens_of(sampling, len(prompts))
     chunk = chunk_rows(rollout, prompts, sampling)
     responses: list[list[int]] = []
     log_probs: list[list[float]] = []
@@ -280,6 +284,7 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
             [sample_seed(base_seed, global_index[i], j) for i, j in part],
             sampling,
             prompt_ids=[i for i, _ in part],
+            budgets=[budgets[i] for i, _ in part],
         )
         for toks, lps, reason in out:
             responses.append(toks)
@@ -304,7 +309,7 @@ def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: 
         cfg = rollout.model.config
         heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        longest = min(max(len(p) for p in prompts) + sampling.max_tokens, rollout.config.max_model_len)
+        longest = min(max(len(p) for p in prompts) + max(max_tokens_of(sampling, len(prompts))), rollout.config.max_model_len)
         per_row = 2 * cfg.num_hidden_layers * heads * head_dim * longest * rollout.dtype.itemsize
         rows = min(rows, max(1, budget // per_row))
     return rows
@@ -360,8 +365,10 @@ def _decode_chunk(
     seeds: list[int],
     sampling: SamplingParams,
     prompt_ids: list[int] | None = None,
+    budgets: list[int] | None = None,
 ) -> list[tuple[list[int], list[float], str]]:
     """Decode one chunk of rows; returns (response tokens, their log-probs, finish reason).
+    Row ``r`` generates at most ``budgets[r]`` tokens (default ``sampling.max_tokens``).
 
     Rows with the same ``prompt_ids`` entry (the samples of one prompt) share its prefill:
     each distinct prompt runs through the model once and its KV cache and first-token
@@ -386,8 +393,10 @@ def _decode_chunk(
         mask[u, width - len(p) :] = 1
     input_ids, mask = input_ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    budget = [min(sampling.max_tokens, rollout.config.max_model_len - len(p)) for p in prompts]
+    wanted = budgets if budgets is not None else [sampling.max_tokens] * b
+    budget = [min(w, rollout.config.max_model_len - len(p)) for w, p in zip(wanted, prompts, strict=True)]
     stop = torch.tensor(sorted(set(sampling.stop_token_ids)) or [-1], device=device)
+    stop_seqs = [torch.tensor(seq, dtype=torch.long) for seq in sampling.stop_sequences]
 
     # Per-row results in tensors, indexed by original row; each step writes column `t`.
     steps = max(budget)
@@ -416,6 +425,11 @@ def _decode_chunk(
         new_lp = raw_lp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         is_stop = torch.isin(new, stop).cpu()
         tokens[active, t] = new.cpu()
+        # Every row of the chunk started at column 0, so its last len(seq) tokens are
+        # columns t+1-len(seq) .. t: only tokens of this call are ever matched.
+        for seq in stop_seqs:
+            if len(seq) <= t + 1:
+                is_stop |= (tokens[active, t + 1 - len(seq) : t + 1] == seq).all(-1)
         token_lps[active, t] = new_lp.cpu()
         lengths[active] = t + 1
         stopped[active] = is_stop
