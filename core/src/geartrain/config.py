@@ -36,24 +36,28 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    """Which model a role loads. Exactly one of ``path`` and ``tiny``."""
+    """Which model a role loads. Exactly one of ``path``, ``tiny`` and ``preset``."""
 
     path: str | None = None
     """Hugging Face hub id or local directory (config, weights, tokenizer)."""
     tiny: Literal["qwen2", "llama"] | None = None
     """Build a tiny randomly initialised model of this family (no download); see
     :mod:`geartrain.modeling`."""
+    preset: Literal["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama3-8b"] | None = None
+    """Build a released model's architecture (its published config.json, written in
+    :mod:`geartrain.presets`) with random weights from ``seed`` and a built-in tokenizer of
+    its real vocabulary size: real shapes for throughput and memory, no download."""
     config_overrides: dict[str, Any] = Field(default_factory=dict)
     """Fields set on the transformers config before building (``hidden_size``...)."""
     tokenizer: str | None = None
     """Tokenizer directory or id; default: ``path``, or the built-in character tokenizer for
-    tiny models."""
+    tiny models (padded to the real vocabulary size for presets)."""
     value_head: bool = False
     """Build a value model (one scalar per token) instead of a causal LM (critics)."""
     dtype: DType = "float32"
     """Dtype the weights are loaded in."""
     seed: int = 0
-    """Seed of the random initialisation of tiny models."""
+    """Seed of the random initialisation of tiny and preset models."""
     attn_implementation: str = "sdpa"
     """transformers attention implementation (``sdpa``, ``eager``, ``flash_attention_2``...)."""
     trust_remote_code: bool = False
@@ -61,8 +65,11 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
-        if (self.path is None) == (self.tiny is None):
-            raise ValueError("set exactly one of 'path' (hub id or directory) and 'tiny' (qwen2 or llama)")
+        if sum(x is not None for x in (self.path, self.tiny, self.preset)) != 1:
+            raise ValueError(
+                "set exactly one of 'path' (hub id or directory), 'tiny' (qwen2 or llama) and "
+                "'preset' (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b or llama3-8b)"
+            )
         return self
 
 

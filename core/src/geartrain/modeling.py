@@ -11,7 +11,6 @@ in any process. The CPU main job trains them; tests and the conformance suites u
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,10 +24,16 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from geartrain.char_tokenizer import BOS, CHARACTERS, CHAT_TEMPLATE, EOS, PAD, UNK, char_tokenizer
 from geartrain.config import ModelConfig
 
 __all__ = [
+    "BOS",
     "CHARACTERS",
+    "CHAT_TEMPLATE",
+    "EOS",
+    "PAD",
+    "UNK",
     "TINY_CONFIGS",
     "Family",
     "build_hf_model",
@@ -54,6 +59,10 @@ def hf_config(config: ModelConfig) -> PretrainedConfig:
     """The transformers config the model is built from (overrides applied)."""
     if config.tiny is not None:
         hf = tiny_config(config.tiny, **config.config_overrides)
+    elif config.preset is not None:
+        from geartrain.presets import preset_config
+
+        hf = preset_config(config.preset, **config.config_overrides)
     else:
         hf = AutoConfig.from_pretrained(config.path, trust_remote_code=config.trust_remote_code)
         for key, value in config.config_overrides.items():
@@ -70,7 +79,8 @@ def build_hf_model(config: ModelConfig, *, device: str | torch.device = "cpu", m
     """Build the causal LM (or, with ``config.value_head``, a token-classification model
     with one label: a per-token value) that ``config`` describes.
 
-    Tiny models are initialised from ``config.seed`` (identical across processes); ``path``
+    Tiny and preset models are initialised from ``config.seed`` (identical across
+    processes); ``path``
     models load their weights, unless ``meta`` asks for an empty module on the meta device
     (the caller then loads weights itself, e.g. broadcast from rank 0).
     """
@@ -93,8 +103,12 @@ def build_hf_model(config: ModelConfig, *, device: str | torch.device = "cpu", m
 
 def load_tokenizer(config: ModelConfig) -> Any:
     """The tokenizer for ``config``: ``tokenizer`` or ``path``, or the built-in character
-    tokenizer for tiny models."""
+    tokenizer for tiny models (padded to the real vocabulary size for presets)."""
     source = config.tokenizer or config.path
+    if source is None and config.preset is not None:
+        from geartrain.presets import preset_tokenizer
+
+        return preset_tokenizer(config.preset)
     if source is None:
         return tiny_tokenizer()
     return AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
@@ -135,14 +149,6 @@ def pad_token_id(config: ModelConfig, override: int | None = None) -> int:
 
 Family = Literal["qwen2", "llama"]
 
-PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
-#: Printable ASCII after the four special tokens; ids are stable across versions.
-CHARACTERS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
-)
-
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen2": dict(
         model_type="qwen2",
@@ -174,16 +180,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer over printable ASCII, with ``<pad>`` (0), ``<s>`` (1),
     ``</s>`` (2), ``<unk>`` (3) and a plain ``role: content`` chat template."""
-    from tokenizers import Tokenizer, decoders, models
-
-    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK] + CHARACTERS)}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK, padding_side="left"
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
+    return char_tokenizer()
 
 
 def tiny_config(family: Family = "qwen2", **overrides: Any) -> PretrainedConfig:
