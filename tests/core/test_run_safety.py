@@ -72,9 +72,11 @@ def test_overwrite_removes_only_the_previous_runs_entries(tmp_path: Path) -> Non
     out = tmp_path / "run"
     _finished_run(out)
     (out / "notes.txt").write_text("mine")
-    removed = RunDirectory(out, overwrite=True).claim()
+    rundir = RunDirectory(out, overwrite=True)
+    removed = rundir.claim()
+    rundir.release()
     assert sorted(removed) == ["checkpoints", "config.json", "metrics.jsonl"]
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [".geartrain.lock", "notes.txt"]  # the lock the new run holds
 
 
 def test_resume_and_overwrite_exclude_each_other(tmp_path: Path) -> None:

@@ -256,13 +256,16 @@ class Job:
         """Run the job; every rank the placement started is stopped at the end, also on an
         error or Ctrl-C."""
         try:
-            result = self._run()
-        except BaseException:
-            if self.placement is not None:  # ranks may be mid-call: stop them without waiting
-                self.placement.close(graceful=False)
-            raise
-        if self.placement is not None:
-            self.placement.close()
+            try:
+                result = self._run()
+            except BaseException:
+                if self.placement is not None:  # ranks may be mid-call: stop them without waiting
+                    self.placement.close(graceful=False)
+                raise
+            if self.placement is not None:
+                self.placement.close()
+        finally:
+            self.rundir.release()  # the directory's lock, held from claim() to the end
         return result
 
     def _run(self) -> JobResult:
@@ -281,6 +284,8 @@ class Job:
         tokenizer = pre.tokenizer
         latest = self._latest_checkpoint()
         removed = self.rundir.claim()
+        if self.rundir.lock is not None and (note := self.rundir.lock.stale_note()):
+            self.echo(note)
         if removed:
             self.echo(f"--overwrite: deleted the previous run's {', '.join(removed)} in {self.out}")
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))

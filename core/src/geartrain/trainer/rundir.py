@@ -6,6 +6,10 @@ previous run's files) after every other check — config, data, reward, checkpoi
 passed. So a fresh run into a directory that holds a run refuses unless told ``--resume``
 (continue it) or ``--overwrite`` (replace it), and a run that fails its checks deletes and
 truncates nothing.
+
+A directory whose run is still going is refused in every mode: :meth:`RunDirectory.claim`
+takes the directory's lock (:mod:`geartrain.trainer.runlock`) before deleting anything and
+the job holds it until it ends (:meth:`RunDirectory.release`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geartrain.errors import GeartrainError
+from geartrain.trainer.runlock import RunLock, probe
 
 #: What a job writes into its output directory, and what kind of filesystem entry each is.
 #: ``overwrite`` removes exactly these; files of other names are left alone.
@@ -48,6 +53,7 @@ class RunDirectory:
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        self.lock: RunLock | None = None
 
     def holds_run(self) -> list[str]:
         """The entries that show ``path`` holds a (started or finished) run."""
@@ -63,6 +69,8 @@ class RunDirectory:
             raise RunDirectoryError("--resume and --overwrite exclude each other: continue the run or replace it")
         if os.path.lexists(self.path) and not self.path.is_dir():
             raise RunDirectoryError(f"{where} is a file, not a directory; choose another trainer.output_dir")
+        if self.lock is None:
+            probe(self.path)  # a live run's directory is refused first, whatever the mode
         existing = self.path
         while not existing.exists():
             if existing.parent == existing:
@@ -93,10 +101,14 @@ class RunDirectory:
 
     def claim(self) -> list[str]:
         """Create the directory; with ``overwrite``, delete the previous run's entries
-        (only those in :data:`RUN_ENTRIES`). Call after every check passed. Returns the
-        deleted entry names."""
+        (only those in :data:`RUN_ENTRIES`). Call after every check passed. Takes the
+        directory's lock first (:class:`~geartrain.trainer.runlock.RunLockedError` if a
+        live run holds it) and keeps it until :meth:`release`. Returns the deleted entry
+        names."""
         self.check()
         self.path.mkdir(parents=True, exist_ok=True)
+        if self.lock is None:
+            self.lock = RunLock.acquire(self.path)
         removed = []
         if self.overwrite:
             for name in RUN_ENTRIES:
@@ -109,3 +121,9 @@ class RunDirectory:
                     continue
                 removed.append(name)
         return removed
+
+    def release(self) -> None:
+        """Free the directory's lock (if this job took it)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
