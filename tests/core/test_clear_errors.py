@@ -110,7 +110,7 @@ def test_check_notes_prompts_whose_responses_would_be_cut_short(tmp_path: Path) 
 def test_check_of_the_main_job_parses_its_data_and_resolves_its_reward(geartrain) -> None:
     proc = geartrain("check", str(MAIN_CONFIG), "--no-plugins")
     assert proc.returncode == 0, proc.stderr
-    assert "checked: reward 'task.py:exact_match' resolves; data.path 7844 rows" in proc.stdout
+    assert "checked: reward 'task.py:exact_match' resolves and scores the first rows; data.path 7844 rows" in proc.stdout
 
 
 def test_preflight_collects_every_problem(tmp_path: Path) -> None:

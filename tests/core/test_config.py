@@ -214,7 +214,7 @@ def test_a_backend_config_error_carries_the_section_path(tmp_path: Path, capsys:
         assert [p for p, _ in err.value.problems] == ["actor.engine.options.chunk"]
 
         data = write(tmp_path, "d.jsonl", '{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
-        job = write(tmp_path, "job.toml", f'[actor.engine]\nbackend = "picky"\n[data]\npath = "{data}"\nbatch_size = 2\n'
+        job = write(tmp_path, "job.toml", f'[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "picky"\n[data]\npath = "{data}"\nbatch_size = 2\n'
                     f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n[validation]\nevery_n_steps = 0\n')
         assert cli.main(["train", str(job)]) == 2
         err_text = capsys.readouterr().err

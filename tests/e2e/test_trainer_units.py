@@ -103,7 +103,7 @@ def test_inline_worker_group_builds_one_rank_in_process_and_checks_dispatch() ->
 
 def test_config_defaults_and_paths(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
-    job.write_text('[data]\npath = "d/train.jsonl"\n[algorithm]\nname = "ppo"\n')
+    job.write_text('[model]\ntiny = "qwen2"\n[data]\npath = "d/train.jsonl"\n[algorithm]\nname = "ppo"\n')
     config = load_train_config(job, ["trainer.total_steps=3"])
     assert config.algorithm.estimator == "gae" and not config.algorithm.needs_reference
     assert config.resolve(config.data.path) == str(tmp_path / "d" / "train.jsonl")

@@ -59,8 +59,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for note in pre.notes:
             print(f"note: {note}")
         sizes = ", ".join(f"{key} {len(ds)} rows" for key, ds in pre.datasets.items())
-        reward = "a reward model" if config.reward.model is not None else f"reward '{config.reward.function}'"
-        print(f"checked: {reward} resolves; {sizes} parse and fit rollout.max_model_len={config.rollout.max_model_len}")
+        if pre.reward is None:
+            reward = "a reward model resolves"
+        else:
+            names = ", ".join(f"'{t.name}'" for t in pre.reward)
+            reward = f"reward {names} resolves and scores the first rows"
+        print(f"checked: {reward}; {sizes} parse and fit rollout.max_model_len={config.rollout.max_model_len}")
     print(f"{args.config}: ok ({config.algorithm.name} with actor engine "
           f"'{config.actor.engine.backend}' and rollout '{config.rollout.backend}')")
     return 0

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from geartrain.rewards.registry import RewardFn, RewardOutput, get_reward
+from geartrain.rewards.registry import RewardFn, RewardOutput
+from geartrain.rewards.terms import RewardTerm, as_terms, call_batched
 
 logger = logging.getLogger("geartrain.rewards")
 
@@ -39,13 +40,17 @@ class RewardResult:
     extras: dict[str, list[float | None]] = field(default_factory=dict)
     errors: list[int] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    term_scores: dict[str, list[float | None]] = field(default_factory=dict)
+    """Each term's own score per sample, by term name (``None`` where it failed)."""
 
 
 class _BadOutput(ValueError):
     pass
 
 
-def _parse(output: RewardOutput) -> tuple[float, dict[str, float]]:
+def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
+    """``(score, numeric extras)`` of one reward output; raises ``ValueError`` naming what is
+    wrong (no ``score`` key, not a number, not finite)."""
     if isinstance(output, Mapping):
         if "score" not in output:
             raise _BadOutput(f"reward dict has no 'score' key (keys: {sorted(output)})")
@@ -64,8 +69,11 @@ def _parse(output: RewardOutput) -> tuple[float, dict[str, float]]:
 
 
 class RewardScorer:
-    """Scores batches with one reward function over a run.
+    """Scores batches with the job's reward terms (one function, or several with weights:
+    :mod:`geartrain.rewards.terms`) over a run.
 
+    A sample's reward is ``sum(weight x score)`` over the terms; a sample for which any term
+    raises or returns something unusable gets reward 0 and is counted in ``reward/errors``.
     ``timeout_s`` bounds the time one batch's calls may take together: when it runs out,
     the call in progress and the samples not yet scored get reward 0 and are counted in
     ``reward/timeouts`` (and ``reward/errors``), and the run goes on. (A Python thread
@@ -74,21 +82,40 @@ class RewardScorer:
     traceback; later ones are only counted, in the metrics.
     """
 
-    def __init__(self, fn: RewardFn | Callable[..., RewardOutput] | str, *, timeout_s: float | None = None) -> None:
-        self.reward = get_reward(fn)
-        self.name = getattr(self.reward, "__name__", repr(self.reward))
+    def __init__(self, fn: Any, *, timeout_s: float | None = None) -> None:
+        self.terms: list[RewardTerm] = as_terms(fn)
+        self.reward = self.terms[0].fn
+        self.name = "+".join(t.name for t in self.terms)
         self.timeout_s = timeout_s
         self._failure_logged = False
         self._timeout_logged = False
 
-    def _call(self, responses: Sequence[str], truths: list[str], prompts: Sequence[str], metas: Sequence[Any], i: int) -> tuple[float, dict[str, float]] | BaseException:
+    def _calls(self, responses: Sequence[str], truths: list[str], prompts: Sequence[str], metas: list[dict[str, Any]]) -> list[tuple[int, int | None]]:
+        """The units of work, in order: ``(term, sample)`` for per-sample terms,
+        ``(term, None)`` for a batched term's one call."""
+        units: list[tuple[int, int | None]] = []
+        for t, term in enumerate(self.terms):
+            units += [(t, None)] if term.batched else [(t, i) for i in range(len(responses))]
+        return units
+
+    def _call(self, unit: tuple[int, int | None], responses: Sequence[str], truths: list[str], prompts: Sequence[str], metas: list[dict[str, Any]]) -> Any:
+        term, i = self.terms[unit[0]], unit[1]
         try:
-            return _parse(self.reward(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i] or {})))
+            if i is None:
+                outs = call_batched(term.fn, list(prompts), list(responses), truths, metas)
+                parsed: list[Any] = []
+                for out in outs:
+                    try:
+                        parsed.append(parse_output(out))
+                    except _BadOutput as exc:
+                        parsed.append(exc)
+                return parsed
+            return parse_output(term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i])))
         except Exception as exc:  # a user function's bug must not stop the run
             return exc
 
     def _run(self, n: int, call: Callable[[int], Any]) -> list[Any]:
-        """``call(i)`` for each sample; the results before the deadline, in order."""
+        """``call(i)`` for each unit; the results before the deadline, in order."""
         if self.timeout_s is None:
             return [call(i) for i in range(n)]
         results: list[Any] = []
@@ -112,6 +139,20 @@ class RewardScorer:
                 stop.set()
             return list(results)
 
+    def _log_failure(self, term: RewardTerm, i: int, out: BaseException, prompts: Sequence[str], responses: Sequence[str], truths: list[str]) -> None:
+        logger.warning(
+            "reward function %s failed on sample %d (reward 0; this traceback is logged once, further "
+            "failures are counted in reward/errors): %s: %s\n  prompt=%r\n  response=%r\n  ground_truth=%r",
+            term.name,
+            i,
+            type(out).__name__,
+            out,
+            prompts[i][:500],
+            responses[i][:500],
+            truths[i][:200],
+            exc_info=(type(out), out, out.__traceback__) if not isinstance(out, _BadOutput) else None,
+        )
+
     def score(
         self,
         responses: Sequence[str],
@@ -120,49 +161,55 @@ class RewardScorer:
         prompts: Sequence[str] | None = None,
         metas: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> RewardResult:
-        """Call the function once per sample (see :func:`score_batch`)."""
+        """Score every sample with every term (see the class docstring)."""
         n = len(responses)
         prompts = list(prompts) if prompts is not None else [""] * n
-        metas = list(metas) if metas is not None else [None] * n
-        if not (len(ground_truths) == len(prompts) == len(metas) == n):
+        metas_in = list(metas) if metas is not None else [None] * n
+        if not (len(ground_truths) == len(prompts) == len(metas_in) == n):
             raise ValueError(
                 f"score_batch needs one entry per response: {n} responses, {len(ground_truths)} ground truths, "
-                f"{len(prompts)} prompts, {len(metas)} metas"
+                f"{len(prompts)} prompts, {len(metas_in)} metas"
             )
         truths = ["" if t is None else str(t) for t in ground_truths]
-        results = self._run(n, lambda i: self._call(responses, truths, prompts, metas, i))
-        scores = [0.0] * n
-        extras: dict[str, list[float | None]] = {}
-        errors: list[int] = []
-        first_failure = True
+        metas_d = [dict(m or {}) for m in metas_in]
+        units = self._calls(responses, truths, prompts, metas_d)
+        results = self._run(len(units), lambda u: self._call(units[u], responses, truths, prompts, metas_d))
+        # per term and sample: (score, extras), an exception, or None (not reached in time)
+        outcome: list[list[Any]] = [[None] * n for _ in self.terms]
+        for (t, i), out in zip(units, results, strict=False):
+            if i is None:
+                outcome[t] = list(out) if isinstance(out, list) else [out] * n
+            else:
+                outcome[t][i] = out
+        timed_out = sorted({i for row in outcome for i, out in enumerate(row) if out is None})
+        failed: list[int] = []
         logged_now = False
-        for i, out in enumerate(results):
-            if isinstance(out, BaseException):
+        scores = [0.0] * n
+        term_scores: dict[str, list[float | None]] = {term.name: [None] * n for term in self.terms}
+        extras: dict[str, list[float | None]] = {}
+        several = len(self.terms) > 1
+        for i in range(n):
+            outs = [row[i] for row in outcome]
+            bad = next((out for out in outs if isinstance(out, BaseException)), None)
+            if bad is not None:
+                term = self.terms[next(t for t, out in enumerate(outs) if out is bad)]
                 if not self._failure_logged:
-                    logger.warning(
-                        "reward function %s failed on sample %d (reward 0; this traceback is logged once, further "
-                        "failures are counted in reward/errors): %s: %s\n  prompt=%r\n  response=%r\n  ground_truth=%r",
-                        self.name,
-                        i,
-                        type(out).__name__,
-                        out,
-                        prompts[i][:500],
-                        responses[i][:500],
-                        truths[i][:200],
-                        exc_info=(type(out), out, out.__traceback__) if not isinstance(out, _BadOutput) else None,
-                    )
+                    self._log_failure(term, i, bad, prompts, responses, truths)
                     self._failure_logged = logged_now = True
-                elif first_failure:
-                    logger.debug("reward function %s failed on sample %d: %s: %s", self.name, i, type(out).__name__, out)
-                first_failure = False
-                errors.append(i)
+                failed.append(i)
                 continue
-            score, numeric = out
-            scores[i] = score
-            for key, value in numeric.items():
-                extras.setdefault(key, [None] * n)[i] = value
-        failed_calls = len(errors)
-        timed_out = list(range(len(results), n))
+            if i in timed_out:
+                continue
+            total = 0.0
+            for term, (score, numeric) in zip(self.terms, outs, strict=True):
+                total += term.weight * score
+                term_scores[term.name][i] = score
+                for key, value in numeric.items():
+                    extras.setdefault(f"{term.name}/{key}" if several else key, [None] * n)[i] = value
+                    if several and key == "acc" and extras.setdefault("acc", [None] * n)[i] is None:
+                        extras["acc"][i] = value  # accuracy: the first term that reports one
+            scores[i] = total
+        errors = sorted(set(failed) | set(timed_out))
         if timed_out:
             level = logging.DEBUG if self._timeout_logged else logging.WARNING
             logger.log(
@@ -172,19 +219,24 @@ class RewardScorer:
                 self.name, self.timeout_s, timed_out[0], n, len(timed_out) - 1,
             )
             self._timeout_logged = True
-            errors.extend(timed_out)
-        if logged_now and failed_calls > 1:
-            logger.warning("reward function %s failed on %d of %d samples (rows %s)", self.name, failed_calls, n, errors[:20])
+        if logged_now and len(failed) > 1:
+            logger.warning("reward function %s failed on %d of %d samples (rows %s)", self.name, len(failed), n, failed[:20])
         metrics = {
             "reward/mean": sum(scores) / n if n else 0.0,
             "reward/errors": float(len(errors)),
             "reward/timeouts": float(len(timed_out)),
             "reward/error_fraction": len(errors) / n if n else 0.0,
         }
+        if several:
+            for name, values in term_scores.items():
+                present = [v for v in values if v is not None]
+                metrics[f"reward/{name}/mean"] = sum(present) / len(present) if present else 0.0
         for key, values in extras.items():
             present = [v for v in values if v is not None]
-            metrics[f"reward/{key}"] = sum(present) / len(present)
-        return RewardResult(scores=torch.tensor(scores, dtype=torch.float32), extras=extras, errors=errors, metrics=metrics)
+            if present:
+                metrics[f"reward/{key}"] = sum(present) / len(present)
+        return RewardResult(scores=torch.tensor(scores, dtype=torch.float32), extras=extras, errors=errors,
+                            metrics=metrics, term_scores=term_scores)
 
 
 def score_batch(
@@ -203,6 +255,31 @@ def score_batch(
     default to ``""`` and ``metas`` to ``{}``.
     """
     return RewardScorer(fn, timeout_s=timeout_s).score(responses, ground_truths, prompts=prompts, metas=metas)
+
+
+def probe_term(term: RewardTerm, responses: list[str], truths: list[str], prompts: list[str],
+               metas: list[dict[str, Any]], where: list[str]) -> str | None:
+    """Call ``term`` on a few samples as a run would and say what is wrong (``None``: it
+    returned a usable score for each): a raise, or a return value that is not a number or a
+    dict with a numeric ``score``. ``where`` names each sample's data row."""
+    if term.batched:
+        try:
+            outs = call_batched(term.fn, prompts, responses, truths, metas)
+        except Exception as exc:
+            return f"raised {type(exc).__name__}: {exc} (called on {len(responses)} rows from {where[0]})"
+    else:
+        outs = []
+        for i in range(len(responses)):
+            try:
+                outs.append(term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i])))
+            except Exception as exc:
+                return f"raised {type(exc).__name__}: {exc} (on {where[i]}, response {responses[i]!r:.60})"
+    for i, out in enumerate(outs):
+        try:
+            parse_output(out)
+        except ValueError as exc:
+            return f"returned {type(out).__name__} {out!r:.60} on {where[i]}: {exc}; return a number or a dict with a numeric 'score'"
+    return None
 
 
 def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -208,12 +208,36 @@ class SamplingConfig(Section):
     """Most response tokens per sample."""
 
 
+class RewardFunctionConfig(Section):
+    """One of several weighted reward functions (``[[reward.functions]]``)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Its metric name: the term is logged as ``reward/<name>/mean``."""
+    function: str
+    """Like ``reward.function``: a registered name, ``package.module:function`` or
+    ``file.py:function`` (relative to the job file)."""
+    weight: float = 1.0
+    """Its weight in the sample's reward, ``sum(weight x score)``."""
+    batched: bool | None = None
+    """``True``: called once per batch, TRL-style ``f(prompts, completions, **columns) ->
+    list``; ``None``: detected (a first parameter named ``prompts`` or ``completions``)."""
+
+
 class RewardConfig(Section):
-    """Exactly one of a rule ``function`` and a reward ``model``."""
+    """One rule ``function``, several weighted ``functions``, or a reward ``model``. The
+    reward contract (arguments, return values, batched functions) is in the README's
+    "Rewards" section."""
 
     function: str | None = "arithmetic"
     """A registered reward (``arithmetic``, ``gsm8k``, ``math_boxed``...), a dotted path
-    ``package.module:function``, or ``path/to/file.py:function`` (relative to the job file)."""
+    ``package.module:function``, or ``path/to/file.py:function`` (relative to the job file).
+    A job that names its data must name its reward (no default applies then)."""
+    batched: bool | None = None
+    """``reward.function`` is batched (TRL's ``f(prompts, completions, **columns) -> list``);
+    ``None``: detected from its first parameter's name (``prompts`` or ``completions``)."""
+    functions: list[RewardFunctionConfig] = Field(default_factory=list)
+    """Several reward functions, each ``{name, function, weight}``; a sample's reward is the
+    weighted sum and each is logged on its own (``reward/<name>/mean``)."""
     model: ModelConfig | None = None
     """A value-head model whose output at the last response token is the score."""
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig(optim=OptimConfig(lr=0.0)))
@@ -224,6 +248,17 @@ class RewardConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardConfig:
+        if self.functions:
+            if "function" in self.model_fields_set and self.function:
+                raise ValueError("set either reward.function or [[reward.functions]], not both")
+            if self.model is not None:
+                raise ValueError("set either [[reward.functions]] or reward.model, not both")
+            names = [f.name for f in self.functions]
+            dup = next((n for n in names if names.count(n) > 1), None)
+            if dup is not None:
+                raise ValueError(f"two reward.functions are named '{dup}'; give each its own name (its metric name)")
+            object.__setattr__(self, "function", None)
+            return self
         if self.model is not None and self.function is not None:
             raise ValueError("set either reward.function or reward.model, not both (function = '' to use the model)")
         if self.model is None and not self.function:
@@ -480,6 +515,13 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _no_silent_defaults(self) -> TrainConfig:
+        problems = silent_default_problems(self, data_given="data" in self.model_fields_set)
+        if problems:
+            raise ValueError("\n".join(f"{key}: {message}" for key, message in problems))
+        return self
+
+    @model_validator(mode="after")
     def _placement_fits(self) -> TrainConfig:
         problems = placement_problems(self)
         if problems:
@@ -531,6 +573,29 @@ class TrainConfig(Section):
         if self.base_dir is None or expanded.is_absolute():
             return str(expanded)
         return str(Path(self.base_dir) / expanded)
+
+
+def silent_default_problems(
+    config: TrainConfig, *, data_given: bool, reward_given: bool | None = None
+) -> list[tuple[str, str]]:
+    """A job that names its own data must name its model and its reward too: the defaults
+    (a tiny random model, the ``arithmetic`` reward) exist to try the pipeline, and on
+    someone's own data they would train nonsense (reward 0 every step) without a word.
+    ``data_given``: the job's data was named (a ``data`` section, or data passed to
+    :func:`geartrain.run_job`); ``reward_given``: a reward function was passed in code
+    (``None``: check only the model; the config alone cannot know)."""
+    if not data_given:
+        return []
+    problems = []
+    if "model" not in config.model_fields_set:
+        problems.append(("model.path", "not set: name the policy to train, model.path = \"<hub id or directory>\" "
+                         "(or model.tiny = \"qwen2\" for a tiny random model that only tries the pipeline)"))
+    named = "reward" in config.model_fields_set and bool({"function", "model", "functions"} & config.reward.model_fields_set)
+    if reward_given is False and not named:
+        problems.append(("reward.function", "not set: name how responses are scored, reward.function = "
+                         "\"my_reward.py:score\" (a file next to the job file), a registered name (arithmetic, gsm8k, "
+                         "math_boxed) or \"package.module:function\"; or [[reward.functions]] / reward.model"))
+    return problems
 
 
 def optimizer_step_counts(algo: AlgorithmConfig, trainer: TrainerConfig, sft: SFTConfig) -> dict[str, tuple[int, str]]:

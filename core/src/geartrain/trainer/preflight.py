@@ -15,8 +15,8 @@ from typing import Any
 from geartrain.data import PromptDataset
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.modeling import load_tokenizer
-from geartrain.rewards import get_reward
-from geartrain.trainer.config import TrainConfig
+from geartrain.rewards import RewardTerm, make_term, probe_term
+from geartrain.trainer.config import TrainConfig, silent_default_problems
 from geartrain.trainer.sft import sft_dataset
 
 
@@ -25,10 +25,8 @@ class Preflight:
     """The checked pieces, for the job to use rather than build twice."""
 
     tokenizer: Any
-    reward: Any | None = None
-    """The reward spec, resolved as far as the roles take it (a callable, or a registered
-    name / dotted path that :func:`geartrain.rewards.get_reward` resolved once already);
-    ``None`` with a reward model."""
+    reward: list[RewardTerm] | None = None
+    """The reward terms, resolved (``None`` with a reward model)."""
     datasets: dict[str, PromptDataset] = field(default_factory=dict)
     """By config key: ``data.path``, ``validation.path``, ``sft.path``, ``sft.dev_path``."""
     notes: list[str] = field(default_factory=list)
@@ -55,15 +53,42 @@ def resolve_reward(spec: str | Callable[..., Any] | None, base_dir: str | None) 
     return getattr(module, name)
 
 
-def _resolve_reward(config: TrainConfig, reward_fn: Callable[..., Any] | None) -> Any:
+def _resolve_reward(config: TrainConfig, reward_fn: Any | None, problems: list[tuple[str, str]]) -> list[RewardTerm] | None:
+    """The job's reward terms (``None`` with a reward model); each one that does not resolve
+    or whose signature does not fit is a problem under its key."""
+    reward = config.reward
     if reward_fn is not None:
-        spec: Any = reward_fn
-    elif config.reward.model is not None:
+        specs: list[tuple[str, Any, dict[str, Any]]] = [("reward.function", reward_fn, {"batched": reward.batched})]
+    elif reward.model is not None:
         return None
+    elif reward.functions:
+        specs = [
+            (f"reward.functions[{i}].function", f.function, {"name": f.name, "weight": f.weight, "batched": f.batched})
+            for i, f in enumerate(reward.functions)
+        ]
     else:
-        spec = resolve_reward(config.reward.function, config.base_dir)
-    get_reward(spec)  # raises, naming the spec, when it does not resolve
-    return spec
+        specs = [("reward.function", reward.function, {"batched": reward.batched})]
+    terms = []
+    for key, spec, how in specs:
+        try:
+            how.setdefault("name", spec if isinstance(spec, str) else None)
+            terms.append(make_term(resolve_reward(spec, config.base_dir), **how))
+        except GeartrainError as exc:
+            problems.append((key, str(exc)))
+    return terms if len(terms) == len(specs) else None
+
+
+def _probe_rewards(config: TrainConfig, terms: list[RewardTerm], dataset: PromptDataset, problems: list[tuple[str, str]]) -> None:
+    """Call every reward term on the first rows, with each row's ground truth as the
+    response (a dummy a run could produce), as step 1 would."""
+    rows = dataset.rows[:4]
+    truths = ["" if r.ground_truth is None else r.ground_truth for r in rows]
+    for i, term in enumerate(terms):
+        key = f"reward.functions[{i}].function" if config.reward.functions else "reward.function"
+        problem = probe_term(term, truths, truths, [r.prompt for r in rows], [dict(r.meta) for r in rows],
+                             [r.where for r in rows])
+        if problem:
+            problems.append((key, f"'{term.name}' {problem}"))
 
 
 def _fit(key: str, dataset: PromptDataset, config: TrainConfig, max_tokens: int, problems: list[tuple[str, str]], notes: list[str]) -> None:
@@ -95,10 +120,8 @@ def preflight(config: TrainConfig, *, reward_fn: Callable[..., Any] | None = Non
     except (OSError, ValueError) as exc:
         raise ConfigError([("model", f"cannot load the tokenizer: {exc}")]) from None
     result = Preflight(tokenizer=tokenizer)
-    try:
-        result.reward = _resolve_reward(config, reward_fn)
-    except GeartrainError as exc:
-        problems.append(("reward.function", str(exc)))
+    result.reward = _resolve_reward(config, reward_fn, problems)
+    problems += silent_default_problems(config, data_given="data" in config.model_fields_set, reward_given=reward_fn is not None)
 
     data_cfg = config.data.model_copy(update={"path": config.resolve(config.data.path)})
     sources: list[tuple[str, str | None, Callable[[str], PromptDataset]]] = [
@@ -121,6 +144,8 @@ def preflight(config: TrainConfig, *, reward_fn: Callable[..., Any] | None = Non
         except GeartrainError as exc:
             problems.append((key, str(exc)))
 
+    if result.reward is not None and "data.path" in result.datasets:
+        _probe_rewards(config, result.reward, result.datasets["data.path"], problems)
     for key in ("data.path", "sft.dev_path"):
         if key in result.datasets:
             _fit(key, result.datasets[key], config, config.sampling.max_tokens, problems, result.notes)

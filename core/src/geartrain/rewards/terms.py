@@ -1,0 +1,147 @@
+"""Reward terms: one or several reward functions with weights, each per-sample or batched.
+
+Two calling conventions are accepted:
+
+* **per sample** (geartrain's own)::
+
+      fn(response: str, ground_truth: str, *, prompt: str, meta: dict) -> float | dict
+
+  called once per response; it may take fewer keywords (``(response, ground_truth)``).
+
+* **batched** (TRL's)::
+
+      fn(prompts: list[str], completions: list[str], **columns) -> list[float | dict]
+
+  called once per batch with keyword arguments: ``prompts``, ``completions``,
+  ``ground_truth`` (a list) and every other column of the data rows (each a list, one entry
+  per response); it receives only the ones it names unless it takes ``**kwargs``.
+
+A function is batched when it says so (``reward.batched = true``, or a ``batched = True``
+attribute, e.g. from :func:`batched_reward`) or when its first parameter is named
+``prompts`` or ``completions``.
+
+A score is a number, or a dict with a numeric ``score`` and optional numeric extras
+(``acc``...) that become metrics. With several terms the reward of a sample is
+``sum(weight x score)`` and each term is logged on its own (``reward/<name>/mean``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from geartrain.errors import GeartrainError
+from geartrain.rewards.registry import get_reward
+
+BATCHED_FIRST_PARAMS = ("prompts", "completions")
+
+
+def batched_reward(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` as a batched reward (``fn(prompts, completions, **columns) -> list``)
+    whatever its parameters are called."""
+    fn.batched = True  # type: ignore[attr-defined]
+    return fn
+
+
+def detect_batched(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a batch: its ``batched`` attribute when set, else whether its
+    first parameter is named ``prompts`` or ``completions`` (TRL's convention)."""
+    declared = getattr(fn, "batched", None)
+    if isinstance(declared, bool):
+        return declared
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].name in BATCHED_FIRST_PARAMS
+
+
+def signature_problem(fn: Callable[..., Any], batched: bool) -> str | None:
+    """Why ``fn`` cannot be called under its convention (``None`` when it can): a
+    per-sample function must take two positional arguments and require nothing else; a
+    batched one must accept a ``completions`` keyword (the data's columns it names are
+    checked when it is called, in ``geartrain check``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None  # builtins without a signature: the first call tells
+    kinds = inspect.Parameter
+    var_kw = any(p.kind is kinds.VAR_KEYWORD for p in params)
+    if batched:
+        names = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+        if "completions" not in names and not var_kw:
+            return "a batched reward is called as f(prompts=..., completions=..., **columns) but it takes no 'completions'"
+        return None
+    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    var_pos = any(p.kind is kinds.VAR_POSITIONAL for p in params)
+    if len(positional) < 2 and not var_pos:
+        return (f"a per-sample reward is called as f(response, ground_truth, *, prompt, meta) but it takes "
+                f"{len(positional)} positional parameter(s); a batched one must name its first parameter "
+                "'prompts' or 'completions'")
+    required = [p.name for p in positional[2:] if p.default is p.empty]
+    required += [p.name for p in params if p.kind is kinds.KEYWORD_ONLY and p.default is p.empty
+                 and p.name not in ("prompt", "meta")]
+    if required:
+        return f"it requires {required[0]!r}, which a per-sample reward is not given (it gets prompt= and meta=)"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RewardTerm:
+    """One reward function of a job, resolved: its metric ``name``, the callable, its
+    ``weight`` in the sum and its calling convention."""
+
+    name: str
+    fn: Callable[..., Any]
+    weight: float = 1.0
+    batched: bool = False
+
+
+def make_term(spec: Any, *, name: str | None = None, weight: float = 1.0, batched: bool | None = None) -> RewardTerm:
+    """A :class:`RewardTerm` from anything :func:`~geartrain.rewards.get_reward` accepts
+    (a batched function is taken as it is). Raises :class:`GeartrainError` naming the spec
+    when it cannot be resolved or its signature does not fit its convention."""
+    if isinstance(spec, RewardTerm):
+        return spec
+    raw = spec if callable(spec) else get_reward(spec)
+    raw = getattr(raw, "__wrapped__", raw) if getattr(raw, "_geartrain_adapted", False) else raw
+    is_batched = detect_batched(raw) if batched is None else batched
+    label = name or (spec if isinstance(spec, str) else getattr(raw, "__name__", "reward"))
+    problem = signature_problem(raw, is_batched)
+    if problem:
+        raise GeartrainError(f"reward function '{label}': {problem}")
+    fn = raw if is_batched else get_reward(raw)
+    return RewardTerm(name=str(label), fn=fn, weight=float(weight), batched=is_batched)
+
+
+def as_terms(spec: Any) -> list[RewardTerm]:
+    """The terms of ``spec``: a list of terms (or specs), or one spec (one term, weight 1)."""
+    if isinstance(spec, Sequence) and not isinstance(spec, str):
+        return [make_term(s) for s in spec]
+    return [make_term(spec)]
+
+
+def call_batched(fn: Callable[..., Any], prompts: list[str], completions: list[str], truths: list[str],
+                 metas: list[dict[str, Any]]) -> list[Any]:
+    """Call a batched ``fn`` with the keywords it accepts: ``prompts``, ``completions``,
+    ``ground_truth`` and each data column (lists, one entry per response)."""
+    columns: dict[str, list[Any]] = {"ground_truth": list(truths)}
+    for key in dict.fromkeys(k for m in metas for k in m):
+        columns.setdefault(key, [m.get(key) for m in metas])
+    kwargs: dict[str, Any] = {"prompts": list(prompts), "completions": list(completions), **columns}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = None
+    if params is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    out = fn(**kwargs)
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if not isinstance(out, Sequence) or isinstance(out, str | bytes) or len(out) != len(completions):
+        what = f"{type(out).__name__} of length {len(out)}" if isinstance(out, Sequence) else type(out).__name__
+        raise TypeError(f"a batched reward must return a list of {len(completions)} scores (one per completion), got {what}")
+    return list(out)
+

@@ -1,0 +1,152 @@
+"""The reward contract (issue 19, items 1-3): per-sample and TRL-style batched functions,
+several weighted functions each logged on its own, ``geartrain check`` calling every
+function on the first rows, and no silent model/reward defaults for a job's own data."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from geartrain import GeartrainError
+from geartrain.cli import main
+from geartrain.errors import ConfigError
+from geartrain.rewards import RewardScorer, batched_reward, detect_batched, make_term
+from geartrain.trainer import load_train_config
+
+
+@pytest.fixture
+def geartrain(capsys: pytest.CaptureFixture[str]):  # noqa: ANN201
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        rc = main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["geartrain", *args], rc, out.out, out.err)
+
+    return run
+
+
+# ------------------------------------------------------------------ batched and weighted
+def trl_length(prompts, completions, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    return [float(len(c)) for c in completions]
+
+
+def test_batched_reward_is_detected_and_called_once_with_columns() -> None:
+    calls = []
+
+    def exact(completions, ground_truth, level):  # noqa: ANN001, ANN202  (TRL names its first parameter)
+        calls.append((list(completions), list(ground_truth), list(level)))
+        return [float(c == t) for c, t in zip(completions, ground_truth, strict=True)]
+
+    @batched_reward
+    def marked(a, b, **columns):  # noqa: ANN001, ANN003, ANN202
+        return [1.0] * len(b)
+
+    assert detect_batched(exact) and detect_batched(trl_length) and detect_batched(marked)
+    assert not detect_batched(lambda response, ground_truth: 0.0)
+    out = RewardScorer(exact).score(["4", "5", "6"], ["4", "4", "6"], prompts=["p"] * 3,
+                                    metas=[{"level": 1}, {"level": 2}, {"level": 3}])
+    assert out.scores.tolist() == [1.0, 0.0, 1.0]
+    assert calls == [(["4", "5", "6"], ["4", "4", "6"], [1, 2, 3])]  # one call for the batch, columns as lists
+
+
+def test_several_weighted_functions_sum_and_are_logged_each() -> None:
+    def exact(response, ground_truth):  # noqa: ANN001, ANN202
+        return {"score": float(response == ground_truth), "acc": float(response == ground_truth)}
+
+    terms = [make_term(exact, name="correct", weight=1.0), make_term(trl_length, name="length", weight=-0.1)]
+    out = RewardScorer(terms).score(["42", "7", "123"], ["42", "42", "123"])
+    assert out.scores.tolist() == pytest.approx([1 - 0.2, 0 - 0.1, 1 - 0.3])
+    assert out.metrics["reward/correct/mean"] == pytest.approx(2 / 3)
+    assert out.metrics["reward/length/mean"] == pytest.approx(2.0)
+    assert out.metrics["reward/acc"] == pytest.approx(2 / 3)  # accuracy: from the term that reports it
+    assert out.term_scores == {"correct": [1.0, 0.0, 1.0], "length": [2.0, 1.0, 3.0]}
+
+
+def test_a_batched_function_returning_the_wrong_length_fails_the_batch_not_the_run() -> None:
+    out = RewardScorer(lambda prompts, completions: [1.0]).score(["a", "b"], ["x", "y"])
+    assert out.scores.tolist() == [0.0, 0.0] and out.errors == [0, 1]
+
+
+def test_a_signature_that_fits_neither_convention_is_refused_by_name() -> None:
+    def one_arg(text):  # noqa: ANN001, ANN202
+        return 1.0
+
+    with pytest.raises(GeartrainError, match="reward function 'one_arg': a per-sample reward is called as"):
+        make_term(one_arg)
+    with pytest.raises(GeartrainError, match="requires 'threshold'"):
+        make_term(lambda response, ground_truth, threshold: 1.0)
+
+
+# ------------------------------------------------------------------ geartrain check calls them
+def _job(tmp_path: Path, reward_py: str, reward_toml: str) -> Path:
+    (tmp_path / "train.jsonl").write_text(
+        "".join(f'{{"prompt": "{w}->", "ground_truth": "{w[::-1]}"}}\n' for w in ["abc", "hello", "word", "tiny"])
+    )
+    (tmp_path / "reward.py").write_text(textwrap.dedent(reward_py))
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[model]\ntiny = "qwen2"\n' + reward_toml
+        + '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
+        + f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n'
+    )
+    return job
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("def score(response, ground_truth):\n    return 1 / 0\n",
+         "reward.function: 'reward.py:score' raised ZeroDivisionError: division by zero (on "),
+        ("def score(response):\n    return 1.0\n",
+         "reward.function: reward function 'reward.py:score': a per-sample reward is called as"),
+        ("def score(response, ground_truth):\n    return 'yes'\n",
+         "reward.function: 'reward.py:score' returned str 'yes' on "),
+        ("def score(prompts, completions, **kw):\n    return {'score': 1.0}\n",
+         "reward.function: 'reward.py:score' raised TypeError: a batched reward must return a list of 4 scores"),
+    ],
+    ids=["raises", "signature", "return-type", "batched-return"],
+)
+def test_check_calls_the_reward_and_reports_what_step_1_would(geartrain, tmp_path: Path, body: str, expected: str) -> None:
+    proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:score"\n')))
+    assert proc.returncode == 2, proc.stdout
+    assert expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_check_passes_a_good_reward_and_reports_each_function(geartrain, tmp_path: Path) -> None:
+    body = "def exact(response, ground_truth):\n    return float(response == ground_truth)\n" \
+           "def short(prompts, completions):\n    return [-len(c) / 10 for c in completions]\n"
+    toml = ('[[reward.functions]]\nname = "exact"\nfunction = "reward.py:exact"\n'
+            '[[reward.functions]]\nname = "short"\nfunction = "reward.py:short"\nweight = 0.5\n')
+    proc = geartrain("check", str(_job(tmp_path, body, toml)), "--no-plugins")
+    assert proc.returncode == 0, proc.stderr
+    assert "checked: reward 'exact', 'short' resolves and scores the first rows" in proc.stdout
+
+
+def test_function_and_functions_exclude_each_other_and_names_are_unique() -> None:
+    with pytest.raises(ConfigError, match="reward.function or \\[\\[reward.functions\\]\\], not both"):
+        load_train_config(None, ["reward.function=gsm8k", 'reward.functions=[{name = "a", function = "gsm8k"}]'],
+                          check_plugins=False)
+    with pytest.raises(ConfigError, match="two reward.functions are named 'a'"):
+        load_train_config(None, ['reward.functions=[{name = "a", function = "gsm8k"}, {name = "a", function = "x"}]'],
+                          check_plugins=False)
+
+
+# ------------------------------------------------------------------ item 3: no silent defaults
+def test_a_job_with_its_own_data_must_name_its_model_and_reward(geartrain, tmp_path: Path) -> None:
+    (tmp_path / "train.jsonl").write_text('{"prompt": "abc->", "ground_truth": "cba"}\n' * 4)
+    job = tmp_path / "job.toml"
+    job.write_text('[data]\npath = "train.jsonl"\nbatch_size = 2\n')
+    proc = geartrain("check", str(job))
+    assert proc.returncode == 2
+    assert 'model.path: not set: name the policy to train, model.path = "<hub id or directory>"' in proc.stderr
+    job.write_text('[model]\ntiny = "qwen2"\n[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n')
+    proc = geartrain("check", str(job), "--no-plugins")
+    assert proc.returncode == 2
+    assert "reward.function: not set: name how responses are scored" in proc.stderr
+    assert "model.path" not in proc.stderr
+    # a config without data of its own keeps the try-the-pipeline defaults
+    assert load_train_config(None, [], check_plugins=False).model.tiny == "qwen2"
