@@ -11,13 +11,13 @@ become metrics. A user function may take fewer keyword arguments (e.g. only
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from geartrain.algorithms.registry import Registry
 from geartrain.errors import GeartrainError
+from geartrain.user_code import import_object
 
 RewardOutput = float | int | bool | Mapping[str, Any]
 
@@ -56,20 +56,7 @@ def get_reward(spec: str | Callable[..., RewardOutput]) -> RewardFn:
 
 
 def _import(path: str) -> Callable[..., RewardOutput]:
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise GeartrainError(f"reward function path '{path}' must look like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise GeartrainError(f"reward function '{path}': cannot import module '{module_name}': {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise GeartrainError(f"reward function '{path}': module '{module_name}' has no attribute '{attr}'")
-        obj = getattr(obj, part)
+    obj = import_object(path, what="reward function")
     if not callable(obj):
         raise GeartrainError(f"reward function '{path}' is not callable ({type(obj).__name__})")
     return obj

@@ -6,10 +6,8 @@ over-long prompt before a batch draws it."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from geartrain.data import PromptDataset
@@ -18,6 +16,7 @@ from geartrain.modeling import load_tokenizer
 from geartrain.rewards import RewardTerm, make_term, probe_term
 from geartrain.trainer.config import TrainConfig, silent_default_problems
 from geartrain.trainer.sft import sft_dataset
+from geartrain.user_code import is_file_spec, load_from_file
 
 
 @dataclass
@@ -36,21 +35,12 @@ class Preflight:
 def resolve_reward(spec: str | Callable[..., Any] | None, base_dir: str | None) -> Any:
     """A registered name / dotted path stays as is; ``file.py:function`` (relative to
     ``base_dir``) is imported from that file."""
-    if not isinstance(spec, str) or ".py:" not in spec:
+    if not isinstance(spec, str) or not is_file_spec(spec):
         return spec
-    file, _, name = spec.rpartition(":")
-    path = Path(file)
-    if not path.is_absolute() and base_dir is not None:
-        path = Path(base_dir) / path
-    if not path.is_file():
-        raise GeartrainError(f"reward function file '{path}' does not exist (reward.function = '{spec}')")
-    module_spec = importlib.util.spec_from_file_location(f"geartrain_reward_{path.stem}", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if not callable(getattr(module, name, None)):
-        raise GeartrainError(f"reward function file '{path}' has no function '{name}'")
-    return getattr(module, name)
+    fn = load_from_file(spec, base_dir, what="reward function", key="reward.function")
+    if not callable(fn):
+        raise GeartrainError(f"reward function '{spec}' is not callable ({type(fn).__name__})")
+    return fn
 
 
 def _resolve_reward(config: TrainConfig, reward_fn: Any | None, problems: list[tuple[str, str]]) -> list[RewardTerm] | None:

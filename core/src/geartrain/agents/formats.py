@@ -1,0 +1,167 @@
+"""How tool calls look in the model's text, and how their results are shown back.
+
+A :class:`CallFormat` gives the texts that end a model turn (the rollout stops right after
+one: a turn that calls a tool ends with its call), parses a turn into
+:class:`ToolCall`s (or errors for malformed calls), and writes the results as the
+observation text. Two built-ins:
+
+* ``hermes`` — ``<tool_call>{"name": "calc", "arguments": {"expression": "2*3"}}</tool_call>``
+  (Qwen, Llama 3.x, Hermes chat models); results as ``<tool_response>...</tool_response>``;
+* ``compact`` — ``[calc 123*45]``, the result as ``(5535)``: short enough for a tiny
+  character-level model to learn. The text after the tool name is the tool's first
+  argument.
+
+When the model has a chat template, :func:`chat_bridge` renders an observation as a
+turn of that template (closing the assistant's turn, the tool turn, opening the next
+assistant turn): all of that "bridge" text becomes observation tokens, masked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from geartrain.errors import GeartrainError
+
+__all__ = ["CallFormat", "CompactFormat", "HermesFormat", "ToolCall", "ToolOutcome", "chat_bridge", "get_call_format"]
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolCall:
+    """One parsed call: the tool's name and its keyword arguments. ``positional`` holds
+    the compact format's free text, bound to the tool's first parameter."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    positional: str | None = None
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolOutcome:
+    """What one call gave: its result text, or an error message (``ok`` False)."""
+
+    name: str
+    ok: bool
+    text: str
+    seconds: float = 0.0
+
+
+class CallFormat(Protocol):
+    """See the module docstring."""
+
+    name: str
+
+    def stop_texts(self) -> list[str]:
+        """Texts that end a model turn when generated (the text is kept in the turn)."""
+        ...
+
+    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+        """The calls in a model turn, and one message per malformed call. No calls and
+        no errors: the turn is a final answer."""
+        ...
+
+    def results_text(self, outcomes: Sequence[ToolOutcome], *, chat: bool) -> list[str]:
+        """One text per outcome: the content of a tool turn when ``chat`` (the chat
+        template wraps it), else the text appended verbatim."""
+        ...
+
+
+class HermesFormat:
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
+
+    name = "hermes"
+    _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def stop_texts(self) -> list[str]:
+        return ["</tool_call>"]
+
+    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        for body in self._CALL.findall(text):
+            try:
+                obj = json.loads(body)
+            except json.JSONDecodeError as exc:
+                errors.append(f"tool call is not valid JSON ({exc.msg}): {body.strip()[:200]}")
+                continue
+            if not isinstance(obj, Mapping) or not isinstance(obj.get("name"), str):
+                errors.append(f"tool call needs a string 'name': {body.strip()[:200]}")
+                continue
+            args = obj.get("arguments", {})
+            if isinstance(args, str):  # some models emit the arguments as a JSON string
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    errors.append(f"tool call '{obj['name']}': arguments are not a JSON object: {args[:200]}")
+                    continue
+            if not isinstance(args, Mapping):
+                errors.append(f"tool call '{obj['name']}': arguments must be an object, got {type(args).__name__}")
+                continue
+            calls.append(ToolCall(name=obj["name"], arguments=dict(args)))
+        if "<tool_call>" in text and text.count("<tool_call>") > len(self._CALL.findall(text)):
+            errors.append("an unclosed <tool_call> (no </tool_call>)")
+        return calls, errors
+
+    def results_text(self, outcomes: Sequence[ToolOutcome], *, chat: bool) -> list[str]:
+        texts = [o.text if o.ok else f"error: {o.text}" for o in outcomes]
+        if chat:
+            return texts
+        return ["".join(f"<tool_response>\n{t}\n</tool_response>\n" for t in texts)]
+
+
+class CompactFormat:
+    """``[name text]`` -> ``(result)``; an error as ``(error: message)``."""
+
+    name = "compact"
+    _CALL = re.compile(r"\[([A-Za-z_][A-Za-z0-9_]*)(?: ([^\[\]]*))?\]")
+
+    def stop_texts(self) -> list[str]:
+        return ["]"]
+
+    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+        calls = [ToolCall(name=m.group(1), positional=(m.group(2) or "").strip()) for m in self._CALL.finditer(text)]
+        errors = []
+        opened = text.count("[")
+        if opened > len(calls) or (not calls and "]" in text):
+            errors.append(f"malformed call (expected '[tool argument]'): {text.strip()[:200]}")
+        return calls, errors
+
+    def results_text(self, outcomes: Sequence[ToolOutcome], *, chat: bool) -> list[str]:
+        texts = [f"({o.text})" if o.ok else f"(error: {o.text})" for o in outcomes]
+        return texts if chat else ["".join(texts)]
+
+
+_FORMATS: dict[str, type] = {"hermes": HermesFormat, "compact": CompactFormat}
+
+
+def get_call_format(spec: str | CallFormat) -> CallFormat:
+    """A built-in format by name (``hermes``, ``compact``), or ``spec`` itself."""
+    if not isinstance(spec, str):
+        return spec
+    if spec not in _FORMATS:
+        raise GeartrainError(f"unknown tool call format '{spec}'; known: {', '.join(_FORMATS)}")
+    return _FORMATS[spec]()
+
+
+_SENTINEL = "\x1fGEARTRAIN_TURN\x1f"
+
+
+def chat_bridge(tokenizer: Any, contents: Sequence[str], role: str = "tool") -> str:
+    """The text a chat template puts between the end of an assistant turn's content and
+    the start of the next assistant turn's content, with one ``role`` message per entry of
+    ``contents`` in between. Raises :class:`GeartrainError` when the template does not
+    render an assistant turn as a prefix of the longer conversation."""
+    base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+    longer = base + [{"role": role, "content": c} for c in contents]
+    text = tokenizer.apply_chat_template(longer, tokenize=False, add_generation_prompt=True)
+    head = tokenizer.apply_chat_template(base, tokenize=False)
+    cut = head.find(_SENTINEL)
+    if cut < 0 or not text.startswith(head[: cut + len(_SENTINEL)]):
+        raise GeartrainError(
+            "the tokenizer's chat template does not render the conversation so far as a prefix of the next one; "
+            "set rollout.agent.chat_template = false to append observations as plain text"
+        )
+    return text[cut + len(_SENTINEL) :]

@@ -1,0 +1,52 @@
+"""Resolving ``rollout.agent.environment`` to a factory of environments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from geartrain.agents.environment import EnvironmentFactory
+from geartrain.agents.tools import ToolEnvironment
+from geartrain.errors import GeartrainError
+from geartrain.user_code import import_object, is_file_spec, load_from_file
+
+__all__ = ["load_environment"]
+
+
+def load_environment(
+    spec: str | type | Callable[..., Any],
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    base_dir: str | None = None,
+    key: str = "rollout.agent.environment",
+) -> EnvironmentFactory:
+    """A factory of environments from ``spec``: a class or callable, ``file.py:Name``
+    (relative to ``base_dir``), ``package.module:Name`` or a built-in name
+    (``tools``: :class:`geartrain.agents.tools.ToolEnvironment`). ``kwargs`` are passed to
+    it for every episode. Raises :class:`GeartrainError` naming ``key`` when the spec does
+    not resolve or its objects lack ``reset``/``step``."""
+    target: Any
+    if isinstance(spec, str):
+        if spec in _BUILTINS:
+            target = _BUILTINS[spec]()
+        elif is_file_spec(spec):
+            target = load_from_file(spec, base_dir, what="environment", key=key)
+        elif ":" in spec or "." in spec:
+            target = import_object(spec, what=f"environment ({key})")
+        else:
+            raise GeartrainError(
+                f"{key} = '{spec}' is not a built-in environment ({', '.join(_BUILTINS)}); "
+                "name a class as 'my_env.py:Class' or 'package.module:Class'"
+            )
+    else:
+        target = spec
+    if not callable(target):
+        raise GeartrainError(f"{key} = '{spec}' is not a class or factory ({type(target).__name__})")
+    missing = [m for m in ("reset", "step") if isinstance(target, type) and not callable(getattr(target, m, None))]
+    if missing:
+        raise GeartrainError(f"{key} = '{spec}': {target.__name__} has no {' or '.join(missing)} method (see geartrain.agents.Environment)")
+    arguments = dict(kwargs or {})
+    return lambda: target(**arguments)
+
+
+_BUILTINS: dict[str, Callable[[], Any]] = {"tools": lambda: ToolEnvironment}

@@ -1,0 +1,285 @@
+"""The asynchronous episode scheduler.
+
+Episodes advance independently. Each generation call batches every episode that is ready
+*at that moment* (its environment has answered), not a synchronous round that waits for
+the slowest episode; environment steps (tool calls) run on a thread pool while the next
+generation runs; when nothing is ready the runner waits for the first step to finish.
+
+Sampling is placement-invariant: turn ``k`` of episode ``e`` draws from the stream keyed
+``e * TURN_STRIDE + k`` (``SamplingParams.prompt_indices``, one sample per episode), so an
+episode's tokens do not depend on what else was batched with it or on which rank ran it.
+
+Limits: ``max_turns`` model turns; each turn at most ``max_tokens_per_turn`` tokens and
+what is left of the episode's ``max_episode_tokens`` (prompt + episode within the
+rollout's ``max_model_len``). An episode that runs out of tokens is truncated and marked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from geartrain.agents.environment import EnvironmentFactory, StepResult
+from geartrain.agents.formats import chat_bridge
+from geartrain.agents.trajectory import Episode, Segment
+from geartrain.batch import Batch
+from geartrain.errors import GeartrainError
+from geartrain.types import SamplingParams
+
+__all__ = ["TURN_STRIDE", "EpisodeRunner", "RunnerLimits", "episode_metrics"]
+
+#: Sampling streams per episode: turn k of episode e uses key e * TURN_STRIDE + k.
+TURN_STRIDE = 1024
+
+Generate = Callable[[list[list[int]], SamplingParams], Batch]
+
+
+@dataclass(kw_only=True, slots=True)
+class RunnerLimits:
+    max_turns: int = 4
+    max_tokens_per_turn: int = 64
+    max_episode_tokens: int | None = None
+    max_model_len: int = 512
+
+
+class EpisodeRunner:
+    """Runs episodes with ``generate`` (a rollout's ``generate``) and environments from
+    ``factory``. ``tokenizer`` encodes observations (once each) and decodes model turns
+    for the environment. ``stop_texts`` end a model turn (added to the environment's
+    own ``stop_texts``); ``chat_template`` renders observations as chat turns."""
+
+    def __init__(
+        self,
+        generate: Generate,
+        tokenizer: Any,
+        factory: EnvironmentFactory,
+        limits: RunnerLimits,
+        *,
+        stop_texts: Sequence[str] = (),
+        chat_template: bool = False,
+        observation_role: str = "tool",
+        workers: int = 32,
+        batch_wait: float = 0.1,
+    ) -> None:
+        if limits.max_turns >= TURN_STRIDE:
+            raise GeartrainError(f"rollout.agent.max_turns must be below {TURN_STRIDE}, got {limits.max_turns}")
+        self.generate = generate
+        self.tokenizer = tokenizer
+        self.factory = factory
+        self.limits = limits
+        self.chat_template = chat_template
+        self.observation_role = observation_role
+        self.workers = workers
+        self.batch_wait = batch_wait
+        """After the first step of a wait finishes, wait this share of the mean generation
+        time for more before generating (0: generate at once)."""
+        probe = factory()
+        texts = list(stop_texts) + list(getattr(probe, "stop_texts", None) or [])
+        _close(probe)
+        self.stop_sequences = [tokenizer.encode(t, add_special_tokens=False) for t in dict.fromkeys(texts)]
+
+    # ------------------------------------------------------------------ pieces
+    def _new_env(self) -> Any:
+        env = self.factory()
+        if self.chat_template and hasattr(env, "chat"):
+            env.chat = True
+        return env
+
+    def _observation_ids(self, observation: str | Sequence[str]) -> list[int]:
+        texts = [observation] if isinstance(observation, str) else list(observation)
+        if self.chat_template:
+            text = chat_bridge(self.tokenizer, texts, self.observation_role)
+        else:
+            text = "".join(texts)
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def _room(self, ep: Episode) -> int:
+        """Tokens the episode may still add after its prompt."""
+        cap = self.limits.max_model_len - len(ep.prompt_ids)
+        if self.limits.max_episode_tokens is not None:
+            cap = min(cap, self.limits.max_episode_tokens)
+        return cap - ep.used
+
+    def _finish(self, ep: Episode, why: str, *, truncated: bool = False) -> None:
+        ep.done, ep.finish, ep.truncated = True, why, truncated
+        _close(ep.env)
+        ep.env = None
+
+    def _observe(self, ep: Episode, obs: str | Sequence[str] | None, info: Mapping[str, Any]) -> bool:
+        """Append an observation; ``True`` when the episode goes on (room for a turn)."""
+        ids = self._observation_ids(obs) if obs else []
+        if ids:
+            if len(ids) + 1 > self._room(ep):
+                self._finish(ep, "truncated", truncated=True)
+                return False
+            text = obs if isinstance(obs, str) else "".join(obs)
+            ep.segments.append(Segment(kind="observation", ids=ids, text=text, info=dict(info)))
+        return True
+
+    # ------------------------------------------------------------------ the loop
+    def run(
+        self,
+        prompts: Sequence[Sequence[int]],
+        tasks: Sequence[Mapping[str, Any]],
+        sampling: SamplingParams,
+        *,
+        episode_indices: Sequence[int] | None = None,
+        groups: Sequence[int] | None = None,
+    ) -> tuple[list[Episode], dict[str, float]]:
+        """One episode per entry of ``prompts`` / ``tasks``. ``episode_indices`` (default
+        ``0..``) key the sampling streams; ``groups`` (default: the same) name each
+        episode's task. ``sampling``'s ``n`` must be 1: repeat a task for more episodes.
+        Returns the episodes in input order and the scheduler's measurements."""
+        if sampling.n != 1:
+            raise GeartrainError("EpisodeRunner.run: sampling.n must be 1 (repeat a task's prompt for more episodes)")
+        indices = list(episode_indices) if episode_indices is not None else list(range(len(prompts)))
+        episodes = [
+            Episode(index=i, group=g, prompt_ids=list(p), task=dict(t))
+            for i, g, p, t in zip(indices, list(groups) if groups is not None else indices, prompts, tasks, strict=True)
+        ]
+        started = time.perf_counter()
+        generate_s = 0.0
+        calls = 0
+        batch_sizes: list[int] = []
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="geartrain-env")
+        pending: dict[Future[Any], tuple[Episode, str]] = {}
+        ready: list[Episode] = []
+
+        def reset(ep: Episode) -> str:
+            ep.env = self._new_env()
+            return ep.env.reset(ep.task)
+
+        for ep in episodes:
+            pending[pool.submit(reset, ep)] = (ep, "reset")
+        try:
+            while pending:
+                done, rest = wait(list(pending), return_when=FIRST_COMPLETED)
+                if rest:
+                    # steps that finish within a sliver of a generation's time join this
+                    # call rather than the next (fast tools would otherwise split it)
+                    grace = self.batch_wait * (generate_s / max(calls, 1))
+                    more, _ = wait(rest, timeout=grace, return_when=ALL_COMPLETED)
+                    done = set(done) | set(more)
+                for fut in done:
+                    ep, what = pending.pop(fut)
+                    if self._settle(ep, what, fut):
+                        ready.append(ep)
+                if not ready:
+                    continue
+                # every episode ready now goes into this call
+                batch_eps, ready = ready, []
+                start = time.perf_counter()
+                turns = self._generate(batch_eps, sampling)
+                generate_s += time.perf_counter() - start
+                calls += 1
+                batch_sizes.append(len(batch_eps))
+                for ep, (ids, lps, reason) in zip(batch_eps, turns, strict=True):
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                    ep.segments.append(Segment(kind="model", ids=ids, text=text, log_probs=lps))
+                    if reason == "length" and self._room(ep) <= 0:
+                        self._finish(ep, "truncated", truncated=True)
+                        continue
+                    pending[pool.submit(ep.env.step, text)] = (ep, "step")
+        finally:
+            for ep in episodes:
+                if ep.env is not None:
+                    _close(ep.env)
+                    ep.env = None
+            pool.shutdown(wait=False, cancel_futures=True)
+        total = time.perf_counter() - started
+        metrics = {
+            "agent/generate_calls": float(calls),
+            "agent/episodes_per_call": sum(batch_sizes) / max(calls, 1),
+            "timing/agent_generate_s": generate_s,
+            "timing/agent_episodes_s": total,
+        }
+        return episodes, metrics
+
+    def _settle(self, ep: Episode, what: str, fut: Future[Any]) -> bool:
+        """Take a finished reset/step; ``True`` when the episode needs its next turn."""
+        try:
+            result = fut.result()
+        except Exception as exc:  # an environment's bug ends its episode, not the run
+            ep.error = f"{type(exc).__name__}: {exc}"
+            self._finish(ep, "error")
+            return False
+        if what == "reset":
+            return self._observe(ep, result or None, {})
+        if not isinstance(result, StepResult):
+            ep.error = f"step returned {type(result).__name__}, not a StepResult"
+            self._finish(ep, "error")
+            return False
+        turn = ep.segments[-1]
+        turn.reward = float(result.reward)
+        turn.info = dict(result.info)
+        if result.done:
+            self._finish(ep, "done")
+            return False
+        if ep.model_turns >= self.limits.max_turns:
+            self._finish(ep, "max_turns")
+            return False
+        return self._observe(ep, result.observation, {})
+
+    def _generate(self, episodes: list[Episode], sampling: SamplingParams) -> list[tuple[list[int], list[float], str]]:
+        budgets = [min(self.limits.max_tokens_per_turn, self._room(ep)) for ep in episodes]
+        params = dataclasses.replace(
+            sampling,
+            n=1,
+            max_tokens=max(budgets),
+            max_tokens_per_prompt=budgets,
+            stop_sequences=list(sampling.stop_sequences) + self.stop_sequences,
+            prompt_indices=[ep.index * TURN_STRIDE + ep.model_turns for ep in episodes],
+        )
+        batch = self.generate([ep.token_ids() for ep in episodes], params)
+        width = int(batch.info["prompt_length"])
+        out = []
+        for row in range(len(episodes)):
+            n = int(batch["response_mask"][row].sum())
+            ids = batch["input_ids"][row, width : width + n].tolist()
+            lps = batch["rollout_log_probs"][row, width : width + n].tolist()
+            out.append((ids, lps, batch["finish_reason"][row]))
+        return out
+
+
+def _close(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # closing must not fail an episode that is over
+            pass
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def episode_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per-step agent metrics from episode records (:meth:`Episode.record`): turns per
+    episode, tool calls, tool errors, tool-call success rate, tool latency p50/p95,
+    truncated episodes, episodes that hit ``max_turns`` or failed, model vs observation tokens."""
+    n = max(len(records), 1)
+    calls = sum(r["tool_calls"] for r in records)
+    errors = sum(r["tool_errors"] for r in records)
+    latencies = [x for r in records for x in r["tool_latencies_s"]]
+    return {
+        "agent/turns_mean": sum(r["model_turns"] for r in records) / n,
+        "agent/tool_calls": float(calls),
+        "agent/tool_calls_per_episode": calls / n,
+        "agent/tool_errors": float(errors),
+        "agent/tool_success_rate": (calls - errors) / calls if calls else 0.0,
+        "agent/tool_latency_p50_s": _percentile(latencies, 0.5),
+        "agent/tool_latency_p95_s": _percentile(latencies, 0.95),
+        "agent/truncated": float(sum(bool(r["truncated"]) for r in records)),
+        "agent/max_turns_hit": float(sum(r["finish"] == "max_turns" for r in records)),
+        "agent/env_errors": float(sum(r["finish"] == "error" for r in records)),
+        "agent/model_tokens_mean": sum(r["model_tokens"] for r in records) / n,
+        "agent/observation_tokens_mean": sum(r["observation_tokens"] for r in records) / n,
+    }

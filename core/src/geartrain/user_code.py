@@ -1,0 +1,57 @@
+"""Loading a user's object named in a job file: ``path/to/file.py:Name`` (relative to the job
+file's directory) or a dotted path ``package.module:Name``. Reward functions and agent
+environments are both named this way."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from geartrain.errors import GeartrainError
+
+__all__ = ["import_object", "is_file_spec", "load_from_file"]
+
+
+def is_file_spec(spec: str) -> bool:
+    """Whether ``spec`` names an object in a Python file (``file.py:Name``)."""
+    return ".py:" in spec
+
+
+def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> Any:
+    """The object ``Name`` of ``file.py:Name``, the file resolved against ``base_dir`` when
+    relative. ``what`` ("reward function", "environment") and ``key`` (the config key)
+    name the spec in the error raised when the file or the name is missing."""
+    file, _, name = spec.rpartition(":")
+    path = Path(file).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise GeartrainError(f"{what} file '{path}' does not exist ({key} = '{spec}')")
+    module_spec = importlib.util.spec_from_file_location(f"geartrain_user_{path.stem}", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise GeartrainError(f"{what} file '{path}' has no {'function' if what.endswith('function') else 'attribute'} '{name}'")
+    return getattr(module, name)
+
+
+def import_object(path: str, *, what: str) -> Any:
+    """``package.module:attr`` (or ``package.module.attr``) imported on demand."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise GeartrainError(f"{what} path '{path}' must look like 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise GeartrainError(f"{what} '{path}': cannot import module '{module_name}': {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise GeartrainError(f"{what} '{path}': module '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    return obj
