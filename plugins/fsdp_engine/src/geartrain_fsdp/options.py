@@ -37,5 +37,12 @@ class FSDPOptions(BaseModel):
     cpu_offload: bool = False
     """FSDP2 ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer state live in
     host memory (pinned on GPU machines)."""
+    attention: Literal["auto", "sdpa", "flex", "flash"] = "auto"
+    """Kernel of the packed and shared-prompt attention (``remove_padding``): ``auto`` is
+    flash-attn's varlen kernels on CUDA when flash-attn is installed
+    (``pip install './plugins/fsdp_engine[flash-attn]'``), else compiled flex_attention under
+    a block mask on CUDA, else SDPA per sequence / per segment bucket (CPU). flex_attention
+    has no CPU backward in torch 2.13: on CPU ``flex`` serves forward-only roles.
+    :mod:`geartrain_fsdp.attention_kernels`."""
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the gradient reduce-scatter under mixed precision (``param_dtype``)."""

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.optim.lr_scheduler import LambdaLR
 
+from geartrain_fsdp.attention_kernels import AttentionKernel, choose_kernel
 from geartrain_fsdp.mesh import Meshes, build_meshes
 from geartrain_fsdp.modeling import TokenOutputs, decoder_layers
 from geartrain_fsdp.options import FSDPOptions
@@ -35,6 +36,8 @@ class FSDPModel:
     optimizer: torch.optim.Optimizer | None = None
     scheduler: LambdaLR | None = None
     offloaded: frozenset[str] = field(default_factory=frozenset)
+    attention_kernel: AttentionKernel = "sdpa"
+    """The packed attention's kernel, chosen once from ``options.attention`` and the device."""
 
     @property
     def hf(self) -> nn.Module:
@@ -61,6 +64,10 @@ def shard_model(
     meshes = build_meshes(config.parallel, ctx, options.hsdp_replicate)
     if config.parallel.sp > 1 and not options.remove_padding:
         raise ConfigError([("options.remove_padding", "sequence parallel (parallel.sp > 1) needs remove_padding = true")])
+    try:
+        kernel = choose_kernel(options.attention, meshes.device)
+    except ValueError as exc:
+        raise ConfigError([("options.attention", str(exc))]) from None
     if options.remove_padding:
         hf.config._attn_implementation = ATTENTION_NAME
     if config.gradient_checkpointing:
@@ -94,7 +101,14 @@ def shard_model(
     else:
         module.to(meshes.device)
 
-    handle = FSDPModel(module=module, config=config, options=options, ctx=ctx, meshes=meshes)
+    handle = FSDPModel(
+        module=module,
+        config=config,
+        options=options,
+        ctx=ctx,
+        meshes=meshes,
+        attention_kernel=kernel,
+    )
     if config.optim.lr > 0:
         handle.optimizer, handle.scheduler = build_optimizer(handle.params(), config.optim)
     return handle

@@ -15,7 +15,6 @@ from geartrain.types import LossContext, LossFn, StepOutput
 from geartrain_fsdp.mesh import all_reduce_
 from geartrain_fsdp.packing import pack, padded_inputs, scatter_shifted, shift_padded
 from geartrain_fsdp.prefix_sharing import (
-    SegmentAttention,
     has_standard_layout,
     pack_shared,
     prompt_groups,
@@ -107,7 +106,7 @@ def _forward_shared(
     packed = pack_shared(ids, mask, prompt_length, groups)
     dev = model.device
     state = PackedAttentionState(
-        cu_seqlens=[0, packed.num_tokens], shared=SegmentAttention.build(packed.segments, dev)
+        cu_seqlens=[0, packed.num_tokens], segments=packed.segments, kernel=model.attention_kernel
     )
     with packed_attention_state(state):
         raw = model.module(
@@ -131,7 +130,12 @@ def _forward_packed(
     packed = pack(ids, mask, multiple=meshes.sp)
     sl = local_slice(packed.input_ids.shape[1], meshes.sp, meshes.sp_rank)
     dev = model.device
-    state = PackedAttentionState(cu_seqlens=packed.cu_seqlens.tolist(), sp_group=meshes.sp_group, sp_size=meshes.sp)
+    state = PackedAttentionState(
+        cu_seqlens=packed.cu_seqlens.tolist(),
+        sp_group=meshes.sp_group,
+        sp_size=meshes.sp,
+        kernel=model.attention_kernel,
+    )
     with packed_attention_state(state):
         raw = model.module(
             input_ids=packed.input_ids[:, sl].to(dev),

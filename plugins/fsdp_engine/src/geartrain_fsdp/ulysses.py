@@ -12,6 +12,8 @@ all-to-all trades back. KV heads that ``sp`` does not divide
 are repeated first (as GQA would) so each rank gets whole KV groups.
 
 No mask function is registered for the name, so transformers builds no ``N x N`` mask.
+On CUDA the per-sequence (or per-segment) attention runs on flash-attn's varlen kernels
+or flex_attention instead of SDPA (:mod:`geartrain_fsdp.attention_kernels`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from geartrain_fsdp.prefix_sharing import SegmentAttention, segment_attention
+from geartrain_fsdp.attention_kernels import (
+    AttentionKernel,
+    VarlenLayout,
+    flash_varlen,
+    flex_attention_call,
+    flex_block_mask,
+    packed_labels,
+    shared_labels,
+    varlen_layout,
+)
+from geartrain_fsdp.prefix_sharing import Segment, SegmentAttention, segment_attention
 
 ATTENTION_NAME = "geartrain_packed"
 
@@ -43,9 +55,17 @@ class PackedAttentionState:
     groups: LengthGroups | None = None
     """The sequences grouped by length; built by the first attention layer of the
     forward, reused by the others."""
-    shared: SegmentAttention | None = None
+    segments: list[Segment] | None = None
     """Set for a shared-prompt micro-batch (:mod:`geartrain_fsdp.prefix_sharing`, sp = 1):
-    attention runs under its segment masks instead of per sequence."""
+    attention runs under its segment mask instead of per sequence."""
+    kernel: AttentionKernel = "sdpa"
+    """Which kernel runs attention (:func:`~geartrain_fsdp.attention_kernels.choose_kernel`)."""
+    shared: SegmentAttention | None = None
+    """SDPA's bucketed segment masks, built from ``segments`` by the first layer."""
+    block_mask: Any = None
+    """flex_attention's block mask, built by the first layer."""
+    varlen: VarlenLayout | None = None
+    """flash-attn's varlen layout, built by the first layer."""
 
 
 _local = threading.local()
@@ -224,7 +244,9 @@ def packed_attention(
     state = current_state()
     if dropout and module.training:
         raise ValueError("the fsdp engine's packed attention does not implement attention dropout")
-    if state.shared is not None:
+    if state.segments is not None and state.kernel == "sdpa":
+        if state.shared is None:
+            state.shared = SegmentAttention.build(state.segments, query.device)
         return segment_attention(query, key, value, state.shared, scaling).transpose(1, 2).contiguous(), None
     sp = state.sp_size
     if sp > 1:
@@ -235,10 +257,34 @@ def packed_attention(
         query = heads_to_sequence(query, state.sp_group, sp)
         key = heads_to_sequence(key, state.sp_group, sp)
         value = heads_to_sequence(value, state.sp_group, sp)
-    out = varlen_causal_attention(query, key, value, state.cu_seqlens, scaling, state)
+    out = _attend(query, key, value, state, scaling)
     if sp > 1:
         out = sequence_to_heads(out, state.sp_group, sp)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: PackedAttentionState, scaling: float | None
+) -> torch.Tensor:
+    """``[1, H, N, d]`` attention over the whole packed row with the state's kernel; the
+    kernel's layout (block mask, varlen offsets) is built by the first layer, reused by the rest."""
+    if state.kernel == "sdpa":
+        return varlen_causal_attention(query, key, value, state.cu_seqlens, scaling, state)
+    if state.kernel == "flex":
+        if state.block_mask is None:
+            labels = (
+                shared_labels(state.segments, query.device)
+                if state.segments is not None
+                else packed_labels(state.cu_seqlens, query.device)
+            )
+            state.block_mask = flex_block_mask(labels)
+        return flex_attention_call(query, key, value, state.block_mask, scaling)
+    if state.varlen is None:
+        if state.segments is not None:
+            state.varlen = varlen_layout(segments=state.segments, device=query.device)
+        else:
+            state.varlen = varlen_layout(cu_seqlens=state.cu_seqlens, device=query.device)
+    return flash_varlen(query, key, value, state.varlen, scaling)
 
 
 AttentionInterface.register(ATTENTION_NAME, packed_attention)
