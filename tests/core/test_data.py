@@ -147,9 +147,9 @@ def test_parquet_and_hf_dataset_sources(tmp_path, tok):
 def test_bad_paths(tmp_path, tok):
     with pytest.raises(DataError, match="no such data file"):
         PromptDataset(tmp_path / "missing.jsonl", tok)
-    (tmp_path / "p.csv").write_text("prompt\n")
-    with pytest.raises(DataError, match="unknown data format '.csv'"):
-        PromptDataset(tmp_path / "p.csv", tok)
+    (tmp_path / "p.tsv").write_text("prompt\n")
+    with pytest.raises(DataError, match="unknown data format '.tsv'"):
+        PromptDataset(tmp_path / "p.tsv", tok)
 
 
 # ------------------------------------------------------------------ loader

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from geartrain.config import Section
 
@@ -17,13 +17,16 @@ class DataConfig(Section):
     """
 
     path: str | None = None
-    """A ``.jsonl`` or ``.parquet`` file (the trainer may pass a ``datasets.Dataset`` instead)."""
+    """A ``.jsonl``, ``.json``, ``.parquet`` or ``.csv`` file, a directory of such files, or
+    a directory written by ``datasets``' ``save_to_disk`` (hub ids are not downloaded);
+    ``run_job(config, data=...)`` takes a ``datasets.Dataset`` or a list of dicts instead."""
     prompt_key: str = "prompt"
     """Field of a row that holds a plain prompt."""
     messages_key: str = "messages"
     """Field of a row that holds chat messages."""
-    ground_truth_key: str = "ground_truth"
-    """Field of a row that holds the ground truth."""
+    ground_truth_key: str = Field("ground_truth", validation_alias=AliasChoices("ground_truth_key", "answer_key"))
+    """Field of a row that holds the ground truth (``answer_key`` is accepted as its other
+    name), e.g. ``"answer"`` for a dataset whose column is called so."""
     require_ground_truth: bool = True
     """Rows without a ground truth are malformed (rule rewards need one)."""
     apply_chat_template: bool | None = None

@@ -92,7 +92,7 @@ class PromptDataset:
     def from_config(cls, config: DataConfig, tokenizer: Any) -> PromptDataset:
         """The dataset at ``config.path``."""
         if config.path is None:
-            raise DataError("data.path is not set; give a .jsonl or .parquet file")
+            raise DataError("data.path is not set; give a .jsonl/.json/.parquet/.csv file or a directory")
         return cls(config.path, tokenizer, config)
 
     def __len__(self) -> int:

@@ -1,5 +1,6 @@
-"""Reading raw rows from JSONL, Parquet or a ``datasets.Dataset``, each with its 1-based
-row number (the line number for JSONL) for error messages. No downloads."""
+"""Reading raw rows from JSONL, JSON, Parquet, CSV, a directory of such files, a dataset
+saved by ``datasets``, a ``datasets.Dataset`` or a list of dicts, each with its 1-based row
+number (the line number for JSONL and CSV) for error messages. No downloads."""
 
 from __future__ import annotations
 
@@ -23,21 +24,44 @@ def source_name(source: DataSource) -> str:
     return f"<datasets.Dataset {name}>" if name else "<datasets.Dataset>"
 
 
+#: File suffixes a data path may have (a directory holds files of these, or a dataset
+#: saved with ``datasets.Dataset.save_to_disk``).
+SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+HUB_HINT = (
+    "hub datasets are not downloaded by geartrain: save it with "
+    "`datasets.load_dataset(...).save_to_disk(dir)` (or write .jsonl/.parquet) and give that path"
+)
+
+
+def looks_like_hub_id(text: str) -> bool:
+    """Whether ``text`` reads as a hub id (``gsm8k``, ``openai/gsm8k``) rather than a path:
+    no known suffix, not absolute or explicitly relative, at most one ``/``."""
+    path = Path(text)
+    return path.suffix not in SUFFIXES and not text.startswith(("/", ".", "~")) and len(path.parts) <= 2
+
+
 def read_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
     """Yield ``(where, row)``, ``where`` naming the source and the 1-based row
     (``"train.jsonl, line 7"``: JSONL counts lines, blank ones skipped; ``"train.parquet,
-    row 7"`` otherwise). Raises :class:`DataError` for a missing file, an unknown suffix or a
-    line that is not JSON."""
+    row 7"`` otherwise).
+
+    A path is a ``.jsonl``, ``.json`` (an array of objects, or one object per line),
+    ``.parquet`` or ``.csv`` file, a directory of such files (read in name order), or a
+    directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict``
+    with a ``train`` split). Raises :class:`DataError` for a missing path (a hub id gets the
+    hint to save it to disk first: nothing is downloaded), an unknown suffix or a row that
+    does not parse."""
     if isinstance(source, str | Path):
-        path = Path(source)
-        if not path.is_file():
+        path = Path(source).expanduser()
+        if path.is_dir():
+            yield from _directory(path)
+        elif not path.is_file():
+            if looks_like_hub_id(str(source)):
+                raise DataError(f"{source}: no such file or directory; if it is a Hugging Face hub id, {HUB_HINT}")
             raise DataError(f"{path}: no such data file")
-        if path.suffix == ".jsonl":
-            yield from _jsonl(path)
-        elif path.suffix == ".parquet":
-            yield from _parquet(path)
         else:
-            raise DataError(f"{path}: unknown data format '{path.suffix}'; use .jsonl or .parquet")
+            yield from _file(path)
         return
     name = source_name(source)
     if isinstance(source, Sequence) and not isinstance(source, str | bytes):
@@ -49,8 +73,70 @@ def read_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
             yield f"{name}, row {row_no}", row
         return
     raise DataError(
-        f"cannot read prompts from {type(source).__name__}; give a .jsonl/.parquet path or a datasets.Dataset"
+        f"cannot read prompts from {type(source).__name__}; give a .jsonl/.json/.parquet/.csv path, a directory, "
+        "a datasets.Dataset or a list of dicts"
     )
+
+
+def _file(path: Path) -> Iterator[tuple[str, Any]]:
+    if path.suffix == ".jsonl":
+        yield from _jsonl(path)
+    elif path.suffix == ".json":
+        yield from _json(path)
+    elif path.suffix == ".parquet":
+        yield from _parquet(path)
+    elif path.suffix == ".csv":
+        yield from _csv(path)
+    else:
+        raise DataError(f"{path}: unknown data format '{path.suffix}'; use {', '.join(SUFFIXES)} or a directory of them")
+
+
+def _directory(path: Path) -> Iterator[tuple[str, Any]]:
+    if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+        yield from _saved_dataset(path)
+        return
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in SUFFIXES)
+    if not files:
+        raise DataError(f"{path}: a directory with no {', '.join(SUFFIXES)} files and no dataset saved by datasets' save_to_disk")
+    for file in files:
+        yield from _file(file)
+
+
+def _saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as exc:  # datasets raises several types for a damaged directory
+        raise DataError(f"{path}: not a readable dataset saved with save_to_disk ({exc})") from exc
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded:
+            raise DataError(f"{path}: a DatasetDict without a 'train' split (splits: {', '.join(loaded)}); "
+                            f"give the split's directory, e.g. {path / next(iter(loaded))}")
+        loaded = loaded["train"]
+    for row_no, row in enumerate(loaded, start=1):
+        yield f"{path}, row {row_no}", row
+
+
+def _json(path: Path) -> Iterator[tuple[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if not text.lstrip().startswith("["):
+        yield from _jsonl(path)  # one object per line
+        return
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    for row_no, row in enumerate(rows, start=1):
+        yield f"{path}, item {row_no}", row
+
+
+def _csv(path: Path) -> Iterator[tuple[str, Any]]:
+    import csv
+
+    with path.open(newline="", encoding="utf-8") as f:
+        for row_no, row in enumerate(csv.DictReader(f), start=2):  # line 1 is the header
+            yield f"{path}, line {row_no}", dict(row)
 
 
 def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geartrain.data import PromptDataset
+from geartrain.data.sources import HUB_HINT, DataSource, looks_like_hub_id
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.modeling import load_tokenizer
 from geartrain.rewards import RewardTerm, make_term, probe_term
@@ -101,9 +102,13 @@ def _fit(key: str, dataset: PromptDataset, config: TrainConfig, max_tokens: int,
         )
 
 
-def preflight(config: TrainConfig, *, reward_fn: Callable[..., Any] | None = None, tokenizer: Any | None = None) -> Preflight:
+def preflight(
+    config: TrainConfig, *, reward_fn: Callable[..., Any] | None = None, tokenizer: Any | None = None,
+    data: DataSource | None = None, validation_data: DataSource | None = None,
+) -> Preflight:
     """Check ``config``'s data, reward and prompt lengths; raise :class:`ConfigError`
-    listing every problem, or return the checked pieces."""
+    listing every problem, or return the checked pieces. ``data`` / ``validation_data``
+    (a ``datasets.Dataset`` or a list of dicts) replace ``data.path`` / ``validation.path``."""
     problems: list[tuple[str, str]] = []
     try:
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
@@ -111,13 +116,17 @@ def preflight(config: TrainConfig, *, reward_fn: Callable[..., Any] | None = Non
         raise ConfigError([("model", f"cannot load the tokenizer: {exc}")]) from None
     result = Preflight(tokenizer=tokenizer)
     result.reward = _resolve_reward(config, reward_fn, problems)
-    problems += silent_default_problems(config, data_given="data" in config.model_fields_set, reward_given=reward_fn is not None)
+    data_given = data is not None or "data" in config.model_fields_set
+    problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)
 
     data_cfg = config.data.model_copy(update={"path": config.resolve(config.data.path)})
-    sources: list[tuple[str, str | None, Callable[[str], PromptDataset]]] = [
-        ("data.path", data_cfg.path, lambda p: PromptDataset.from_config(data_cfg, tokenizer)),
-        ("validation.path", config.resolve(config.validation.path), lambda p: PromptDataset(p, tokenizer, data_cfg)),
+    sources: list[tuple[str, Any, Callable[[Any], PromptDataset]]] = [
+        ("data.path", data if data is not None else data_cfg.path, lambda p: PromptDataset(p, tokenizer, data_cfg)),
+        ("validation.path", validation_data if validation_data is not None else config.resolve(config.validation.path),
+         lambda p: PromptDataset(p, tokenizer, data_cfg)),
     ]
+    raw_paths = {"data.path": config.data.path, "validation.path": config.validation.path, "sft.path": config.sft.path,
+                 "sft.dev_path": config.sft.dev_path}
     if config.sft.enabled:
         sources.append(("sft.path", config.resolve(config.sft.path), lambda p: sft_dataset(config.sft, p, tokenizer, config.data)))
         sources.append((
@@ -127,7 +136,11 @@ def preflight(config: TrainConfig, *, reward_fn: Callable[..., Any] | None = Non
     for key, path, build in sources:
         if path is None:
             if key == "data.path" or (key == "sft.path" and config.sft.enabled):
-                problems.append((key, "is not set; give a .jsonl or .parquet file"))
+                problems.append((key, "is not set; give a .jsonl/.json/.parquet/.csv file or a directory"))
+            continue
+        raw = raw_paths.get(key)
+        if isinstance(path, str) and isinstance(raw, str) and not Path(path).exists() and looks_like_hub_id(raw):
+            problems.append((key, f"'{raw}' is not a file or directory here; if it is a Hugging Face hub id, {HUB_HINT}"))
             continue
         try:
             result.datasets[key] = build(path)

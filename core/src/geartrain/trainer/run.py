@@ -23,6 +23,7 @@ from geartrain.cluster import Dispatch, InlineWorkerGroup, Placement, WorkerGrou
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
 from geartrain.data import PromptDataset, PromptLoader
+from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
@@ -91,11 +92,13 @@ class Job:
     def __init__(
         self, config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         reward_fn: Callable[..., Any] | None = None, echo: Callable[[str], None] = print,
+        data: DataSource | None = None, validation_data: DataSource | None = None,
     ) -> None:
         self.config = config
         self.resume = resume
         self.rundir = RunDirectory(Path(config.trainer.output_dir), resume=resume, overwrite=overwrite)
         self.reward_fn = reward_fn
+        self.data, self.validation_data = data, validation_data
         self.echo = echo
         self.out = Path(config.trainer.output_dir)
         self.ckpt_root = self.out / "checkpoints"
@@ -277,7 +280,7 @@ class Job:
         # Every check reads only; the output directory is claimed (and, with --overwrite,
         # the previous run deleted) after all of them passed.
         self.rundir.check()
-        pre = preflight(cfg, reward_fn=self.reward_fn)
+        pre = preflight(cfg, reward_fn=self.reward_fn, data=self.data, validation_data=self.validation_data)
         for note in pre.notes:
             self.echo(f"note: {note}")
         self.reward_fn = pre.reward
@@ -364,14 +367,18 @@ class Job:
 
 
 def run_job(
-    config: TrainConfig, *, resume: bool = False, overwrite: bool = False, reward_fn: Callable[..., Any] | None = None
+    config: TrainConfig, *, resume: bool = False, overwrite: bool = False, reward_fn: Callable[..., Any] | None = None,
+    data: DataSource | None = None, validation_data: DataSource | None = None,
 ) -> JobResult:
     """Run ``config`` end to end. An ``output_dir`` that holds a run is refused unless
     ``resume`` (continue from its newest intact checkpoint under
     ``<output_dir>/checkpoints``, with the config checked against the run's) or
     ``overwrite`` (delete the previous run once every check passed). ``reward_fn``
-    overrides ``reward.function``."""
-    return Job(config, resume=resume, overwrite=overwrite, reward_fn=reward_fn).run()
+    overrides ``reward.function`` (per-sample or batched: docs/rewards.md); ``data`` and
+    ``validation_data`` (a ``datasets.Dataset``, a list of dicts or a path) replace
+    ``data.path`` and ``validation.path``."""
+    return Job(config, resume=resume, overwrite=overwrite, reward_fn=reward_fn, data=data,
+               validation_data=validation_data).run()
 
 
 def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False, overwrite: bool = False) -> int:

@@ -1,0 +1,113 @@
+"""Data as a TRL user brings it (issue 19, item 4): .jsonl, .json (array or lines),
+.parquet, .csv, a directory of files, a dataset saved by ``datasets``, a Dataset or list of
+dicts in ``run_job``; column mapping; a hub id refused at once with the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geartrain import DataError
+from geartrain.cli import main
+from geartrain.data import DataConfig, PromptDataset
+from geartrain.testing import tiny_tokenizer
+
+ROWS = [{"question": f"{w}->", "answer": w[::-1], "level": i} for i, w in enumerate(["abc", "hello", "word", "tiny"])]
+CFG = DataConfig.model_validate({"prompt_key": "question", "answer_key": "answer", "apply_chat_template": False})
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def _seen(dataset: PromptDataset) -> list[tuple[str, str | None, dict]]:
+    return [(r.prompt, r.ground_truth, r.meta) for r in dataset.rows]
+
+
+EXPECTED = [(r["question"], r["answer"], {"level": r["level"]}) for r in ROWS]
+
+
+def test_every_file_format_and_a_directory_give_the_same_rows(tmp_path: Path, tok) -> None:
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (tmp_path / "b.json").write_text(json.dumps(ROWS, indent=1))
+    (tmp_path / "c.json").write_text("".join(json.dumps(r) + "\n" for r in ROWS))  # JSON lines named .json
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    (tmp_path / "e.csv").write_text("question,answer,level\n" + "".join(f"{r['question']},{r['answer']},{r['level']}\n" for r in ROWS))
+    for name in ("a.jsonl", "b.json", "c.json", "d.parquet"):
+        assert _seen(PromptDataset(tmp_path / name, tok, CFG)) == EXPECTED, name
+    csv_rows = _seen(PromptDataset(tmp_path / "e.csv", tok, CFG))
+    assert csv_rows == [(q, a, {"level": str(m["level"])}) for q, a, m in EXPECTED]  # CSV cells are text
+    # a directory: its files in name order
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:2]))
+    (folder / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[2:]))
+    assert _seen(PromptDataset(folder, tok, CFG)) == EXPECTED
+    # a dataset saved by datasets (a Dataset, and a DatasetDict's train split)
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
+    assert _seen(PromptDataset(tmp_path / "saved", tok, CFG)) == EXPECTED
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "saved_dict"))
+    assert _seen(PromptDataset(tmp_path / "saved_dict", tok, CFG)) == EXPECTED
+    # in memory: a Dataset and a list of dicts
+    assert _seen(PromptDataset(datasets.Dataset.from_list(ROWS), tok, CFG)) == EXPECTED
+    assert _seen(PromptDataset(list(ROWS), tok, CFG)) == EXPECTED
+
+
+def test_answer_key_is_the_ground_truth_column(tok) -> None:
+    assert CFG.ground_truth_key == "answer"
+    with pytest.raises(DataError, match="missing 'answer'"):
+        PromptDataset([{"question": "x"}], tok, CFG)
+
+
+def test_a_hub_id_fails_at_once_with_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str], tok) -> None:
+    with pytest.raises(DataError, match="hub datasets are not downloaded by geartrain: save it with"):
+        PromptDataset("openai/gsm8k", tok, CFG)
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\ntiny = "qwen2"\n[reward]\nfunction = "gsm8k"\n[data]\npath = "openai/gsm8k"\n')
+    assert main(["check", str(job), "--no-plugins"]) == 2  # refused before datasets is asked anything
+    err = capsys.readouterr().err
+    assert "data.path: 'openai/gsm8k' is not a file or directory here; if it is a Hugging Face hub id, hub datasets " \
+           "are not downloaded by geartrain: save it with `datasets.load_dataset(...).save_to_disk(dir)`" in err
+
+
+def test_unknown_suffix_and_empty_directory_are_named(tmp_path: Path, tok) -> None:
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(DataError, match="unknown data format '.txt'"):
+        PromptDataset(tmp_path / "x.txt", tok, CFG)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="a directory with no .jsonl, .json, .parquet, .csv files"):
+        PromptDataset(tmp_path / "empty", tok, CFG)
+
+
+def test_the_gsm8k_prep_script_writes_what_the_recipe_and_its_reward_read(tmp_path: Path, tok) -> None:
+    import datasets
+    from geartrain.rewards import get_reward
+
+    root = Path(__file__).resolve().parents[2]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gsm8k_prep", root / "examples/gsm8k/prepare_data.py")
+    assert spec is not None and spec.loader is not None
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    raw = [{"question": "Tom has 3 apples and buys 1,200 more. How many?", "answer": "3 + 1200 = 1203\n#### 1,203"},
+           {"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(raw), "test": datasets.Dataset.from_list(raw[:1])}) \
+        .save_to_disk(str(tmp_path / "hub_copy"))
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(root / "examples/gsm8k/prepare_data.py"), "--from-disk", str(tmp_path / "hub_copy"),
+                    "--out", str(tmp_path / "gsm8k")], check=True, capture_output=True)
+    rows = PromptDataset(tmp_path / "gsm8k" / "train.parquet", tok, DataConfig(apply_chat_template=False)).rows
+    assert [r.ground_truth for r in rows] == ["1203", "4"]
+    assert rows[0].prompt.endswith(prep.INSTRUCTION)
+    assert get_reward("gsm8k")("so 1203.\n#### 1203", rows[0].ground_truth, prompt=rows[0].prompt, meta={})["score"] == 1.0
+    assert len(PromptDataset(tmp_path / "gsm8k" / "test.parquet", tok, DataConfig(apply_chat_template=False))) == 1
