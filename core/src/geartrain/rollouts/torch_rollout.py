@@ -62,6 +62,10 @@ class TorchRolloutOptions(BaseModel):
     config's ``max_num_seqs``."""
     offload_dir: str | None = None
     """Directory ``release`` writes the weights into; default: the system temp directory."""
+    static_cache: bool | None = None
+    """Decode with a static KV cache and fixed shapes, the decode step captured in CUDA
+    graphs on CUDA (:mod:`geartrain.rollouts.static_decode`). Default: on for CUDA, off
+    elsewhere (on a CPU the shrinking dynamic batch is faster)."""
 
 
 @dataclass(kw_only=True)
@@ -378,6 +382,16 @@ def _decode_chunk(
     model, device = rollout.model, rollout.device
     b = len(prompts)
     keys = prompt_ids if prompt_ids is not None else list(range(b))
+    static = rollout.options.static_cache
+    if static or (static is None and device.type == "cuda"):
+        from geartrain.rollouts.static_decode import decode_chunk_static
+
+        wanted = budgets if budgets is not None else [sampling.max_tokens] * b
+        limits = [min(w, rollout.config.max_model_len - len(p)) for w, p in zip(wanted, prompts, strict=True)]
+        return decode_chunk_static(
+            model, device, prompts, seeds, sampling,
+            prompt_ids=keys, budgets=limits, pad_token_id=rollout.pad_token_id, sample=_sample,
+        )
     first_row: dict[int, int] = {}
     for r, key in enumerate(keys):
         first_row.setdefault(key, r)

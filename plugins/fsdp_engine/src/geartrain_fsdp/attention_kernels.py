@@ -165,7 +165,10 @@ class VarlenLayout:
 
 
 def varlen_layout(
-    *, cu_seqlens: Sequence[int] | None = None, segments: Sequence[Any] | None = None, device: torch.device | str = "cpu"
+    *,
+    cu_seqlens: Sequence[int] | None = None,
+    segments: Sequence[Any] | None = None,
+    device: torch.device | str = "cpu",
 ) -> VarlenLayout:
     """The varlen layout of a packed row of plain sequences (``cu_seqlens``) or of a
     shared-prompt row (``segments``)."""
@@ -273,7 +276,17 @@ def flash_varlen(
         if kind == "fa4":
 
             def kernel(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal):  # type: ignore[no-untyped-def]
-                out = fn(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, softmax_scale=softmax_scale, causal=causal)
+                out = fn(
+                    q,
+                    k,
+                    v,
+                    cu_seqlens_q=cu_q,
+                    cu_seqlens_k=cu_k,
+                    max_seqlen_q=max_q,
+                    max_seqlen_k=max_k,
+                    softmax_scale=softmax_scale,
+                    causal=causal,
+                )
                 return out[0] if isinstance(out, tuple) else out
 
         else:

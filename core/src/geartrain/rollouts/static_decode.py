@@ -1,0 +1,155 @@
+"""The torch rollout's fixed-shape decode loop: a static KV cache and, on CUDA, the decode
+step captured in CUDA graphs (``torch.compile(mode="reduce-overhead")``).
+
+The dynamic loop of :mod:`geartrain.rollouts.torch_rollout` grows its cache by one column
+per step and drops finished rows, so every step has new shapes: right for a CPU, where
+each kernel is long, and wrong for a GPU, where a 0.5B model's decode step is hundreds of
+tiny kernel launches. Here every decode step has the same shapes and addresses:
+
+* the samples of a prompt share its prefill (one forward per distinct prompt into a
+  dynamic cache), whose keys/values are then copied into a :class:`~transformers.StaticCache`
+  of ``rows x (prompt width + steps)``;
+* the attention mask is one ``[rows, width + steps]`` buffer updated in place;
+* finished rows stay in the batch (their outputs are ignored): the per-row stop rules
+  are the dynamic loop's (stop tokens, stop sequences, per-row budgets);
+* sampling is the dynamic loop's own function on the live rows, so a seed gives the same
+  tokens on either path (the log-probs equal up to float rounding: other attention shapes).
+
+Only the model's decode forward is compiled, and only on CUDA (:func:`decode_step`); on
+CPU it runs eagerly, which is how the logic is tested in CI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["decode_chunk_static", "decode_step"]
+
+Sampler = Callable[[torch.Tensor, Any, torch.Tensor, int], torch.Tensor]
+
+_COMPILED: dict[int, Callable[..., Any]] = {}
+
+
+def decode_step(model: torch.nn.Module, device: torch.device) -> Callable[..., Any]:
+    """The forward used for decode steps: on CUDA ``model.forward`` compiled with
+    ``mode="reduce-overhead"`` (CUDA graphs; one compilation per model object, reused
+    across calls), elsewhere ``model.forward`` itself."""
+    if device.type != "cuda":
+        return model.forward
+    key = id(model)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+    return _COMPILED[key]
+
+
+def _static_cache_from(dynamic: Any, config: Any, max_len: int) -> Any:
+    """A StaticCache of ``max_len`` columns holding ``dynamic``'s keys/values in its
+    first columns (and counting them as seen)."""
+    from transformers import StaticCache
+
+    static = StaticCache(config=config, max_cache_len=max_len)
+    for layer, src in zip(static.layers, dynamic.layers, strict=True):
+        layer.update(src.keys, src.values)  # allocates the static buffers, copies the prefill
+    return static
+
+
+@torch.no_grad()
+def decode_chunk_static(
+    model: torch.nn.Module,
+    device: torch.device,
+    prompts: list[list[int]],
+    seeds: list[int],
+    sampling: Any,
+    *,
+    prompt_ids: list[int],
+    budgets: list[int],
+    pad_token_id: int,
+    sample: Sampler,
+    step_fn: Callable[..., Any] | None = None,
+) -> list[tuple[list[int], list[float], str]]:
+    """Decode one chunk of rows (the contract of the torch rollout's dynamic
+    ``_decode_chunk``); ``budgets`` are each row's token limits (already capped by the
+    model length), ``sample`` the rollout's sampler. ``step_fn`` overrides
+    :func:`decode_step` (tests)."""
+    from transformers import DynamicCache
+
+    b = len(prompts)
+    first_row: dict[int, int] = {}
+    for r, key in enumerate(prompt_ids):
+        first_row.setdefault(key, r)
+    unique = list(first_row.values())
+    slot = {key: u for u, key in enumerate(first_row)}
+    expand = torch.tensor([slot[key] for key in prompt_ids], device=device)
+    width = max(len(p) for p in prompts)
+    steps = max(budgets)
+    ids = torch.full((len(unique), width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(unique), width), dtype=torch.long)
+    for u, r in enumerate(unique):
+        p = prompts[r]
+        ids[u, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        prompt_mask[u, width - len(p) :] = 1
+    ids, prompt_mask = ids.to(device), prompt_mask.to(device)
+    positions = (prompt_mask.cumsum(-1) - 1).clamp_min(0)
+
+    # prefill: one forward per distinct prompt, then one row per sample
+    prefill = model(
+        input_ids=ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        past_key_values=DynamicCache(config=model.config),
+        use_cache=True,
+    )
+    logits = prefill.logits[:, -1, :].float().index_select(0, expand)
+    cache = prefill.past_key_values
+    del prefill
+    if len(unique) < b:
+        cache.batch_select_indices(expand)
+    static = _static_cache_from(cache, model.config, width + steps)
+    del cache
+    mask = torch.zeros((b, width + steps), dtype=torch.long, device=device)
+    mask[:, :width] = prompt_mask.index_select(0, expand)
+    next_pos = positions[:, -1:].index_select(0, expand) + 1  # [b, 1]
+    step = step_fn if step_fn is not None else decode_step(model, device)
+
+    stop = torch.tensor(sorted(set(sampling.stop_token_ids)) or [-1], device=device)
+    stop_seqs = [torch.tensor(seq, dtype=torch.long) for seq in sampling.stop_sequences]
+    tokens = torch.zeros((b, steps), dtype=torch.long)
+    token_lps = torch.zeros((b, steps), dtype=torch.float32)
+    lengths = torch.zeros(b, dtype=torch.long)
+    stopped = torch.zeros(b, dtype=torch.bool)
+    limits = torch.tensor(budgets, dtype=torch.long)
+    row_seeds = torch.tensor(seeds, dtype=torch.int64)
+    active = torch.arange(b)  # rows still generating (also their batch rows: rows never move)
+    step_ids = torch.full((b, 1), pad_token_id, dtype=torch.long, device=device)
+    for t in range(steps):
+        if t > 0:
+            mask[:, width + t - 1] = 1  # the token fed in this step
+            out = step(
+                input_ids=step_ids, attention_mask=mask, position_ids=next_pos, past_key_values=static, use_cache=True
+            )
+            logits = out.logits[:, -1, :].float()
+            next_pos += 1
+        on_device = active.to(device)
+        live = logits.index_select(0, on_device) if len(active) < b else logits
+        new = sample(live, sampling, row_seeds[active], t)
+        new_lp = torch.log_softmax(live, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        is_stop = torch.isin(new, stop).cpu()
+        tokens[active, t] = new.cpu()
+        for seq in stop_seqs:
+            if len(seq) <= t + 1:
+                is_stop |= (tokens[active, t + 1 - len(seq) : t + 1] == seq).all(-1)
+        token_lps[active, t] = new_lp.cpu()
+        lengths[active] = t + 1
+        stopped[active] = is_stop
+        keep = ~is_stop & (t + 1 < limits[active])
+        step_ids[on_device, 0] = new  # finished rows keep decoding their last token, unread
+        if not bool(keep.any()):
+            break
+        active = active[keep]
+    tokens_out = [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist(), strict=True)]
+    lps_out = [row[:n] for row, n in zip(token_lps.tolist(), lengths.tolist(), strict=True)]
+    reasons = ["stop" if s else "length" for s in stopped.tolist()]
+    return list(zip(tokens_out, lps_out, reasons, strict=True))
