@@ -159,7 +159,7 @@ def run_geartrain(
     loader, val = job._data(pre)
     order_loader, _ = job._data(pre)  # the same seed: the prompts in training order
     order = [[r.prompt for r in order_loader.next_batch().rows] for _ in range(steps + cfg.trainer.max_staleness + 1)]
-    roles = job._roles(policy)
+    roles = job.build_roles(policy)
     trainer = RLTrainer(cfg, roles, tokenizer, loader)
     assert val is not None
     rows = val.rows

@@ -1,7 +1,7 @@
 """RLTrainer.step's plumbing, with the recording fake engine and rollout
 (geartrain.testing.fakes): which keys each role receives, the order of the calls (the
 hybrid switch), how each call is dispatched, and the metrics, against values worked out by
-hand. The roles are the trainer's real ones (Job._roles over inline worker groups); only
+hand. The roles are the trainer's real ones (Job.build_roles over inline worker groups); only
 the backends are fakes."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool, reus
     rows = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(PROMPTS)]
     dataset = PromptDataset(rows, tokenizer, DataConfig(apply_chat_template=False, batch_size=PROMPTS))
     loader = PromptLoader(dataset, PROMPTS, shuffle=False)
-    roles = Job(config, reward_fn=length_reward)._roles(config.model)
+    roles = Job(config, reward_fn=length_reward).build_roles(config.model)
     log: list[GroupCall] = []
     wrap = lambda g: RecordingWorkerGroup(g, log) if g is not None else None  # noqa: E731
     recorded = RLRoles(actor=wrap(roles.actor), reward=wrap(roles.reward), reference=wrap(roles.reference), critic=wrap(roles.critic))

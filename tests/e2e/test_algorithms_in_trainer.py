@@ -65,7 +65,7 @@ def make_trainer(overrides: list[str], tmp_path, reward_fn=None) -> tuple[RLTrai
     pre = preflight(config, reward_fn=reward_fn)  # reads the data and resolves the reward, as a job does
     job.reward_fn = pre.reward
     loader, _ = job._data(pre)
-    roles = job._roles(config.model)
+    roles = job.build_roles(config.model)
     return RLTrainer(config, roles, pre.tokenizer, loader), job
 
 

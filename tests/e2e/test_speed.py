@@ -35,7 +35,7 @@ def _train(tmp: Path, reuse: bool, steps: int, extra: list[str] = ()) -> Run:
     pre = preflight(cfg)
     job = Job(cfg, reward_fn=pre.reward)
     loader, _ = job._data(pre)
-    roles = job._roles(cfg.model)
+    roles = job.build_roles(cfg.model)
     worker = roles.actor.worker
     calls = {"compute_log_probs": 0}
     real = worker.compute_log_probs

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import geartrain.trainer.rl as rl
+import geartrain.trainer.step_metrics as step_metrics
 import pytest
 import torch
 from geartrain.batch import Batch
@@ -24,7 +25,7 @@ STEPS = 3
 def test_vllm_rollout_on_two_ray_ranks_matches_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     batches: list[Batch] = []
     per_rank: dict[int, list[float]] = {0: [], 1: []}
-    original_score, original_mismatch = rl.RLTrainer._score, rl.mismatch_metrics
+    original_score, original_mismatch = rl.RLTrainer._score, step_metrics.mismatch_metrics
 
     def score(self: rl.RLTrainer, batch: Batch) -> object:
         batches.append(batch)
@@ -39,7 +40,7 @@ def test_vllm_rollout_on_two_ray_ranks_matches_the_trainer(tmp_path: Path, monke
         return original_mismatch(old, rollout, mask)
 
     monkeypatch.setattr(rl.RLTrainer, "_score", score)
-    monkeypatch.setattr(rl, "mismatch_metrics", mismatch)
+    monkeypatch.setattr(step_metrics, "mismatch_metrics", mismatch)
     out = tmp_path / "run"
     config = load_train_config(MAIN_CONFIG, [*SHORT, *RAY2, "rollout.backend=vllm", f"trainer.total_steps={STEPS}",
                                              "trainer.save_every=0", f"trainer.output_dir={out}"])

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from geartrain.algorithms import CriticLossConfig
 from geartrain.checkpoint import CheckpointManager
 from geartrain.cluster import Dispatch, InlineWorkerGroup, Placement, WorkerGroup, make_placement
 from geartrain.cluster.dispatch import prompt_batch
@@ -29,7 +28,8 @@ from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, plot_curves, read_jsonl
 from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
-from geartrain.trainer.rl import RLRoles, RLTrainer, actor_loss_config
+from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
+from geartrain.trainer.rl import RLRoles, RLTrainer
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
 from geartrain.trainer.rundir import RunDirectory
 from geartrain.trainer.sft import run_sft
@@ -188,7 +188,10 @@ class Job:
         m = self.config.model
         return ModelConfig(path=str(sft_dir.resolve()), dtype=m.dtype, attn_implementation=m.attn_implementation)
 
-    def _roles(self, policy: ModelConfig) -> RLRoles:
+    def build_roles(self, policy: ModelConfig) -> RLRoles:
+        """The RL roles for ``policy`` (the configured model or the SFT warm start's) on
+        this job's placement: the actor with its rollout, and the reference, critic and
+        reward roles the config needs. The caller shuts them down."""
         cfg = self.config
         placement, seed = self._placement(), cfg.trainer.seed
 
@@ -211,7 +214,7 @@ class Job:
             critic_model = cfg.critic.model or policy.model_copy(update={"value_head": True})
             critic = placement.group(
                 "critic", CriticWorker, cfg.critic.engine, critic_model,
-                CriticLossConfig(clip_range=cfg.algorithm.value_clip, norm_length=cfg.sampling.max_tokens),
+                critic_loss_config(cfg),
                 world_size=cfg.critic.engine.parallel.world_size, pool=pool("critic"), seed=seed,
             )
         if cfg.reward.model is None:  # a rule function needs no model: it runs in the driver
@@ -302,7 +305,7 @@ class Job:
             policy = self._sft(pre, jsonl, tb) if latest is None else self._sft_model()
         else:
             policy = cfg.model
-        roles = self._roles(policy)
+        roles = self.build_roles(policy)
         trainer = RLTrainer(cfg, roles, tokenizer, loader, val.rows if val is not None else None)
 
         def log(record: dict[str, Any]) -> None:

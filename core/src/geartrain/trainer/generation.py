@@ -1,0 +1,97 @@
+"""The RL step's first stage: prompt batches in, rollout batches out.
+
+:class:`Generation` draws each step's prompts from the loader, samples ``n`` responses to
+each through the actor group's rollout (behind the hybrid switch) and annotates the rows
+with what the rest of the step reads: the prompt's metadata (``prompt``, ``ground_truth``,
+``data_meta``, the group id ``uid``) and the decoded ``response_text``.
+
+:meth:`Generation.generate` is the seam for another kind of rollout (multi-turn episodes,
+tools): it is the one place a :class:`~geartrain.data.PromptBatch` becomes a rollout batch,
+for training, validation, greedy baselines and dynamic sampling alike.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from geartrain.batch import Batch
+from geartrain.cluster import Dispatch, WorkerGroup
+from geartrain.cluster.dispatch import prompt_batch
+from geartrain.data import PromptBatch, PromptLoader
+from geartrain.seeding import step_seed
+from geartrain.trainer.config import TrainConfig
+from geartrain.types import SamplingParams
+
+
+class Generation:
+    """Rollout batches for the RL steps, from ``loader``'s prompts and ``actor``'s rollout
+    (a group with the hooks of :class:`geartrain.trainer.roles.ActorRolloutWorker`)."""
+
+    def __init__(self, config: TrainConfig, actor: WorkerGroup, tokenizer: Any, loader: PromptLoader) -> None:
+        self.config = config
+        self.actor = actor
+        self.tokenizer = tokenizer
+        self.loader = loader
+        self.stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        # async rollout: prompts of the steps generated ahead, with the loader's state
+        # before each (a checkpoint must resume at the first step not trained yet)
+        self.ahead: deque[tuple[PromptBatch, dict[str, Any]]] = deque()
+
+    def loader_state(self) -> dict[str, Any]:
+        """The data loader's position for a checkpoint: before the prompts of the first
+        step not trained yet (async rollout draws prompts ahead of training)."""
+        return self.ahead[0][1] if self.ahead else self.loader.state_dict()
+
+    def sampling(self, step: int, round_: int = 0) -> SamplingParams:
+        """Step ``step``'s sampling (``sampling.*``, seeded by the step); dynamic sampling's
+        extra rounds ``round_ = 1, 2, ...`` get seeds of their own."""
+        s = self.config.sampling
+        return SamplingParams(
+            n=s.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.max_tokens,
+            stop_token_ids=self.stop_ids,
+            # round 0 keeps the seed it always had; dynamic sampling's extra rounds differ
+            seed=step_seed(self.config.trainer.seed, step, salt=100 + round_ if round_ else 0),
+        )
+
+    def greedy(self, max_tokens: int | None = None) -> SamplingParams:
+        """One greedy response per prompt (validation, ReMax's baseline)."""
+        max_tokens = max_tokens or self.config.sampling.max_tokens
+        return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=self.stop_ids, seed=0)
+
+    def generate(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+        """``sampling.n`` samples of each of ``prompts``, prompt-major, annotated; with the
+        rollout's measurements (``timing/generate_s``, the hybrid switch's)."""
+        # each data-parallel rollout replica generates its share of the prompts
+        batch, metrics = self.actor.call("generate", prompt_batch(prompts.prompt_ids), sampling, dispatch=Dispatch.DP)
+        return self.annotate(batch, prompts, sampling.n), metrics
+
+    def next(self, step: int) -> tuple[PromptBatch, Batch, dict[str, float]]:
+        """Step ``step``'s prompts and samples. Async rollout: keep generations queued for
+        steps ``step .. step + max_staleness`` and take this step's (generated while
+        earlier steps trained)."""
+        if not self.config.trainer.async_rollout:
+            prompts = self.loader.next_batch()
+            return prompts, *self.generate(prompts, self.sampling(step))
+        while len(self.ahead) <= self.config.trainer.max_staleness:
+            state = self.loader.state_dict()
+            prompts = self.loader.next_batch()
+            self.actor.call("submit_generate", prompts.prompt_ids, self.sampling(step + len(self.ahead)))
+            self.ahead.append((prompts, state))
+        prompts, _ = self.ahead.popleft()
+        batch, metrics = self.actor.call("take_generated")
+        return prompts, self.annotate(batch, prompts, self.config.sampling.n), metrics
+
+    def annotate(self, batch: Batch, prompts: PromptBatch, n: int) -> Batch:
+        """Add the prompts' per-sample metadata and the decoded responses to ``batch``."""
+        for key, values in prompts.sample_meta(n).items():
+            batch[key] = values
+        ids, mask = batch["input_ids"], batch["response_mask"].bool()
+        batch["response_text"] = self.tokenizer.batch_decode(
+            [ids[i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True
+        )
+        return batch
