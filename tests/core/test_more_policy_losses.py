@@ -174,3 +174,15 @@ def test_actor_loss_obeys_a_loss_fixed_aggregation():
     loss, _ = loss_fn({"log_probs": logp}, batch, LossContext(global_tokens=4, global_sequences=2))
     # r = 1 everywhere: gate 4/tau * 1/2; row 0: -2 per token (mean -2); row 1: +3 * 2/1.05
     assert float(loss) == pytest.approx((-2.0 + 3.0 * 2 / 1.05) / 2)
+
+
+@pytest.mark.parametrize("name", ["ppo", "reinforce", "cispo", "sapo", "dppo_tv"])
+def test_every_ratio_loss_clamps_the_log_ratio_at_the_configured_bound(name):
+    # log(new/old) = log(0.9 / 0.09) = ln 10 = 2.30; with the clamp at 1 the ratio each loss
+    # reports (and, for the ratio-based ones, uses) is e^1, not 10.
+    logp, old, adv, mask = tokens([0.9], [0.09], [1.0])
+    _, _, out = run(name, logp, old, adv, mask, log_ratio_clamp=1.0, clip_ratio=100.0, clip_ratio_c=None)
+    assert out.token_stats["ratio"][0, 0].item() == pytest.approx(math.e, rel=1e-12)
+    assert out.token_stats["approx_kl"][0, 0].item() == pytest.approx(-1.0, rel=1e-12)
+    if name == "sapo":  # the gate sees the clamped ratio: (4 / tau) sigmoid(tau (e - 1)), A > 0
+        assert out.loss_mat[0, 0].item() == pytest.approx(-4.0 * (1 / (1 + math.exp(-(math.e - 1)))), rel=1e-12)

@@ -30,30 +30,33 @@ from geartrain.algorithms.kl import (
     kl_estimate,
     make_kl_controller,
 )
-from geartrain.algorithms.losses import ActorLossConfig, CriticLossConfig, make_actor_loss, make_critic_loss
-from geartrain.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from geartrain.algorithms.pg_losses import (
-    cispo_loss,
-    clip_cov_loss,
-    dppo_kl_loss,
-    dppo_tv_loss,
-    gmpo_loss,
-    gpg_loss,
-    kl_cov_loss,
-    reinforce_loss,
-    sapo_loss,
+from geartrain.algorithms.losses import (
+    ActorLossConfig,
+    CriticLossConfig,
+    entropy_bonus,
+    make_actor_loss,
+    make_critic_loss,
+    value_loss,
 )
+from geartrain.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from geartrain.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLoss,
     PolicyLossConfig,
     PolicyLossOutput,
-    entropy_bonus,
+    cispo_loss,
+    clip_cov_loss,
+    dppo_kl_loss,
+    dppo_tv_loss,
     get_policy_loss,
+    gmpo_loss,
+    gpg_loss,
     gspo_loss,
+    kl_cov_loss,
     ppo_clip_loss,
     register_policy_loss,
-    value_loss,
+    reinforce_loss,
+    sapo_loss,
 )
 from geartrain.algorithms.registry import Registry
 

@@ -1,5 +1,6 @@
 """Ready-made :data:`geartrain.types.LossFn` for the actor and the critic, built from the
-pure functions of this package.
+pure functions of this package (the policy losses of :mod:`geartrain.algorithms.policy_losses`;
+the value loss and the entropy bonus, defined here).
 
 They read these batch fields (all ``[B, T]``, aligned to ``input_ids``):
 
@@ -22,9 +23,42 @@ import torch
 from geartrain.algorithms.aggregation import AggMode, aggregate
 from geartrain.algorithms.correction import truncated_is_weights
 from geartrain.algorithms.kl import kl_estimate
-from geartrain.algorithms.policy_losses import PolicyLossConfig, get_policy_loss, value_loss
+from geartrain.algorithms.masked import finite_inputs, zero_outside
+from geartrain.algorithms.policy_losses import PolicyLossConfig, get_policy_loss
 from geartrain.batch import Batch
 from geartrain.types import LossContext, LossFn
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_range: float | None = 0.5,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss per token: ``0.5 * max((V - R)^2, (clip(V, V_old ± c) - R)^2)``.
+
+    ``clip_range=None`` gives plain ``0.5 (V - R)^2``. Returns ``(loss_mat [B, T],
+    {"clipped": [B, T]})`` (``clipped``: the clipped term is strictly larger); zero
+    outside ``mask``. Aggregate like the policy loss (verl: token-mean).
+    """
+    values, old_values, returns = finite_inputs(mask, values, old_values, returns)
+    unclipped = (values - returns) ** 2
+    if clip_range is None:
+        loss, was_clipped = unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    else:
+        clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        clipped = (clipped_values - returns) ** 2
+        loss, was_clipped = torch.maximum(unclipped, clipped), clipped > unclipped
+    stats = {"clipped": zero_outside(was_clipped.to(values.dtype), mask).detach()}
+    return zero_outside(0.5 * loss, mask), stats
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
+    """Per-token loss term ``-coef * entropy`` (adding it to the loss rewards entropy);
+    zero outside ``mask``."""
+    return zero_outside(-coef * entropy, mask)
 
 
 @dataclass(kw_only=True, slots=True)

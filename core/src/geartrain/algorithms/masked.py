@@ -9,14 +9,20 @@ from __future__ import annotations
 import torch
 
 
-def _where(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def zero_outside(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``values`` with masked-out positions set to 0 (so nan/inf there cannot leak)."""
     return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
+def finite_inputs(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` with masked-out positions set to 0, so junk there (``-inf`` log-probs of
+    padding) gives neither a nan loss nor a nan gradient."""
+    return tuple(zero_outside(t, mask) for t in tensors)
+
+
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sum of ``values`` where ``mask`` is 1 (over ``dim``, or everything)."""
-    kept = _where(values, mask)
+    kept = zero_outside(values, mask)
     return kept.sum() if dim is None else kept.sum(dim=dim)
 
 
