@@ -25,7 +25,15 @@ from geartrain.batch import Batch
 from geartrain.errors import GeartrainError
 from geartrain.types import SamplingParams
 
-__all__ = ["check_generate_inputs", "cut_at_stop", "max_tokens_of", "rollout_batch", "sequence_batch"]
+__all__ = [
+    "check_generate_inputs",
+    "cut_at_stop",
+    "max_tokens_of",
+    "native_stop_token_ids",
+    "rollout_batch",
+    "sequence_batch",
+    "stop_after_generation",
+]
 
 
 def sequence_batch(
@@ -156,3 +164,26 @@ def cut_at_stop(tokens: Sequence[int], stop_sequences: Sequence[Sequence[int]]) 
             if len(seq) <= end and list(tokens[end - len(seq) : end]) == list(seq):
                 return end
     return None
+
+
+def native_stop_token_ids(sampling: SamplingParams) -> list[int]:
+    """The token ids a backend that stops only on single tokens stops on natively:
+    ``stop_token_ids`` plus every one-token ``stop_sequences`` entry (the same rule: stop
+    after the token, keep it). Longer sequences are left to :func:`stop_after_generation`."""
+    ids = list(sampling.stop_token_ids)
+    ids += [seq[0] for seq in sampling.stop_sequences if len(seq) == 1 and seq[0] not in ids]
+    return ids
+
+
+def stop_after_generation(
+    tokens: Sequence[int], log_probs: Sequence[float], finish_reason: str, sampling: SamplingParams
+) -> tuple[list[int], list[float], str]:
+    """Apply ``sampling.stop_sequences`` to one generated sample of a backend that cannot
+    stop on them natively: keep the tokens (and their log-probs) up to and including the
+    first match in the response (:func:`cut_at_stop`), with ``finish_reason`` ``"stop"``;
+    a sample with no match is returned as it is. The tokens and log-probs are those a
+    native stop gives, because nothing before a token depends on what follows it."""
+    cut = cut_at_stop(tokens, sampling.stop_sequences) if sampling.stop_sequences else None
+    if cut is None:
+        return list(tokens), list(log_probs), finish_reason
+    return list(tokens[:cut]), list(log_probs[:cut]), "stop"

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from geartrain.batch import Batch
-from geartrain.layout import rollout_batch
+from geartrain.layout import rollout_batch, stop_after_generation
+from geartrain.types import SamplingParams
 
 
 @dataclass(slots=True)
@@ -44,21 +45,19 @@ def sampled_log_probs(tokens: Sequence[int], meta: dict[str, Any]) -> list[float
 
 
 def samples_from_outputs(
-    prompts: Sequence[Sequence[int]], owners: Sequence[int], outputs: Sequence[Any]
+    prompts: Sequence[Sequence[int]], owners: Sequence[int], outputs: Sequence[Any], sampling: SamplingParams
 ) -> list[Sample]:
-    """One :class:`Sample` per request output (request ``r`` samples for ``owners[r]``)."""
+    """One :class:`Sample` per request output (request ``r`` samples for ``owners[r]``),
+    each cut after its first multi-token stop sequence (SGLang stops on single tokens only)."""
     samples = []
     for index, out in zip(owners, outputs, strict=True):
         tokens = [int(t) for t in out["output_ids"]]
         meta = out["meta_info"]
+        tokens, log_probs, reason = stop_after_generation(
+            tokens, sampled_log_probs(tokens, meta), finish_reason(meta), sampling
+        )
         samples.append(
-            Sample(
-                prompt_index=index,
-                prompt=prompts[index],
-                tokens=tokens,
-                log_probs=sampled_log_probs(tokens, meta),
-                finish_reason=finish_reason(meta),
-            )
+            Sample(prompt_index=index, prompt=prompts[index], tokens=tokens, log_probs=log_probs, finish_reason=reason)
         )
     return samples
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from geartrain.layout import max_tokens_of, native_stop_token_ids
 from geartrain.seeding import prompt_indices, sample_seed
 from geartrain.types import SamplingParams
 
@@ -29,12 +30,19 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams, max_model
     * Log-probs: ``return_logprob`` with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (set by
       :func:`geartrain_sglang.engine.configure_environment`): the sampled token's log-prob
       under the model's distribution, before temperature / top-k / top-p.
-    * Stopping: only ``stop_token_ids`` stop a sample (the stop token is kept).
-    * Length: ``max_new_tokens`` is capped so prompt + response fit ``max_model_len``.
+    * Stopping: only ``stop_token_ids`` and ``stop_sequences`` stop a sample (the stop
+      token or sequence is kept). SGLang stops on single tokens (its stop *strings* need
+      its tokenizer): one-token sequences join ``stop_token_ids``; longer ones are cut
+      after generation (:func:`geartrain.layout.stop_after_generation`, in
+      :mod:`geartrain_sglang.outputs`), so such a sample runs on to its budget first.
+    * Length: ``max_new_tokens`` is the prompt's budget (``max_tokens_per_prompt`` or
+      ``max_tokens``), capped so prompt + response fit ``max_model_len``.
     * The prompt's KV cache is shared between its samples by SGLang's radix cache.
     """
     input_ids, params, owners = [], [], []
     global_index = prompt_indices(sampling.prompt_indices, len(prompts))
+    budgets = max_tokens_of(sampling, len(prompts))
+    stop_token_ids = native_stop_token_ids(sampling)
     for i, prompt in enumerate(prompts):
         room = max_model_len - len(prompt)
         for j in range(sampling.n):
@@ -42,8 +50,8 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams, max_model
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k if sampling.top_k > 0 else -1,
-                max_new_tokens=min(sampling.max_tokens, room),
-                stop_token_ids=list(sampling.stop_token_ids) or None,
+                max_new_tokens=min(budgets[i], room),
+                stop_token_ids=list(stop_token_ids) or None,
                 # not ignore_eos: SGLang's ignore_eos ignores stop_token_ids too (the
                 # checkpoint's EOS ids are cleared instead, see engine_kwargs)
                 ignore_eos=False,

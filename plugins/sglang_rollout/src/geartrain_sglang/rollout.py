@@ -107,7 +107,7 @@ class SglangRollout:
         outputs = self.engine.generate(
             input_ids=requests.input_ids, sampling_params=requests.params, return_logprob=True
         )
-        return to_batch(samples_from_outputs(prompts, requests.owners, outputs), self.pad_token_id)
+        return to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from geartrain.batch import Batch
-from geartrain.layout import rollout_batch
+from geartrain.layout import rollout_batch, stop_after_generation
+from geartrain.types import SamplingParams
 
 
 @dataclass(slots=True)
@@ -45,22 +46,23 @@ def finish_reason(reason: str | None) -> str:
 
 
 def samples_from_outputs(
-    prompts: Sequence[Sequence[int]], owners: Sequence[int], outputs: Sequence[Any]
+    prompts: Sequence[Sequence[int]], owners: Sequence[int], outputs: Sequence[Any], sampling: SamplingParams
 ) -> list[Sample]:
     """One :class:`Sample` per completion of vLLM's ``RequestOutput`` list (request ``r``
-    samples for prompt ``owners[r]``), in request then completion order."""
+    samples for prompt ``owners[r]``), in request then completion order, each cut after
+    its first multi-token stop sequence (vLLM stops on single tokens only)."""
     samples = []
     for index, request in zip(owners, outputs, strict=True):
         for completion in sorted(request.outputs, key=lambda c: c.index):
             tokens = list(completion.token_ids)
+            tokens, log_probs, reason = stop_after_generation(
+                tokens,
+                sampled_log_probs(tokens, completion.logprobs),
+                finish_reason(completion.finish_reason),
+                sampling,
+            )
             samples.append(
-                Sample(
-                    prompt_index=index,
-                    prompt=prompts[index],
-                    tokens=tokens,
-                    log_probs=sampled_log_probs(tokens, completion.logprobs),
-                    finish_reason=finish_reason(completion.finish_reason),
-                )
+                Sample(prompt_index=index, prompt=prompts[index], tokens=tokens, log_probs=log_probs, finish_reason=reason)
             )
     return samples
 

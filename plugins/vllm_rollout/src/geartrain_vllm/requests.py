@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from geartrain.layout import max_tokens_of, native_stop_token_ids
 from geartrain.seeding import prompt_indices, sample_seed
 from geartrain.types import SamplingParams
 
@@ -29,8 +30,13 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
 
     * Log-probs: ``logprobs=0`` returns the sampled token's log-prob only, in vLLM's default
       ``raw_logprobs`` mode (before temperature / top-k / top-p), as the hook asks.
-    * Stopping: only ``stop_token_ids`` stop a sample (``ignore_eos``; the checkpoint's
-      generation config is not used either, see ``engine_kwargs``).
+    * Stopping: only ``stop_token_ids`` and ``stop_sequences`` stop a sample (``ignore_eos``;
+      the checkpoint's generation config is not used either, see ``engine_kwargs``). vLLM
+      stops on single tokens only (its stop *strings* need detokenisation): one-token
+      sequences join ``stop_token_ids``; longer ones are cut after generation
+      (:func:`geartrain.layout.stop_after_generation`, in :mod:`geartrain_vllm.outputs`), so
+      such a sample runs on to its budget before it is cut.
+    * Budgets: ``max_tokens_per_prompt`` gives each prompt's requests their own ``max_tokens``.
     * Seeds: with ``sampling.seed``, every sample is its own ``n = 1`` request seeded with
       :func:`geartrain.seeding.sample_seed` of (seed, the prompt's index in the step, the
       sample's index), so a sample is the same whichever rank generates it and whatever
@@ -44,15 +50,17 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
     seeded = sampling.seed is not None
     copies, per_request = (sampling.n, 1) if (greedy or seeded) and sampling.n > 1 else (1, sampling.n)
     global_index = prompt_indices(sampling.prompt_indices, len(prompts))
+    budgets = max_tokens_of(sampling, len(prompts))
+    stop_token_ids = native_stop_token_ids(sampling)
 
-    def params(seed: int | None) -> Any:
+    def params(max_tokens: int, seed: int | None) -> Any:
         return VllmSamplingParams(
             n=per_request,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else 0,
-            max_tokens=sampling.max_tokens,
-            stop_token_ids=list(sampling.stop_token_ids),
+            max_tokens=max_tokens,
+            stop_token_ids=stop_token_ids,
             seed=seed,
             logprobs=0,
             flat_logprobs=True,
@@ -62,7 +70,11 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
 
     owners = [i for i in range(len(prompts)) for _ in range(copies)]
     tokens = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
-    if sampling.seed is None:
-        return Requests(prompts=tokens, params=params(None), owners=owners)
-    per_sample = [params(sample_seed(sampling.seed, global_index[i], j)) for i in range(len(prompts)) for j in range(copies)]
-    return Requests(prompts=tokens, params=per_sample, owners=owners)
+    if sampling.seed is None and sampling.max_tokens_per_prompt is None:
+        return Requests(prompts=tokens, params=params(sampling.max_tokens, None), owners=owners)
+    per_request_params = [
+        params(budgets[i], None if sampling.seed is None else sample_seed(sampling.seed, global_index[i], j))
+        for i in range(len(prompts))
+        for j in range(copies)
+    ]
+    return Requests(prompts=tokens, params=per_request_params, owners=owners)

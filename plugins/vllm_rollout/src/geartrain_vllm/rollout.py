@@ -74,7 +74,7 @@ class VllmRollout:
         )
         requests = build_requests(prompts, sampling)
         outputs = self.llm.generate(requests.prompts, requests.params, use_tqdm=False)
-        return to_batch(samples_from_outputs(prompts, requests.owners, outputs), self.pad_token_id)
+        return to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.SyncCounter:
