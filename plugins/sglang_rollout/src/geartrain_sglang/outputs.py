@@ -57,7 +57,9 @@ def samples_from_outputs(
             tokens, sampled_log_probs(tokens, meta), finish_reason(meta), sampling
         )
         samples.append(
-            Sample(prompt_index=index, prompt=prompts[index], tokens=tokens, log_probs=log_probs, finish_reason=reason)
+            Sample(
+                prompt_index=index, prompt=prompts[index], tokens=tokens, log_probs=log_probs, finish_reason=reason
+            )
         )
     return samples
 

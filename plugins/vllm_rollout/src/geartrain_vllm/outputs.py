@@ -62,7 +62,9 @@ def samples_from_outputs(
                 sampling,
             )
             samples.append(
-                Sample(prompt_index=index, prompt=prompts[index], tokens=tokens, log_probs=log_probs, finish_reason=reason)
+                Sample(
+                    prompt_index=index, prompt=prompts[index], tokens=tokens, log_probs=log_probs, finish_reason=reason
+                )
             )
     return samples
 
