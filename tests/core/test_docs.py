@@ -157,3 +157,27 @@ def test_every_conformance_tolerance_is_a_documented_class_attribute(suite: Path
         assert isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant), f"{name} has no docstring"
         assert f"self.{name}" in source, f"{suite.name} declares {name} but never uses it"
         assert f"`{name}`" in docs, f"docs/plugins.md does not list the tolerance {name}"
+
+
+def _sentences(text: str) -> list[str]:
+    flat = re.sub(r"\s+", " ", text)
+    return [s.strip() for s in re.split(r"(?<=[.;:])\s", flat) if s.strip()]
+
+
+def test_one_rule_for_metric_reduction_the_core_sums_over_data_parallel_ranks() -> None:
+    """Engines return their own slice's metrics; the core sums them over the data-parallel
+    ranks (``geartrain.cluster.reduce``). A sentence anywhere in the docs that tells an
+    engine to reduce them itself (an author following it would report dp x the loss) fails
+    this test: every sentence about reducing metrics over ranks must say the core does it,
+    or that the engine never does."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("plugins/*/README.md"))]
+    docs += [ROOT / "core" / "src" / "geartrain" / name for name in ("hookspecs.py", "types.py", "engine.py")]
+    offending = []
+    for path in docs:
+        for sentence in _sentences(path.read_text(encoding="utf-8")):
+            lower = sentence.lower()
+            if "metric" not in lower or not re.search(r"\breduc\w*", lower) or not re.search(r"data-parallel|ranks", lower):
+                continue
+            if not re.search(r"\bcore\b|\bnever\b|cluster\.reduce|engine\.forward_backward", lower):
+                offending.append(f"{path.relative_to(ROOT)}: {sentence}")
+    assert not offending, "sentences telling engines to reduce metrics themselves:\n" + "\n".join(offending)
