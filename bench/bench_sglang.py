@@ -122,7 +122,7 @@ def plugin_overhead(
         outputs = eng.generate(input_ids=requests.input_ids, sampling_params=requests.params, return_logprob=True)
         engine_s.append(time.perf_counter() - start)
         start = time.perf_counter()
-        to_batch(samples_from_outputs(prompts, requests.owners, outputs), 0)
+        to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), 0)
         own_s.append(build + time.perf_counter() - start)
     engine, own = statistics.median(engine_s), statistics.median(own_s)
     return {

@@ -98,7 +98,7 @@ def plugin_overhead(llm: Any, prompts: list[list[int]], sampling: SamplingParams
         outputs = llm.generate(requests.prompts, requests.params, use_tqdm=False)
         engine_s.append(clock.stop()[0])
         clock = Clock()
-        to_batch(samples_from_outputs(prompts, requests.owners, outputs), 0)
+        to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), 0)
         own_s.append(build + clock.stop()[0])
     engine, own = statistics.median(engine_s), statistics.median(own_s)
     return {
