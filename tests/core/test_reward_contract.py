@@ -110,7 +110,7 @@ def _job(tmp_path: Path, reward_py: str, reward_toml: str) -> Path:
     ids=["raises", "signature", "return-type", "batched-return"],
 )
 def test_check_calls_the_reward_and_reports_what_step_1_would(geartrain, tmp_path: Path, body: str, expected: str) -> None:
-    proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:score"\n')))
+    proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:score"\n')), "--no-plugins")
     assert proc.returncode == 2, proc.stdout
     assert expected in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

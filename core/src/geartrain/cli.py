@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from geartrain.errors import GeartrainError
 
@@ -54,6 +55,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         return 2
     if not args.config_only:
         from geartrain.trainer.preflight import preflight
+        from geartrain.trainer.rundir import RunDirectory
+
+        RunDirectory(Path(config.trainer.output_dir), resume=args.resume, overwrite=args.overwrite).check()
 
         pre = preflight(config)
         for note in pre.notes:
@@ -105,8 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plugins", action="store_true",
                    help="skip the backend sections (a GPU job checked where its plugins are not installed)")
     p.add_argument("--config-only", action="store_true",
-                   help="check the config alone, not its data files, reward function and prompt lengths "
-                        "(a job checked where its data is not)")
+                   help="check the config alone, not its output directory, data files, reward function and prompt "
+                        "lengths (a job checked where its data is not)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="check it as 'train --resume' would run it")
+    mode.add_argument("--overwrite", action="store_true", help="check it as 'train --overwrite' would run it")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("config", help="describe the job configuration: every field, its default and meaning")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from geartrain.data import PromptDataset
 from geartrain.data.sources import HUB_HINT, DataSource, looks_like_hub_id
 from geartrain.errors import ConfigError, GeartrainError
-from geartrain.modeling import load_tokenizer
+from geartrain.modeling import hf_config, load_tokenizer
 from geartrain.rewards import RewardTerm, make_term, probe_term
 from geartrain.trainer.config import TrainConfig, silent_default_problems
 from geartrain.trainer.sft import sft_dataset
@@ -82,6 +83,22 @@ def _probe_rewards(config: TrainConfig, terms: list[RewardTerm], dataset: Prompt
             problems.append((key, f"'{term.name}' {problem}"))
 
 
+def _positions_fit(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
+    """``rollout.max_model_len`` within the model's ``max_position_embeddings`` (past it the
+    positions are ones the model never saw: sampling goes on, quietly wrong)."""
+    try:
+        hf = hf_config(config.model)
+    except (OSError, ValueError):
+        return  # the tokenizer's load reports a model it cannot read
+    text = getattr(hf, "text_config", None) or hf
+    positions = getattr(text, "max_position_embeddings", None)
+    if isinstance(positions, int) and config.rollout.max_model_len > positions:
+        problems.append(("rollout.max_model_len", (
+            f"{config.rollout.max_model_len} exceeds the model's max_position_embeddings={positions}; "
+            f"set rollout.max_model_len <= {positions}"
+        )))
+
+
 def _fit(key: str, dataset: PromptDataset, config: TrainConfig, max_tokens: int, problems: list[tuple[str, str]], notes: list[str]) -> None:
     limit = config.rollout.max_model_len
     lengths = [(len(r.prompt_ids), r.where) for r in dataset.rows]
@@ -115,6 +132,7 @@ def preflight(
     except (OSError, ValueError) as exc:
         raise ConfigError([("model", f"cannot load the tokenizer: {exc}")]) from None
     result = Preflight(tokenizer=tokenizer)
+    _positions_fit(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems)
     data_given = data is not None or "data" in config.model_fields_set
     problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)

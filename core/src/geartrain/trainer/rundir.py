@@ -91,6 +91,11 @@ class RunDirectory:
             if not os.access(entry, os.W_OK):
                 raise RunDirectoryError(f"{entry} is not writable; fix its permissions or choose another trainer.output_dir")
         found = self.holds_run()
+        if self.resume and not found:
+            raise RunDirectoryError(
+                f"nothing to resume in {self.path}: it holds no run (no config.json, metrics.jsonl or checkpoints); "
+                "check trainer.output_dir, or start a fresh run without --resume"
+            )
         if found and not (self.resume or self.overwrite):
             raise RunDirectoryError(
                 f"{where} already holds a run ({', '.join(found)}); nothing was changed. "
