@@ -1,4 +1,4 @@
-"""The ``geartrain`` command: ``plugins``, ``check``, ``train``."""
+"""The ``geartrain`` command: ``plugins``, ``check``, ``config``, ``train``, ``bench``."""
 
 from __future__ import annotations
 
@@ -94,6 +94,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return train_from_cli(args.config, args.overrides, resume=args.resume, overwrite=args.overwrite)
 
 
+def _cmd_bench_memory(args: argparse.Namespace) -> int:
+    from geartrain.bench_memory import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geartrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--overwrite", action="store_true",
                       help="replace the run in trainer.output_dir (deleted only after every check passed)")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("bench", help="measurements on this machine")
+    bench = p.add_subparsers(dest="bench", required=True)
+    from geartrain.bench_memory import add_arguments
+
+    m = bench.add_parser("memory", help="peak memory per phase of a GRPO step (rollout, old log-probs, update) on a "
+                         "model preset, and the largest preset that trains here (--largest)")
+    add_arguments(m)
+    m.set_defaults(func=_cmd_bench_memory)
     return parser
 
 

@@ -43,11 +43,14 @@ def device_of(ctx: EngineContext) -> torch.device:
     return torch.device(ctx.device, ctx.local_rank)
 
 
-def build_meshes(parallel: ParallelConfig, ctx: EngineContext, hsdp_replicate: int = 1) -> Meshes:
+def build_meshes(
+    parallel: ParallelConfig, ctx: EngineContext, hsdp_replicate: int = 1, *, shard_one_rank: bool = False
+) -> Meshes:
     """The ``("dp", "sp")`` mesh over the role's ranks (``world = dp * sp``) and the FSDP
     mesh, both built from the ranks of ``ctx.process_group`` (the group the worker group
     provides; the engine creates no world of its own). On one rank the engine runs the plain
-    module and needs no mesh."""
+    module and needs no mesh, unless ``shard_one_rank`` (FSDP2's CPU offload on one GPU):
+    then a one-rank mesh over ``ctx.process_group``."""
     device = device_of(ctx)
     dp, sp = parallel.dp, parallel.sp
     if parallel.tp != 1 or parallel.pp != 1:
@@ -55,7 +58,13 @@ def build_meshes(parallel: ParallelConfig, ctx: EngineContext, hsdp_replicate: i
     world = ctx.world_size
     if dp * sp != world:
         raise ConfigError([("parallel", f"parallel.dp * parallel.sp = {dp * sp} but the worker group has {world} ranks")])
-    if world == 1:
+    if world == 1 and shard_one_rank and ctx.process_group is None:
+        raise ConfigError([(
+            "options.cpu_offload",
+            "FSDP2's CPU offload on one rank needs the role's process group (a training job provides one; "
+            "in code pass EngineContext(process_group=geartrain.cluster.process_group.acquire_single_rank_group(device)))",
+        )])
+    if world == 1 and not shard_one_rank:
         if hsdp_replicate != 1:
             raise ConfigError([("options.hsdp_replicate", "needs more than one rank")])
         return Meshes(device=device, world=1, dp=1, sp=1, dp_rank=0, sp_rank=0, ctx_group=ctx.process_group)

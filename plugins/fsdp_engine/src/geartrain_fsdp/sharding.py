@@ -61,7 +61,7 @@ def shard_model(
     """Build the meshes, wrap ``hf`` (``fully_shard`` per decoder layer, then the root),
     and create AdamW + LR scheduler (skipped when ``config.optim.lr == 0``). ``value_head``:
     ``hf`` is a value model (``ModelConfig.value_head``) whose outputs are ``values``."""
-    meshes = build_meshes(config.parallel, ctx, options.hsdp_replicate)
+    meshes = build_meshes(config.parallel, ctx, options.hsdp_replicate, shard_one_rank=options.cpu_offload)
     if config.parallel.sp > 1 and not options.remove_padding:
         raise ConfigError([("options.remove_padding", "sequence parallel (parallel.sp > 1) needs remove_padding = true")])
     try:

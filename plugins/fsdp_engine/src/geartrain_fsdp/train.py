@@ -100,9 +100,9 @@ def _forward_shared(
     prompt_length: int,
     groups: list[list[int]],
     need_entropy: bool,
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, PackedAttentionState]:
     """Per-token outputs ``[b, T]`` of one micro-batch in the shared-prompt layout
-    (:mod:`geartrain_fsdp.prefix_sharing`; sp = 1)."""
+    (:mod:`geartrain_fsdp.prefix_sharing`; sp = 1), and its attention state."""
     packed = pack_shared(ids, mask, prompt_length, groups)
     dev = model.device
     state = PackedAttentionState(
@@ -118,14 +118,15 @@ def _forward_shared(
         )
     outputs = {key: scatter_outputs(value, packed) for key, value in raw.items()}
     anchor = sum(v.sum() * 0.0 for v in raw.values())
-    return outputs, anchor  # type: ignore[return-value]
+    return outputs, anchor, state  # type: ignore[return-value]
 
 
 def _forward_packed(
     model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, PackedAttentionState | None]:
     """Per-token outputs ``[b, T]`` of one micro-batch run as one packed row (split over
-    the sp group), plus a scalar tied to the raw outputs (for empty micro-batches)."""
+    the sp group), a scalar tied to the raw outputs (for empty micro-batches), and the
+    attention state (backward's recomputation under gradient checkpointing needs it)."""
     meshes = model.meshes
     packed = pack(ids, mask, multiple=meshes.sp)
     sl = local_slice(packed.input_ids.shape[1], meshes.sp, meshes.sp_rank)
@@ -150,12 +151,12 @@ def _forward_packed(
         anchor = full.sum() * 0.0 if anchor is None else anchor + full.sum() * 0.0
         outputs[key] = scatter_shifted(full, packed)
     assert anchor is not None
-    return outputs, anchor
+    return outputs, anchor, state
 
 
 def _forward_padded(
     model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, PackedAttentionState | None]:
     """Per-token outputs ``[b, T]`` of one micro-batch run as padded rows."""
     dev = model.device
     sub_ids, sub_mask, position_ids, cols = padded_inputs(ids, mask)
@@ -169,7 +170,7 @@ def _forward_padded(
     )
     outputs = {k: shift_padded(v, sub_mask, cols, ids.shape[1]) for k, v in raw.items()}
     anchor = sum(v.sum() * 0.0 for v in raw.values())
-    return outputs, anchor  # type: ignore[return-value]
+    return outputs, anchor, None  # type: ignore[return-value]
 
 
 def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
@@ -216,11 +217,11 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
                 ids = torch.zeros(1, 1, dtype=input_ids.dtype)
                 mask = torch.zeros(1, 1, dtype=attention_mask.dtype)
             if shared is not None and mb is not None and len(mb) > 1:
-                outputs, anchor = _forward_shared(
+                outputs, anchor, state = _forward_shared(
                     model, ids, mask, shared.prompt_length, shared.within(rows), need_entropy
                 )
             else:
-                outputs, anchor = forward(model, ids, mask, need_entropy)
+                outputs, anchor, state = forward(model, ids, mask, need_entropy)
             loss = anchor
             if mb is not None and loss_fn is not None:
                 loss_ctx = LossContext(
@@ -238,7 +239,9 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
                 for key, value in metrics.items():
                     metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
             if train:
-                (loss * scale).backward()
+                # gradient checkpointing recomputes the layers (their attention) in backward
+                with packed_attention_state(state) if state is not None else contextlib.nullcontext():
+                    (loss * scale).backward()
             if mb is not None:
                 order.extend(rows)
                 for key, value in outputs.items():

@@ -1,0 +1,35 @@
+"""``geartrain bench memory`` on CPU with the tiny model: every phase runs and is measured,
+and the largest-preset search runs its tries in child processes."""
+
+from __future__ import annotations
+
+from geartrain.bench_memory import PHASES, largest_trainable, measure
+from geartrain.cli import main
+
+SHAPE = dict(rows=8, samples=4, prompt_tokens=8, response_tokens=8, micro_batch_tokens=64)
+
+
+def test_measure_reports_every_phase_above_the_weights_and_optimizer_state() -> None:
+    report = measure("tiny", device="cpu", **SHAPE)
+    assert set(report.peaks) == set(PHASES) and report.param_dtype == "float32"
+    # the update holds fp32 weights, gradients and AdamW's two moments: >= 16 bytes per parameter
+    assert report.peaks["update"] >= 16 * report.parameters
+    assert all(report.seconds[p] > 0 for p in PHASES)
+
+
+def test_cli_prints_the_phases(capsys) -> None:  # noqa: ANN001
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()]
+    assert main(["bench", "memory", "tiny", "--device", "cpu", *args]) == 0
+    out = capsys.readouterr().out
+    assert "tiny (0.1M parameters) on cpu" in out
+    for phase in PHASES:
+        assert f"  {phase} " in out
+    assert main(["bench", "memory", "qwen2.5-3b"]) == 2
+
+
+def test_largest_trainable_tries_in_child_processes() -> None:
+    best, outcomes = largest_trainable(
+        ["tiny"], device="cpu", cpu_offload=False, gradient_checkpointing=True, **SHAPE
+    )
+    assert best == "tiny", outcomes
+    assert outcomes["tiny"].startswith("trains (update peak")
