@@ -263,5 +263,5 @@ def test_config_schema_prints_every_field_and_check_explains_a_bad_key(capsys: p
     job = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
     assert cli.main(["check", str(job), "actor.engine.optim.lr=-1", "--no-plugins", "--config-only"]) == 2
     err = capsys.readouterr().err
-    assert "actor.engine.optim.lr: Input should be greater than or equal to 0" in err
+    assert "actor.engine.optim.lr: should be greater than or equal to 0; got -1 (the command-line override 'actor.engine.optim.lr=-1')" in err
     assert "actor.engine.optim.lr is: Peak learning rate (AdamW)" in err

@@ -11,6 +11,7 @@ full path.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import re
 import tomllib
@@ -256,19 +257,62 @@ def _format_loc(loc: Sequence[Any]) -> str:
     return out
 
 
-def validation_problems(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+def validation_problems(exc: ValidationError, prefix: str = "", schema: type[BaseModel] | None = None) -> list[tuple[str, str]]:
+    """``(path, message)`` for each of pydantic's errors, in geartrain's words: an unknown
+    key with a "did you mean" suggestion (the fields of its section, from ``schema``), a
+    validator's own message without pydantic's prefix, a wrong value with what was given."""
     problems = []
     for err in exc.errors():
         loc = _format_loc(err["loc"])
         path = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        message = err["msg"]
+        message = _message(err, schema)
         # a whole-model validator names the keys itself, one "key.path: message" per line
-        keyed = [_KEYED.match(line) for line in message.removeprefix("Value error, ").splitlines()]
+        keyed = [_KEYED.match(line) for line in message.splitlines()]
         if not loc and keyed and all(keyed):
             problems += [(f"{prefix}.{m[1]}" if prefix else m[1], m[2]) for m in keyed if m]
             continue
         problems.append((path, message))
     return problems
+
+
+def _message(err: Any, schema: type[BaseModel] | None) -> str:
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        key = str(err["loc"][-1])
+        parent = _model_at(schema, err["loc"][:-1]) if schema is not None else None
+        if parent is None:
+            return f"unknown key '{key}'"
+        known = list(parent.model_fields)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        if close:
+            return f"unknown key '{key}'; did you mean '{close[0]}'?"
+        return f"unknown key '{key}'; the keys here are: {', '.join(known)}"
+    for head in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(head):
+            return msg[len(head):]
+    if kind == "missing":
+        return "required, not set"
+    text = msg.replace("Input should be", "should be", 1)
+    given = err.get("input")
+    if isinstance(given, str | int | float | bool) and kind not in ("value_error", "assertion_error"):
+        text += f"; got {given!r:.80}"
+    return text
+
+
+def _model_at(schema: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The section model at ``loc`` inside ``schema`` (``None`` when ``loc`` leaves the typed
+    tree, e.g. inside a backend's ``options``)."""
+    model: type[BaseModel] | None = schema
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return None
+        candidates = [info.annotation, *typing.get_args(info.annotation)]
+        candidates += [a for c in list(candidates) for a in typing.get_args(c)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return model
 
 
 _KEYED = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+): (.+)$")
@@ -281,7 +325,7 @@ def validate_config(schema: type[ConfigT], data: Mapping[str, Any], source: str 
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(validation_problems(exc), source) from exc
+        raise ConfigError(validation_problems(exc, schema=schema), source) from exc
 
 
 def parse_config(schema: type[ConfigT], path: str | Path | None = None, overrides: Sequence[str] = (), *, defaults: Mapping[str, Any] | None = None) -> ConfigT:
@@ -290,7 +334,25 @@ def parse_config(schema: type[ConfigT], path: str | Path | None = None, override
     backend sections)."""
     data: dict[str, Any] = _deep_merge(dict(defaults or {}), read_config_file(path) if path else {})
     apply_overrides(data, overrides)
-    return validate_config(schema, data, str(path) if path else None)
+    try:
+        return validate_config(schema, data, str(path) if path else None)
+    except ConfigError as exc:
+        raise _blame_overrides(exc, overrides, str(path) if path else None) from exc.__cause__
+
+
+def _blame_overrides(exc: ConfigError, overrides: Sequence[str], source: str | None) -> ConfigError:
+    """``exc`` with each problem that a command-line override caused marked as the
+    override's, and the source "command-line overrides" when they caused them all."""
+    given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
+    problems, blamed = [], 0
+    for path, message in exc.problems:
+        item = next((v for k, v in given.items() if path == k or path.startswith((f"{k}.", f"{k}[")) or k.startswith(f"{path}.")), None)
+        if item is not None:
+            blamed += 1
+            message = f"{message} (the command-line override '{item}')"
+        problems.append((path, message))
+    where = "command-line overrides" if blamed and blamed == len(problems) else source
+    return ConfigError(problems, where)
 
 
 def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -55,7 +55,7 @@ class ConfigError(GeartrainError):
         self.problems = problems
         self.source = source
         head = f"invalid configuration{f' in {source}' if source else ''}: {len(problems)} problem(s)"
-        lines = [head] + [f"  {path or '<root>'}: {msg}" for path, msg in problems]
+        lines = [head] + [f"  {path}: {msg}" if path else f"  {msg}" for path, msg in problems]
         super().__init__("\n".join(lines))
 
 
