@@ -3,6 +3,8 @@ rank) and the rule that reduces a step's metrics across ranks."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -49,6 +51,79 @@ def test_a_worker_that_fails_to_build_gives_the_group_back() -> None:
 
     with pytest.raises(RuntimeError, match="boom"):
         create_worker_group("inline", "actor", Broken)
+    assert not dist.is_initialized()
+
+
+class _DDPEngine:
+    """The engine a plugin author writes from docs/plugins.md: ``shard`` wraps the module in
+    ``DistributedDataParallel(module, process_group=ctx.process_group)``."""
+
+    @hookimpl
+    def build_model(self, config, ctx):  # noqa: ANN001, ANN201
+        torch.manual_seed(0)
+        return torch.nn.Linear(2, 1)
+
+    @hookimpl
+    def shard(self, module, config, model_config, ctx):  # noqa: ANN001, ANN201
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(module, process_group=ctx.process_group)
+
+    @hookimpl
+    def forward_backward(self, model, batch, loss_fn, forward_only):  # noqa: ANN001, ANN201
+        loss = model(batch["x"]).sum()
+        loss.backward()  # DDP all-reduces the gradients over its group here
+        return StepOutput(outputs={}, metrics={"loss": float(loss.detach())})
+
+    for _name in ("optimizer_step", "reshard_for_rollout", "save_checkpoint", "load_checkpoint"):
+        exec(f"@hookimpl\ndef {_name}(self, model):\n    return None")  # noqa: S102 - required stubs
+
+
+@pytest.fixture
+def ddp_engine() -> Iterator[str]:
+    from geartrain import plugins
+
+    plugins.register_engine("ddp-by-hand", _DDPEngine())
+    yield "ddp-by-hand"
+    plugins.unregister("engine", "ddp-by-hand")
+
+
+def test_a_hand_built_context_gets_the_size_one_group_and_gives_it_back(ddp_engine: str) -> None:
+    """``EngineContext(role=...)`` built by hand (as the README does) has no group; the core
+    supplies the size-1 group, so the DDP line of docs/plugins.md works, and releases it
+    with the engine (and the rollout, on shutdown)."""
+    import gc
+
+    from geartrain import Engine, Rollout
+    from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
+
+    if dist.is_initialized():
+        pytest.fail("torch.distributed is already initialised in this test process; the test needs it clean")
+    engine = Engine(EngineConfig(backend=ddp_engine), ModelConfig(tiny="qwen2"), EngineContext(role="actor"))
+    group = engine.ctx.process_group
+    assert group is not None and engine.handle.process_group is group
+    assert (dist.get_world_size(group), dist.get_backend(group)) == (1, "gloo")
+    out = engine.forward_backward(Batch({"x": torch.tensor([[1.0, 2.0], [3.0, -1.0]])}))
+    weight, bias = engine.handle.module.weight.detach(), engine.handle.module.bias.detach()
+    assert out.metrics["loss"] == pytest.approx(float(weight @ torch.tensor([4.0, 1.0]) + 2 * bias), rel=1e-6)
+    assert engine.handle.module.weight.grad.tolist() == [[4.0, 1.0]]  # the gradient, all-reduced over one rank
+
+    rollout = Rollout(RolloutConfig(backend="torch", max_model_len=16), ModelConfig(tiny="qwen2"), EngineContext(role="rollout"))
+    assert rollout.ctx.process_group is group  # one shared size-1 group per backend
+    rollout.shutdown()
+    assert dist.is_initialized(), "the engine still holds the group"
+    del engine, out
+    gc.collect()
+    assert not dist.is_initialized(), "the last holder must tear down what the core set up"
+
+
+def test_a_hand_built_context_for_several_ranks_needs_its_group(ddp_engine: str) -> None:
+    from geartrain import Engine
+    from geartrain.config import EngineConfig, ModelConfig
+    from geartrain.errors import GeartrainError
+
+    with pytest.raises(GeartrainError, match=r"world_size=2\) has no process_group: .*worker group"):
+        Engine(EngineConfig(backend=ddp_engine), ModelConfig(tiny="qwen2"), EngineContext(role="actor", world_size=2))
     assert not dist.is_initialized()
 
 

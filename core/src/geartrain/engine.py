@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
 from geartrain import plugins
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
+from geartrain.cluster.process_group import release_single_rank_group, with_process_group
 from geartrain.cluster.reduce import sum_over_data_parallel
 from geartrain.config import EngineConfig, ModelConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import ConfigError, GeartrainError
@@ -32,6 +34,10 @@ class Engine:
     def __init__(self, config: EngineConfig, model: ModelConfig, ctx: EngineContext) -> None:
         self.config = config
         self.model_config = model
+        # a context built by hand for one rank gets the size-1 group the contract promises
+        ctx, own_group = with_process_group(ctx)
+        if own_group is not None:
+            weakref.finalize(self, release_single_rank_group, own_group)
         self.ctx = ctx
         self.pm = plugins.create_manager("engine", config.backend, config.extensions)
         self.info = plugins.backend_info("engine", config.backend)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
 
 from geartrain import plugins
 from geartrain.batch import Batch
+from geartrain.cluster.process_group import release_single_rank_group, with_process_group
 from geartrain.config import ModelConfig, RolloutConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import GeartrainError
 from geartrain.modeling import torch_dtype
@@ -23,6 +25,12 @@ class Rollout:
     def __init__(self, config: RolloutConfig, model: ModelConfig, ctx: EngineContext) -> None:
         self.config = config
         self.model_config = model
+        # a context built by hand for one rank gets the size-1 group the contract promises
+        ctx, own_group = with_process_group(ctx)
+        # released by shutdown, or when the rollout is garbage-collected
+        self._release_group = None
+        if own_group is not None:
+            self._release_group = weakref.finalize(self, release_single_rank_group, own_group)
         self.ctx = ctx
         self.pm = plugins.create_manager("rollout", config.backend, config.extensions)
         self.info = plugins.backend_info("rollout", config.backend)
@@ -60,3 +68,5 @@ class Rollout:
 
     def shutdown(self) -> None:
         self.pm.hook.shutdown(rollout=self.handle)
+        if self._release_group is not None:
+            self._release_group()  # a finalizer runs once

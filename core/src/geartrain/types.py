@@ -60,7 +60,10 @@ class EngineContext:
     :mod:`geartrain.cluster.process_group`), torn down when the role shuts down; on the Ray
     placement the group of the role's actors. A backend runs its collectives (DDP, FSDP
     meshes, broadcasts) on this group or subgroups of it, and never creates a world of its own.
-    ``None`` only where code builds a context by hand for one rank without collectives."""
+    Left ``None`` in a context built by hand for one rank (``EngineContext(role="actor")``),
+    :class:`geartrain.Engine` and :class:`geartrain.Rollout` supply the size-1 group before any
+    hook runs (released with the engine, or by the rollout's ``shutdown``); a context for
+    several ranks without a group is refused."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -12,12 +12,20 @@ public ``torch.distributed`` calls:
 Groups are shared and reference counted per backend: every :func:`acquire_single_rank_group`
 is matched by one :func:`release_single_rank_group`; the last release destroys the group, and
 the default group too when this module initialised it.
+
+:func:`with_process_group` is how the core keeps the promise for contexts built by hand
+(``EngineContext(role="actor")``, as in the README): :class:`geartrain.Engine` and
+:class:`geartrain.Rollout` supply the size-1 group whenever none is given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
+
+from geartrain.errors import GeartrainError
+from geartrain.types import EngineContext
 
 _lock = threading.Lock()
 _groups: dict[str, list[Any]] = {}  # backend -> [group, users]
@@ -72,3 +80,20 @@ def release_single_rank_group(group: Any) -> None:
         if _owns_default and not _groups:
             dist.destroy_process_group()
             _owns_default = False
+
+
+def with_process_group(ctx: EngineContext) -> tuple[EngineContext, Any | None]:
+    """``ctx`` as given when it has a process group; otherwise (one rank) a copy holding a
+    size-1 group acquired here, and that group, which the caller releases with
+    :func:`release_single_rank_group` when the engine or rollout is done with it.
+    Raises :class:`GeartrainError` for ``world_size > 1`` without a group."""
+    if ctx.process_group is not None:
+        return ctx, None
+    if ctx.world_size != 1:
+        raise GeartrainError(
+            f"EngineContext(role={ctx.role!r}, world_size={ctx.world_size}) has no process_group: a role on "
+            "several ranks needs the torch.distributed group of its ranks (the Ray placement passes it); "
+            "build such contexts through a worker group, or pass process_group="
+        )
+    group = acquire_single_rank_group(ctx.device)
+    return dataclasses.replace(ctx, process_group=group), group
