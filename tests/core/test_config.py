@@ -95,8 +95,9 @@ def test_backend_options_are_validated_by_the_backend_schema(tmp_path: Path) -> 
 
 def test_capabilities_a_backend_lacks_are_refused_up_front(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
-        load_config(Job, write(tmp_path, "sp.toml", "[actor]\nbackend = 'simple-test'\n[actor.parallel]\nsp = 2\ntp = 2\n"))
+        load_config(Job, write(tmp_path, "sp.toml", "[actor]\nbackend = 'simple-test'\n[actor.parallel]\ndp = 2\nsp = 2\ntp = 2\n"))
     problems = dict(err.value.problems)
+    assert "does not declare 'data_parallel'" in problems["actor.parallel.dp"]
     assert "does not declare 'sequence_parallel'" in problems["actor.parallel.sp"]
     assert "does not declare 'tensor_parallel'" in problems["actor.parallel.tp"]
 

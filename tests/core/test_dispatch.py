@@ -72,7 +72,8 @@ def test_prompt_batch_and_mini_batch_lists_split() -> None:
     assert prompts["prompt_index"] == [0, 1, 2] and len(prompts) == 3
     per_rank = dp_rows([_batch([1, 2, 3, 4]), _batch([5, 6])], 2, balance=False)
     assert per_rank == [[[0, 1], [0]], [[2, 3], [1]]]
-    with pytest.raises(ValueError, match="cannot be split across 3"):
+    # a clear error with the fix, not a plain ValueError
+    with pytest.raises(GeartrainError, match=r"2 rows cannot be split across 3 data-parallel ranks: .*at least 3 rows .*data\.batch_size.* or lower parallel\.dp"):
         dp_rows(_batch([1, 2]), 3, balance=False)
     assert reduce_metrics([{"a": 1.0}, {"a": 2.0}]) == {"a": 1.0}
 

@@ -91,6 +91,7 @@ def capability_problems(section: EngineConfig | RolloutConfig, capabilities: set
     problems = []
     if isinstance(section, EngineConfig):
         wanted = {
+            "parallel.dp": ("data_parallel", section.parallel.dp > 1),
             "parallel.sp": ("sequence_parallel", section.parallel.sp > 1),
             "parallel.tp": ("tensor_parallel", section.parallel.tp > 1),
             "parallel.pp": ("pipeline_parallel", section.parallel.pp > 1),

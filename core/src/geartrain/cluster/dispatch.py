@@ -11,7 +11,8 @@ every placement (and unit-tested without any cluster):
   (a result may hold ``m`` rows per input row, e.g. ``n`` samples per prompt);
 * :func:`reduce_metrics` combines the ranks' metric dicts: ``hybrid/*`` (phase-switch seconds
   and bytes) are summed over ranks, ``timing/*`` take the slowest rank, everything else is
-  rank 0's (engines already reduce their metrics over the data-parallel group).
+  rank 0's (:meth:`geartrain.Engine.forward_backward` has already summed an engine's metrics
+  over the data-parallel ranks, the same on every rank; see :mod:`geartrain.cluster.reduce`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from geartrain.batch import Batch
+from geartrain.errors import GeartrainError
 from geartrain.types import StepOutput
 
 
@@ -97,7 +99,11 @@ def dp_rows(value: Any, parts: int, *, balance: bool) -> list[list[list[int]]]:
         raise TypeError("Dispatch.DP needs a Batch, or a list of Batches, as the first argument")
     for b in batches:
         if len(b) < parts:
-            raise ValueError(f"a batch of {len(b)} rows cannot be split across {parts} data-parallel ranks")
+            raise GeartrainError(
+                f"a batch of {len(b)} rows cannot be split across {parts} data-parallel ranks: every rank needs "
+                f"at least one row. Give every call at least {parts} rows (in a job: data.batch_size, "
+                f"sft.batch_size and the validation prompts, validation.max_prompts) or lower parallel.dp"
+            )
     per_batch = [partition(b, parts, balance=balance) for b in batches]
     return [[per_batch[k][d] for k in range(len(batches))] for d in range(parts)]
 
