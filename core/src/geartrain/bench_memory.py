@@ -235,13 +235,21 @@ def measure(
 
 
 def largest_trainable(
-    candidates: Sequence[str], *, device: str, cpu_offload: bool, gradient_checkpointing: bool, **shape: int
+    candidates: Sequence[str],
+    *,
+    device: str,
+    cpu_offload: bool,
+    gradient_checkpointing: bool,
+    timeout: float | None = None,
+    **shape: int,
 ) -> tuple[str | None, dict[str, str]]:
     """The largest of ``candidates`` (smallest first) whose update step runs on ``device``,
-    each tried in a child process; stops at the first that fails. Returns it (None: not
-    even the first) and each tried candidate's outcome."""
+    each tried in a child process; stops at the first that fails (or, with ``timeout``
+    seconds for all tries, at the first still running when they are spent). Returns it
+    (None: not even the first) and each tried candidate's outcome."""
     outcomes: dict[str, str] = {}
     best = None
+    deadline = None if timeout is None else time.monotonic() + timeout
     for name in candidates:
         cmd = [
             sys.executable, "-m", "geartrain.bench_memory", name, "--device", device, "--phases", "update", "--json",
@@ -251,7 +259,12 @@ def largest_trainable(
             cmd.append("--cpu-offload")
         if gradient_checkpointing:
             cmd.append("--gradient-checkpointing")
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        left = None if deadline is None else max(1.0, deadline - time.monotonic())
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+        except subprocess.TimeoutExpired:
+            outcomes[name] = "not finished within the time given"
+            break
         if proc.returncode == 0:
             peak = json.loads(proc.stdout.strip().splitlines()[-1])["peaks"]["update"]
             outcomes[name] = f"trains (update peak {peak / 2**30:.2f} GiB)"

@@ -1,0 +1,439 @@
+"""Every GPU check of issue 20 in one run (driver: ``bench/gpu/run_issue20_on_device.sh``).
+
+Sections, in order of priority, each skipped once the time budget (``--budget``, default
+500 s) is spent, each reporting its figures as ``name: value`` lines (and all of them in
+``$OUT/issue20.json``):
+
+1. attention: the FSDP engine's GPU kernels (flash-attn varlen when installed, compiled
+   flex_attention) against SDPA on packed and shared-prompt rows in bf16, forward and
+   backward, and their speed;
+2. update MFU on qwen2.5-0.5b (and 3. on qwen2.5-1.5b): the fsdp engine's
+   forward+backward+AdamW on sequences of 1-2k tokens in bf16 (fp32 master weights),
+   MFU = 6 N tokens / step time / the card's dense bf16 peak;
+4. decode: the torch rollout (static KV cache, CUDA graphs) generating 256 tokens after
+   256-token prompts at batch 64 and 256 on qwen2.5-0.5b, tokens/s and the fraction of the
+   memory-bandwidth bound (weights + the KV cache read once per step / HBM bandwidth);
+5. GRPO step on qwen2.5-0.5b, 64 prompts x 8 samples, 256 + 256 tokens: geartrain
+   (torch rollout + fsdp engine, colocated) and, when trl imports, TRL's GRPOTrainer with
+   its own generate on the same model and batch; also the trainer-rollout mismatch
+   (mean |logp_trainer - logp_rollout| over response tokens, bf16 both sides);
+6. memory: ``geartrain bench memory`` phases on qwen2.5-0.5b and the largest preset whose
+   update runs, with and without CPU offload and gradient checkpointing (what time is left).
+
+``--device cpu --dry-run`` runs every section on the tiny model with small shapes: the
+CPU check that the script and its code paths work (``make`` runs nothing of it on a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+RESULTS: dict[str, Any] = {}
+START = time.perf_counter()
+
+#: Dense bf16 tensor FLOP/s and HBM bytes/s by card name (NVIDIA data sheets, SXM parts).
+CARDS = {
+    "H200": (989.4e12, 4.8e12),
+    "H100 PCIe": (756.0e12, 2.0e12),
+    "H100 NVL": (835.0e12, 3.9e12),
+    "H100": (989.4e12, 3.35e12),
+    "A100": (312.0e12, 2.04e12),
+}
+
+
+def record(name: str, value: Any) -> None:
+    RESULTS[name] = value
+    print(f"{name}: {value}", flush=True)
+
+
+def card(device: str) -> tuple[str, float, float]:
+    if device != "cuda":
+        return "cpu", float("nan"), float("nan")
+    name = torch.cuda.get_device_name(0)
+    for key, (flops, bw) in CARDS.items():
+        if key in name:
+            return name, flops, bw
+    return name, float("nan"), float("nan")
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def section(name: str, budget: float, fn: Callable[[], None]) -> None:
+    left = budget - (time.perf_counter() - START)
+    if left <= 0:
+        record(f"{name}_skipped", "time budget spent")
+        return
+    t0 = time.perf_counter()
+    try:
+        fn()
+    except Exception as exc:  # report and go on: the sections are independent
+        import traceback
+
+        traceback.print_exc()
+        record(f"{name}_error", repr(exc)[:400])
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    record(f"{name}_section_s", round(time.perf_counter() - t0, 1))
+
+
+# --------------------------------------------------------------------------- 1. attention
+def attention(a: argparse.Namespace) -> None:
+    from geartrain_fsdp import attention_kernels as ak
+    from geartrain_fsdp.prefix_sharing import Segment, SegmentAttention, segment_attention
+    from geartrain_fsdp.ulysses import varlen_causal_attention
+
+    dev, dtype = a.device, (torch.bfloat16 if a.device == "cuda" else torch.float32)
+    heads, kv, d = (14, 2, 64) if not a.dry_run else (4, 2, 16)
+    g = torch.Generator().manual_seed(0)
+    lengths = [int(x) for x in torch.randint(a.seq_min, a.seq_max + 1, (a.attn_seqs,), generator=g)]
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    segs, start = [], 0
+    for _ in range(max(1, a.attn_seqs // 8)):
+        p, rs = a.prompt_tokens, [a.response_tokens] * 8
+        segs.append(Segment(start=start, prefix=p, responses=rs))
+        start += p + sum(rs)
+    record("attention_flash_installed", ak.flash_available())
+    record("attention_flash_impl", (ak._flash_function() or ("none",))[0])
+    for layout_name, n in (("packed", cu[-1]), ("shared_prompts", start)):
+        q, k, v = (torch.randn(1, h, n, d, device=dev, dtype=dtype, requires_grad=True) for h in (heads, kv, kv))
+        w = torch.randn(1, heads, n, d, device=dev, dtype=dtype)
+        if layout_name == "packed":
+            ref_fn = lambda: varlen_causal_attention(q, k, v, cu, None)  # noqa: E731
+            labels, varlen = ak.packed_labels(cu, dev), ak.varlen_layout(cu_seqlens=cu, device=dev)
+        else:
+            sa = SegmentAttention.build(segs, torch.device(dev))
+            ref_fn = lambda: segment_attention(q, k, v, sa, None)  # noqa: E731
+            labels, varlen = ak.shared_labels(segs, dev), ak.varlen_layout(segments=segs, device=dev)
+        ref = ref_fn()
+        ref_grads = torch.autograd.grad((ref.float() * w.float()).sum(), (q, k, v))
+        kernels: dict[str, Callable[[], torch.Tensor]] = {"sdpa": ref_fn}
+        if dev == "cuda":
+            mask = ak.flex_block_mask(labels)
+            kernels["flex"] = lambda mask=mask: ak.flex_attention_call(q, k, v, mask, None)
+            if ak.flash_available():
+                kernels["flash"] = lambda: ak.flash_varlen(q, k, v, varlen, None)
+        else:  # CPU: flash's layout through SDPA (flex has no CPU backward)
+            kernels["flash_layout_via_sdpa"] = lambda: ak.flash_varlen(q, k, v, varlen, None, kernel=ak.varlen_reference)
+        for kname, fn in kernels.items():
+            out = fn()
+            grads = torch.autograd.grad((out.float() * w.float()).sum(), (q, k, v))
+            err = float((out.float() - ref.float()).abs().max())
+            gerr = max(float((x.float() - y.float()).abs().max()) for x, y in zip(grads, ref_grads, strict=True))
+            sync(dev)
+            t0 = time.perf_counter()
+            reps = 5 if not a.dry_run else 1
+            for _ in range(reps):
+                out = fn()
+                torch.autograd.grad((out.float() * w.float()).sum(), (q, k, v))
+            sync(dev)
+            ms = (time.perf_counter() - t0) / reps * 1e3
+            record(f"attention_{layout_name}_{kname}", {"tokens": n, "max_err_vs_sdpa": err, "grad_max_err": gerr,
+                                                        "fwd_bwd_ms": round(ms, 2)})
+
+
+# --------------------------------------------------------------------------- 2/3. update MFU
+def token_batch(rows: int, lengths: list[int], prompt: int, vocab: int, seed: int):  # noqa: ANN201
+    from geartrain.layout import sequence_batch
+
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lengths[:rows]]
+    return sequence_batch([s[:prompt] for s in seqs], [s[prompt:] for s in seqs], 0, mask_key="loss_mask")
+
+
+def make_engine(a: argparse.Namespace, model: str, micro_tokens: int, **options: Any):  # noqa: ANN201
+    from geartrain.cluster.process_group import acquire_single_rank_group
+    from geartrain.config import EngineConfig, ModelConfig, OptimConfig
+    from geartrain.engine import Engine
+    from geartrain.types import EngineContext
+
+    mc = ModelConfig(tiny="qwen2") if a.dry_run else ModelConfig(preset=model)
+    cfg = EngineConfig(
+        backend="fsdp",
+        param_dtype="bfloat16",
+        max_tokens_per_micro_batch=micro_tokens,
+        gradient_checkpointing=a.gradient_checkpointing,
+        optim=OptimConfig(lr=1e-6),
+        options=options,
+    )
+    group = acquire_single_rank_group(a.device)
+    return Engine(cfg, mc, EngineContext(role="actor", device=a.device, process_group=group)), mc
+
+
+def update_mfu(a: argparse.Namespace, model: str, micro_tokens: int) -> None:
+    from geartrain.testing.reference import token_mean_nll_loss
+
+    t0 = time.perf_counter()
+    engine, _ = make_engine(a, model, micro_tokens, share_prompt_prefix=False)
+    record(f"mfu_{model}_build_s", round(time.perf_counter() - t0, 1))
+    n_params = sum(p.numel() for p in engine.handle.hf.parameters())
+    vocab = engine.handle.hf.config.vocab_size
+    g = random.Random(0)
+    lengths = [g.randint(a.seq_min, a.seq_max) for _ in range(a.mfu_rows)]
+    batch = token_batch(a.mfu_rows, lengths, 64 if not a.dry_run else 4, min(vocab, 30000), seed=1)
+    tokens = int(batch["attention_mask"].sum())
+    _, peak, _ = card(a.device)
+    times = []
+    for i in range(1 + a.steps):
+        sync(a.device)
+        t = time.perf_counter()
+        engine.forward_backward(batch, token_mean_nll_loss)
+        stats = engine.optimizer_step()
+        sync(a.device)
+        if i:  # the first step warms up (kernel compilation, allocator)
+            times.append(time.perf_counter() - t)
+        else:
+            record(f"mfu_{model}_first_step_s", round(time.perf_counter() - t, 2))
+    step = sorted(times)[len(times) // 2]
+    flops = 6 * n_params * tokens
+    record(f"mfu_{model}", {
+        "parameters": n_params, "tokens_per_step": tokens, "micro_batch_tokens": micro_tokens,
+        "step_s": round(step, 4), "tokens_per_s": round(tokens / step), "achieved_tflops": round(flops / step / 1e12, 1),
+        "mfu": round(flops / step / peak, 3) if peak == peak else None, "grad_norm": stats.get("grad_norm"),
+        "attention_kernel": engine.handle.attention_kernel,
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if a.device == "cuda" else None,
+    })
+    del engine
+
+
+# --------------------------------------------------------------------------- 4. decode
+def make_rollout(a: argparse.Namespace, model_cfg: Any, rows: int, static: bool):  # noqa: ANN201
+    from geartrain.config import RolloutConfig
+    from geartrain.rollout import Rollout
+    from geartrain.types import EngineContext
+
+    return Rollout(
+        RolloutConfig(backend="torch", dtype="bfloat16" if a.device == "cuda" else "float32",
+                      max_model_len=a.prompt_tokens + a.response_tokens, max_num_seqs=rows,
+                      options={"static_cache": static}),
+        model_cfg,
+        EngineContext(role="rollout", device=a.device),
+    )
+
+
+def kv_bytes_per_token(cfg: Any, itemsize: int) -> int:
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * itemsize
+
+
+def decode(a: argparse.Namespace) -> None:
+    from geartrain.config import ModelConfig
+    from geartrain.types import SamplingParams
+
+    mc = ModelConfig(tiny="qwen2") if a.dry_run else ModelConfig(preset="qwen2.5-0.5b")
+    _, _, bw = card(a.device)
+    for rows in a.decode_batches:
+        for static in (True, False) if rows == a.decode_batches[0] else (True,):
+            ro = make_rollout(a, mc, rows, static)
+            model = ro.handle.model
+            n_params = sum(p.numel() for p in model.parameters())
+            itemsize = next(model.parameters()).element_size()
+            g = torch.Generator().manual_seed(rows)
+            prompts = [torch.randint(4, 100, (a.prompt_tokens,), generator=g).tolist() for _ in range(rows)]
+            tokens = a.response_tokens if static else min(64, a.response_tokens)
+            sp = SamplingParams(n=1, temperature=1.0, max_tokens=tokens, seed=0, stop_token_ids=[])
+            t = time.perf_counter()
+            ro.generate(prompts, sp)  # warm-up: compiles and captures the graphs for these shapes
+            sync(a.device)
+            warm = time.perf_counter() - t
+            t = time.perf_counter()
+            out = ro.generate(prompts, sp)
+            sync(a.device)
+            dt = time.perf_counter() - t
+            generated = int(out["response_mask"].sum())
+            mean_ctx = a.prompt_tokens + tokens / 2
+            step_bytes = n_params * itemsize + rows * mean_ctx * kv_bytes_per_token(model.config, itemsize)
+            bound = rows / (step_bytes / bw)
+            record(f"decode_batch{rows}_{'static' if static else 'dynamic'}", {
+                "generated_tokens": generated, "seconds": round(dt, 3), "tokens_per_s": round(generated / dt),
+                "bandwidth_bound_tokens_per_s": round(bound) if bw == bw else None,
+                "fraction_of_bound": round(generated / dt / bound, 3) if bw == bw else None,
+                "warmup_s": round(warm, 1), "prompt_tokens": a.prompt_tokens, "includes_prefill": True,
+            })
+            ro.shutdown()
+
+
+# --------------------------------------------------------------------------- 5. GRPO step
+def grpo_geartrain(a: argparse.Namespace) -> None:
+    from geartrain.algorithms import ActorLossConfig, compute_advantages, make_actor_loss
+    from geartrain.types import SamplingParams
+
+    engine, mc = make_engine(a, "qwen2.5-0.5b", a.micro_tokens)
+    ro = make_rollout(a, mc, a.grpo_prompts * a.n, static=a.device == "cuda")
+    g = torch.Generator().manual_seed(7)
+    loss_fn = make_actor_loss(ActorLossConfig())
+    times, mismatch = [], []
+    for step in range(1 + a.steps):
+        prompts = [torch.randint(4, 100, (a.prompt_tokens,), generator=g).tolist() for _ in range(a.grpo_prompts)]
+        sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.response_tokens, seed=step, stop_token_ids=[])
+        sync(a.device)
+        t = time.perf_counter()
+        engine.sync_weights(ro)
+        batch = ro.generate(prompts, sp)
+        mask = batch["response_mask"]
+        scores = torch.rand(len(batch), generator=g)  # a reward per sample
+        token_rewards = torch.zeros(mask.shape)
+        last = mask.cumsum(1).argmax(1)
+        token_rewards[torch.arange(len(batch)), last] = scores
+        batch.tensors["advantages"], _ = compute_advantages(
+            "grpo", token_rewards, mask, group_ids=torch.arange(len(batch)) // a.n
+        )
+        batch.tensors["loss_mask"] = mask
+        batch.tensors["old_log_probs"] = batch["rollout_log_probs"]  # one update per batch: old = rollout's
+        out = engine.forward_backward(batch, loss_fn)
+        engine.optimizer_step()
+        sync(a.device)
+        dt = time.perf_counter() - t
+        m = mask.bool()
+        mismatch.append(float((out.outputs["log_probs"][m] - batch["rollout_log_probs"][m]).abs().mean()))
+        if step:
+            times.append(dt)
+        else:
+            record("grpo_geartrain_first_step_s", round(dt, 2))
+    record("grpo_geartrain", {"step_s": round(sorted(times)[len(times) // 2], 3), "steps": len(times),
+                              "mean_abs_logp_mismatch_per_step": [round(x, 5) for x in mismatch]})
+    ro.shutdown()
+    del engine
+
+
+def grpo_trl(a: argparse.Namespace) -> None:
+    try:
+        import trl
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+    except Exception as exc:  # noqa: BLE001
+        record("grpo_trl_skipped", f"trl does not import here: {exc!r}"[:300])
+        return
+    from geartrain.config import ModelConfig
+    from geartrain.modeling import build_hf_model, load_tokenizer
+    from transformers import TrainerCallback
+
+    mc = ModelConfig(tiny="qwen2") if a.dry_run else ModelConfig(preset="qwen2.5-0.5b")
+    model = build_hf_model(mc)
+    tok = load_tokenizer(mc)
+    rng = random.Random(0)
+    alphabet = "0123456789+-*= abcdefghijklmnopqrstuvwxyz"
+    texts = ["".join(rng.choice(alphabet) for _ in range(a.prompt_tokens)) for _ in range(a.grpo_prompts * (2 + a.steps))]
+    data = Dataset.from_list([{"prompt": t} for t in texts])
+    times: list[float] = []
+    clock: dict[str, float] = {}
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+            sync(a.device)
+            clock["t"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN003, ANN201
+            sync(a.device)
+            times.append(time.perf_counter() - clock["t"])
+
+    per_device = a.n * max(1, a.grpo_prompts // 8)
+    args = GRPOConfig(
+        output_dir="/tmp/trl_issue20",
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=a.grpo_prompts * a.n // per_device,
+        num_generations=a.n,
+        max_completion_length=a.response_tokens,
+        temperature=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        learning_rate=1e-6,
+        max_steps=1 + a.steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=a.device != "cuda",
+        bf16=a.device == "cuda",
+        shuffle_dataset=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        generation_kwargs={"min_new_tokens": a.response_tokens},
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **_: [rng.random() for _ in completions]],
+                          args=args, train_dataset=data, processing_class=tok, callbacks=[Clock()])
+    trainer.train()
+    record("grpo_trl", {"version": trl.__version__, "step_s": round(sorted(times[1:])[len(times[1:]) // 2], 3),
+                        "first_step_s": round(times[0], 2), "steps": len(times) - 1})
+    if "grpo_geartrain" in RESULTS:
+        record("grpo_geartrain_over_trl", round(RESULTS["grpo_geartrain"]["step_s"] / RESULTS["grpo_trl"]["step_s"], 3))
+
+
+# --------------------------------------------------------------------------- 6. memory
+def memory(a: argparse.Namespace) -> None:
+    model = "tiny" if a.dry_run else "qwen2.5-0.5b"
+    shape = ["--rows", str(a.grpo_prompts * a.n), "--samples", str(a.n), "--prompt-tokens", str(a.prompt_tokens),
+             "--response-tokens", str(a.response_tokens), "--micro-batch-tokens", str(a.micro_tokens)]
+    cmd = [sys.executable, "-m", "geartrain.cli", "bench", "memory", model, "--device", a.device, *shape]
+    left = max(30, a.budget - (time.perf_counter() - START))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+    print(proc.stdout[-3000:], proc.stderr[-2000:] if proc.returncode else "", flush=True)
+    record("memory_phases", proc.stdout.strip().splitlines()[-4:] if proc.returncode == 0 else f"rc={proc.returncode}")
+    from geartrain.bench_memory import largest_trainable
+
+    candidates = ["tiny"] if a.dry_run else ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama3-8b"]
+    small = dict(rows=8, samples=8, prompt_tokens=256, response_tokens=256, micro_batch_tokens=4096)
+    for offload in (False, True):
+        for ckpt in (False, True):
+            left = a.budget - (time.perf_counter() - START)
+            if left < 20:
+                record(f"largest_offload{offload}_ckpt{ckpt}", "skipped: time budget spent")
+                continue
+            best, outcomes = largest_trainable(candidates, device=a.device, cpu_offload=offload,
+                                               gradient_checkpointing=ckpt, timeout=left, **small)
+            record(f"largest_offload{offload}_ckpt{ckpt}", {"largest": best, "tries": outcomes})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dry-run", action="store_true", help="tiny model and shapes (the CPU check of this script)")
+    ap.add_argument("--budget", type=float, default=500.0, help="seconds; later sections are skipped after it")
+    ap.add_argument("--sections", nargs="+", default=["attention", "mfu05", "decode", "mfu15", "grpo", "memory"])
+    ap.add_argument("--gradient-checkpointing", action="store_true")
+    a = ap.parse_args()
+    big = not a.dry_run
+    a.steps = 3 if big else 1
+    a.seq_min, a.seq_max = (1024, 2048) if big else (16, 32)
+    a.attn_seqs = 16 if big else 8
+    a.mfu_rows = 24 if big else 6
+    a.prompt_tokens, a.response_tokens = (256, 256) if big else (8, 8)
+    a.decode_batches = [64, 256] if big else [4, 8]
+    a.grpo_prompts, a.n = (64, 8) if big else (4, 4)
+    a.micro_tokens = 16384 if big else 256
+    name, peak, bw = card(a.device)
+    record("device", {"name": name, "bf16_peak_flops": peak, "hbm_bytes_per_s": bw, "torch": torch.__version__})
+    sections = {
+        "attention": lambda: attention(a),
+        "mfu05": lambda: update_mfu(a, "qwen2.5-0.5b", a.micro_tokens),
+        "decode": lambda: decode(a),
+        "mfu15": lambda: update_mfu(a, "qwen2.5-1.5b", a.micro_tokens // 2),
+        "grpo": lambda: (grpo_geartrain(a), grpo_trl(a)),
+        "memory": lambda: memory(a),
+    }
+    for key in a.sections:
+        section(key, a.budget, sections[key])
+    record("total_s", round(time.perf_counter() - START, 1))
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "issue20.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
