@@ -114,26 +114,28 @@ def attention(a: argparse.Namespace) -> None:
         q, k, v = (torch.randn(1, h, n, d, device=dev, dtype=dtype, requires_grad=True) for h in (heads, kv, kv))
         w = torch.randn(1, heads, n, d, device=dev, dtype=dtype)
         if layout_name == "packed":
-            ref_fn = lambda: varlen_causal_attention(q, k, v, cu, None)  # noqa: E731
+            ref_fn = lambda q=q, k=k, v=v: varlen_causal_attention(q, k, v, cu, None)  # noqa: E731
             labels, varlen = ak.packed_labels(cu, dev), ak.varlen_layout(cu_seqlens=cu, device=dev)
         else:
             sa = SegmentAttention.build(segs, torch.device(dev))
-            ref_fn = lambda: segment_attention(q, k, v, sa, None)  # noqa: E731
+            ref_fn = lambda q=q, k=k, v=v, sa=sa: segment_attention(q, k, v, sa, None)  # noqa: E731
             labels, varlen = ak.shared_labels(segs, dev), ak.varlen_layout(segments=segs, device=dev)
         ref = ref_fn()
         ref_grads = torch.autograd.grad((ref.float() * w.float()).sum(), (q, k, v))
         kernels: dict[str, Callable[[], torch.Tensor]] = {"sdpa": ref_fn}
         if dev == "cuda":
             mask = ak.flex_block_mask(labels)
-            kernels["flex"] = lambda mask=mask: ak.flex_attention_call(q, k, v, mask, None)
+            kernels["flex"] = lambda q=q, k=k, v=v, mask=mask: ak.flex_attention_call(q, k, v, mask, None)
             if ak.flash_available():
-                kernels["flash"] = lambda: ak.flash_varlen(q, k, v, varlen, None)
+                kernels["flash"] = lambda q=q, k=k, v=v, varlen=varlen: ak.flash_varlen(q, k, v, varlen, None)
         else:  # CPU: flash's layout through SDPA (flex has no CPU backward)
-            kernels["flash_layout_via_sdpa"] = lambda: ak.flash_varlen(q, k, v, varlen, None, kernel=ak.varlen_reference)
+            kernels["flash_layout_via_sdpa"] = lambda q=q, k=k, v=v, varlen=varlen: ak.flash_varlen(
+                q, k, v, varlen, None, kernel=ak.varlen_reference
+            )
         for kname, fn in kernels.items():
             out = fn()
             grads = torch.autograd.grad((out.float() * w.float()).sum(), (q, k, v))
-            err = float((out.float() - ref.float()).abs().max())
+            err = float((out.detach().float() - ref.detach().float()).abs().max())
             gerr = max(float((x.float() - y.float()).abs().max()) for x, y in zip(grads, ref_grads, strict=True))
             sync(dev)
             t0 = time.perf_counter()
@@ -203,7 +205,8 @@ def update_mfu(a: argparse.Namespace, model: str, micro_tokens: int) -> None:
     flops = 6 * n_params * tokens
     record(f"mfu_{model}", {
         "parameters": n_params, "tokens_per_step": tokens, "micro_batch_tokens": micro_tokens,
-        "step_s": round(step, 4), "tokens_per_s": round(tokens / step), "achieved_tflops": round(flops / step / 1e12, 1),
+        "step_s": round(step, 4), "tokens_per_s": round(tokens / step),
+        "achieved_tflops": round(flops / step / 1e12, 1),
         "mfu": round(flops / step / peak, 3) if peak == peak else None, "grad_norm": stats.get("grad_norm"),
         "attention_kernel": engine.handle.attention_kernel,
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if a.device == "cuda" else None,
@@ -328,7 +331,8 @@ def grpo_trl(a: argparse.Namespace) -> None:
     tok = load_tokenizer(mc)
     rng = random.Random(0)
     alphabet = "0123456789+-*= abcdefghijklmnopqrstuvwxyz"
-    texts = ["".join(rng.choice(alphabet) for _ in range(a.prompt_tokens)) for _ in range(a.grpo_prompts * (2 + a.steps))]
+    count = a.grpo_prompts * (2 + a.steps)
+    texts = ["".join(rng.choice(alphabet) for _ in range(a.prompt_tokens)) for _ in range(count)]
     data = Dataset.from_list([{"prompt": t} for t in texts])
     times: list[float] = []
     clock: dict[str, float] = {}

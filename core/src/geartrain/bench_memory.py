@@ -40,7 +40,6 @@ class PeakMeter:
     """Peak bytes in use on ``device`` above a baseline, per ``with meter.phase(name)``."""
 
     def __init__(self, device: str) -> None:
-        import torch
 
         self.device = device
         self.cuda = device.startswith("cuda")
