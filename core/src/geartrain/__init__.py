@@ -6,13 +6,14 @@ The public API for users and plugin authors. Plugins import only from here,
 
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager, load_state, save_state
-from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig
+from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig
 from geartrain.engine import Engine
 from geartrain.errors import CheckpointError, ConfigError, DataError, GeartrainError, PluginError, PluginNotFoundError
 from geartrain.hookspecs import hookimpl
 from geartrain.plugins import list_plugins, register_engine, register_extension, register_rollout
 from geartrain.rollout import Rollout
 from geartrain.types import (
+    AdapterReceiver,
     Capability,
     DataParallelCoordinates,
     EngineContext,
@@ -29,6 +30,7 @@ from geartrain.validation import load_config
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdapterReceiver",
     "Batch",
     "Capability",
     "CheckpointError",
@@ -40,6 +42,7 @@ __all__ = [
     "EngineConfig",
     "EngineContext",
     "GeartrainError",
+    "LoraConfig",
     "LossContext",
     "LossFn",
     "MemoryStats",

@@ -127,6 +127,32 @@ class ParallelConfig(Section):
         return self.dp * self.sp * self.tp * self.pp
 
 
+class LoraConfig(Section):
+    """LoRA adapters on the policy (PEFT ``LoraConfig`` underneath): the base weights stay
+    frozen, only the adapters (and their optimizer state) train. Needs an engine that
+    declares the ``lora`` capability (the ``fsdp`` engine)."""
+
+    rank: int = Field(16, ge=1)
+    """Adapter rank ``r``."""
+    alpha: float = Field(32.0, gt=0)
+    """Scale numerator: the adapter's update is ``alpha / rank x B A``."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training (log-probs are taken without it)."""
+    target_modules: Literal["all-linear"] | list[str] = "all-linear"
+    """``"all-linear"`` (every linear layer of the decoder, not the output head) or module
+    name suffixes (``["q_proj", "v_proj"]``), as PEFT matches them."""
+    init: Literal["default", "gaussian", "pissa", "olora"] = "default"
+    """How the adapters start (PEFT ``init_lora_weights``): ``default`` is B = 0 (the
+    adapted model starts equal to the base), A Kaiming-uniform."""
+    sync: Literal["merged", "adapter"] = "merged"
+    """Weight sync to the rollout: ``merged`` streams base + BA under the transformers
+    names (every rollout); ``adapter`` sends only the adapter tensors to a rollout that
+    declares ``lora`` (the base is sent once, on the first sync)."""
+    export_merged: bool = False
+    """Export (``trainer.export_hf``) also writes the merged transformers model into
+    ``merged/`` next to the PEFT adapter directory."""
+
+
 class EngineConfig(Section):
     """A training engine instance (actor, critic, reference)."""
 
@@ -144,6 +170,9 @@ class EngineConfig(Section):
     """Recompute activations in the backward pass (less memory, more compute)."""
     param_dtype: DType = "float32"
     """Dtype of parameters during compute (mixed precision); master weights stay fp32."""
+    lora: LoraConfig | None = None
+    """LoRA adapters instead of full fine-tuning (engines that declare ``lora``); in a job
+    set it as ``actor.lora``."""
     options: Any = Field(default_factory=dict)
     """The backend's own section, validated by its ``config_schema`` hook."""
 
@@ -169,6 +198,9 @@ class RolloutConfig(Section):
     """KV-cache budget on CPU backends (vLLM needs one there)."""
     weight_bucket_bytes: int = Field(64 << 20, ge=1)
     """Bound of one weight-sync bucket: peak extra memory of ``reshard_for_rollout``."""
+    max_lora_rank: int | None = Field(None, ge=1)
+    """Serve LoRA adapters up to this rank (``update_adapter``; backends that declare
+    ``lora``). A job sets it from ``actor.lora.rank`` when ``actor.lora.sync = "adapter"``."""
     free_memory_between_steps: bool = False
     """Hybrid engine: release the rollout's memory while training and the trainer's while
     generating (costs a restart on backends without sleep mode)."""

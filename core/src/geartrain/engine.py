@@ -14,6 +14,7 @@ from geartrain.cluster.reduce import sum_over_data_parallel
 from geartrain.config import EngineConfig, ModelConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.types import (
+    ADAPTERS_OFF,
     OFFLOAD_KINDS,
     DataParallelCoordinates,
     EngineContext,
@@ -80,10 +81,15 @@ class Engine:
         )
         return out
 
-    def compute_log_probs(self, batch: Batch, *, entropy: bool = False) -> StepOutput:
-        """Forward-only per-token outputs (reference / old log-probs)."""
+    def compute_log_probs(self, batch: Batch, *, entropy: bool = False, adapters_off: bool = False) -> StepOutput:
+        """Forward-only per-token outputs (reference / old log-probs). ``adapters_off``: the
+        base model without its LoRA adapters (engines that train adapters; see
+        :data:`geartrain.types.ADAPTERS_OFF`)."""
+        if adapters_off and self.config.lora is None:
+            raise GeartrainError(f"engine '{self.name}' for role {self.ctx.role} has no LoRA adapters to turn off")
         info_before = dict(batch.info)
         batch.info["need_entropy"] = entropy
+        batch.info[ADAPTERS_OFF] = adapters_off
         try:
             return self.forward_backward(batch, None, forward_only=True)
         finally:

@@ -156,6 +156,10 @@ def forward_backward(  # type: ignore[empty-body]
     With ``forward_only=True`` it computes outputs under ``no_grad`` and calls ``loss_fn``
     only if given (for metrics). Returns per-token outputs ``[B, T]`` on CPU in the order of
     ``batch``; on pipeline-parallel backends every rank returns the same outputs.
+
+    An engine that declares ``lora`` and trains adapters (``config.lora``) runs the base
+    model with its adapters disabled when ``batch.info["adapters_off"]``
+    (:data:`geartrain.types.ADAPTERS_OFF`) is true: the reference policy's log-probs.
     """
 
 
@@ -176,6 +180,12 @@ def optimizer_step(model: EngineModel) -> dict[str, float]:  # type: ignore[empt
 @hookspec(firstresult=True)
 def reshard_for_rollout(model: EngineModel, rollout: WeightReceiver | None) -> SyncStats:  # type: ignore[empty-body]
     """Stream the current weights into ``rollout.update_weights``.
+
+    With LoRA adapters (``config.lora``): ``lora.sync = "merged"`` streams base + BA under
+    the transformers names; ``"adapter"`` calls ``rollout.update_adapter`` with the adapter
+    tensors only (a :class:`~geartrain.types.AdapterReceiver`; the base goes through
+    ``update_weights`` on the first sync only), falling back to merged for a receiver that
+    takes no adapters. ``SyncStats.bytes`` counts what was handed over either way.
 
     Tensors are full (unsharded), named as the transformers checkpoint names them, in the
     rollout's dtype (``rollout.dtype``), and are passed as an iterator that yields them
@@ -257,6 +267,22 @@ def update_weights(rollout: RolloutEngine, named_tensors: Iterable[tuple[str, to
     """Load the (transformers-named, full) tensors into the engine, consuming the iterator
     as it goes (do not collect it into a list); reset caches that could return stale
     results (prefix cache). Tensors not named keep their values."""
+
+
+@hookspec(firstresult=True)
+def update_adapter(rollout: RolloutEngine, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """Serve the LoRA adapter ``name`` on top of the base weights for every later
+    ``generate`` (an adapter of the same name is replaced; one adapter is active at a time).
+
+    ``tensors`` are named as in a PEFT adapter file (``adapter_model.safetensors``:
+    ``base_model.model.<module>.lora_A.weight`` ``[r, in]`` and ``.lora_B.weight``
+    ``[out, r]``, ``<module>`` the transformers module path), in the rollout's dtype;
+    ``config`` is the PEFT ``adapter_config.json`` as a dict (``r``, ``lora_alpha``,
+    ``target_modules``, ``use_rslora``...). Each adapted linear layer then computes
+    ``W x + (lora_alpha / r) B A x`` (``sqrt(r)`` in place of ``r`` with ``use_rslora``).
+    The base weights are those of ``update_weights`` and stay as they are. The adapter
+    must survive ``release``/``resume``. Optional: a backend that implements it declares
+    the ``lora`` capability (and is built with ``RolloutConfig.max_lora_rank``)."""
 
 
 @hookspec(firstresult=True)

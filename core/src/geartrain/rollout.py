@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -59,6 +60,20 @@ class Rollout:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.pm.hook.update_weights(rollout=self.handle, named_tensors=named_tensors)
+
+    @property
+    def accepts_adapters(self) -> bool:
+        """Whether the backend serves LoRA adapters (declares ``lora``)."""
+        return "lora" in self.info.capabilities
+
+    def update_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Serve LoRA adapter ``name`` (the ``update_adapter`` hook; backends that declare ``lora``)."""
+        if not self.pm.hook.update_adapter.get_hookimpls():
+            raise GeartrainError(
+                f"rollout '{self.name}' does not implement 'update_adapter' (no 'lora' capability); "
+                "use actor.lora.sync = 'merged' with it"
+            )
+        self.pm.hook.update_adapter(rollout=self.handle, name=name, tensors=tensors, config=config)
 
     def release(self) -> MemoryStats:
         return self.pm.hook.release(rollout=self.handle)

@@ -175,6 +175,24 @@ class WeightReceiver(Protocol):
         ...
 
 
+@runtime_checkable
+class AdapterReceiver(Protocol):
+    """A receiver that also takes LoRA adapters (the core's :class:`~geartrain.rollout.Rollout`
+    over a backend that declares ``lora``). An engine training LoRA adapters with
+    ``lora.sync = "adapter"`` hands it the adapters instead of the merged weights."""
+
+    @property
+    def accepts_adapters(self) -> bool:
+        """Whether ``update_adapter`` works here (the backend declares ``lora``)."""
+        ...
+
+    def update_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Serve adapter ``name`` (replacing one of that name) on top of the base weights;
+        ``tensors`` and ``config`` as a PEFT adapter directory holds them (see the
+        ``update_adapter`` hook)."""
+        ...
+
+
 @dataclass(kw_only=True, slots=True)
 class MemoryStats:
     """Memory around an offload/onload or release/resume, in bytes.
@@ -251,6 +269,12 @@ class Capability:
     VALUE_HEAD = "value_head"
     HF_EXPORT = "hf_export"
     RELEASE_MEMORY = "release_memory"
+
+
+ADAPTERS_OFF = "adapters_off"
+"""``batch.info`` key: when true, an engine that trains LoRA adapters runs ``forward_backward``
+on the base model with its adapters disabled (the reference policy without a second copy of
+the weights). Engines without adapters ignore it."""
 
 
 OFFLOAD_KINDS: frozenset[str] = frozenset({"params", "grads", "optimizer"})

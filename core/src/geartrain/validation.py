@@ -99,4 +99,17 @@ def capability_problems(section: EngineConfig | RolloutConfig, capabilities: set
         for field_path, (cap, asked) in wanted.items():
             if asked and cap not in capabilities:
                 problems.append((field_path, f"the '{section.backend}' engine does not declare '{cap}'"))
+        if section.lora is not None and "lora" not in capabilities:
+            problems.append(("lora", _no_lora("engine", section.backend)))
+    elif section.max_lora_rank is not None and "lora" not in capabilities:
+        problems.append(("max_lora_rank", _no_lora("rollout", section.backend) + " (or actor.lora.sync = 'merged')"))
     return problems
+
+
+def _no_lora(kind: plugins.PluginKind, backend: str) -> str:
+    """Why ``backend`` cannot take LoRA adapters, and where to go instead."""
+    message = f"the '{backend}' {kind} does not support LoRA adapters (it does not declare 'lora')"
+    if kind == "engine":
+        return message + "; LoRA runs on the 'fsdp' engine (geartrain-fsdp): set actor.engine.backend = \"fsdp\""
+    able = sorted(i.name for i in plugins.list_plugins() if i.kind == kind and "lora" in i.capabilities)
+    return message + (f"; rollouts that do: {', '.join(able)}" if able else "")

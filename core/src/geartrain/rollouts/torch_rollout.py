@@ -32,6 +32,7 @@ import secrets
 import tempfile
 import time
 from collections.abc import Iterable
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from geartrain.config import ModelConfig, RolloutConfig, options_of
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.hookspecs import hookimpl
 from geartrain.layout import check_generate_inputs, max_tokens_of, rollout_batch
+from geartrain.lora_hooks import LoraHooks
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
 from geartrain.seeding import prompt_indices, sample_seed, uniforms
@@ -82,6 +84,8 @@ class TorchRolloutEngine:
     """Where the weights are while released; ``None`` while they are in the model."""
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     """Every state-dict name (tied aliases included) -> the live parameter or buffer."""
+    adapter: LoraHooks | None = None
+    """The LoRA adapter served on top of the weights (``update_adapter``), if any."""
 
     @property
     def released(self) -> bool:
@@ -93,7 +97,7 @@ class TorchRolloutEngine:
 
 @hookimpl
 def capabilities() -> list[str]:
-    return [Capability.CPU, Capability.CUDA, Capability.RELEASE_MEMORY]
+    return [Capability.CPU, Capability.CUDA, Capability.RELEASE_MEMORY, Capability.LORA]
 
 
 @hookimpl
@@ -174,6 +178,18 @@ def update_weights(rollout: TorchRolloutEngine, named_tensors: Iterable[tuple[st
                     f"the model's is {tuple(target.shape)}"
                 )
             target.copy_(tensor)
+
+
+@hookimpl
+def update_adapter(rollout: TorchRolloutEngine, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """The adapter runs as forward hooks on the adapted linear layers (``out + scale x
+    B(A x)``, PEFT's own order of operations); the weights stay the base's."""
+    _check_live(rollout, "update the adapter")
+    if rollout.adapter is not None:
+        rollout.adapter.remove()
+        rollout.adapter = None
+    rollout.adapter = LoraHooks.attach(rollout.model, tensors, config, device=rollout.device, dtype=rollout.dtype,
+                                       max_rank=rollout.config.max_lora_rank, name=name)
 
 
 @hookimpl

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
-from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section
+from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section
 from geartrain.data.config import DataConfig
 from geartrain.trainer.watchdog import WatchdogConfig
 from geartrain.validation import load_config
@@ -182,6 +182,16 @@ class RoleEngine(Section):
 
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """The role's training engine (backend default: the actor's)."""
+
+
+class ActorConfig(RoleEngine):
+    """The policy's training engine, optionally with LoRA adapters."""
+
+    lora: LoraConfig | None = None
+    """Train LoRA adapters on the frozen policy instead of all its weights (engines that
+    declare ``lora``: ``fsdp``). The SFT warm start still trains every weight; the
+    reference policy (a KL term) is then the actor's base with its adapters turned off,
+    so no second copy of the model is built."""
 
 
 class CriticConfig(Section):
@@ -423,7 +433,7 @@ class TrainConfig(Section):
 
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     model: ModelConfig = Field(default_factory=lambda: ModelConfig(tiny="qwen2"))
-    actor: RoleEngine = Field(default_factory=RoleEngine)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
     reference: RoleEngine = Field(default_factory=lambda: RoleEngine(engine=EngineConfig(optim=OptimConfig(lr=0.0))))
     critic: CriticConfig = Field(default_factory=CriticConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -498,6 +508,14 @@ class TrainConfig(Section):
         ``total_steps`` is the number of optimizer steps the job takes (derived when unset;
         a different value is refused)."""
         actor_backend = self.actor.engine.backend
+        lora = self.actor.lora or self.actor.engine.lora
+        if lora is not None:
+            if self.actor.lora is not None and self.actor.engine.lora not in (None, lora):
+                raise ValueError("actor.engine.lora: set LoRA once, as actor.lora (actor.engine.lora differs from it)")
+            object.__setattr__(self.actor, "lora", lora)
+            object.__setattr__(self.actor.engine, "lora", lora)
+            if lora.sync == "adapter" and self.rollout.max_lora_rank is None:
+                object.__setattr__(self.rollout, "max_lora_rank", lora.rank)
         for section in (self.reference.engine, self.critic.engine, self.reward.engine):
             if "backend" not in section.model_fields_set and section.backend != actor_backend:
                 object.__setattr__(section, "backend", actor_backend)

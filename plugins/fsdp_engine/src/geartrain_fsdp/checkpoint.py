@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -41,11 +42,48 @@ def _app_state(model: FSDPModel) -> dict[str, Any]:
     ``get_optimizer_state_dict`` then creates it by running a step with zero gradients,
     which would start AdamW's step count (its bias correction) one step early. So a fresh
     optimizer is put back to fresh afterwards (see :func:`_untouched`)."""
-    state: dict[str, Any] = {"model": get_model_state_dict(model.module)}
+    state: dict[str, Any] = {"model": get_model_state_dict(model.module, options=_model_options(model))}
     if model.optimizer is not None:
         with _untouched(model.optimizer):
             state["optim"] = get_optimizer_state_dict(model.module, model.optimizer)
     return state
+
+
+def _model_options(model: FSDPModel, **kwargs: Any) -> StateDictOptions:
+    """LoRA: only the trainable adapters are saved; the frozen base is referenced by path
+    and fingerprint (``trainer.pt``), never copied into the checkpoint."""
+    return StateDictOptions(ignore_frozen_params=model.peft is not None, **kwargs)
+
+
+def _lora_record(model: FSDPModel) -> dict[str, Any] | None:
+    if model.peft is None:
+        return None
+    assert model.config.lora is not None
+    return {"base": model.base, "base_sha256": model.base_hash, "config": model.config.lora.model_dump()}
+
+
+def _check_lora(model: FSDPModel, saved: dict[str, Any] | None, path: Path) -> None:
+    """Refuse a checkpoint whose adapters were trained on another base (or none)."""
+    from geartrain.errors import CheckpointError
+
+    mine = _lora_record(model)
+    if (saved is None) != (mine is None):
+        what = "LoRA adapters only" if saved is not None else "a full model, no LoRA adapters"
+        want = "LoRA adapters (actor.lora)" if mine is not None else "a full model"
+        raise CheckpointError(f"{path} holds {what}, but this engine trains {want}; resume with the configuration it was saved with")
+    if saved is None or mine is None:
+        return
+    if saved["base_sha256"] != mine["base_sha256"]:
+        raise CheckpointError(
+            f"{path}: its LoRA adapters were trained on base '{saved['base']}' (sha256 {saved['base_sha256'][:12]}...), "
+            f"but this engine's base '{mine['base']}' has sha256 {mine['base_sha256'][:12]}...: the base model changed; "
+            "resume on the base the run started from"
+        )
+    if saved["config"]["rank"] != mine["config"]["rank"] or saved["config"]["target_modules"] != mine["config"]["target_modules"]:
+        raise CheckpointError(
+            f"{path}: its adapters have rank {saved['config']['rank']} on {saved['config']['target_modules']}, this engine's "
+            f"rank {mine['config']['rank']} on {mine['config']['target_modules']}; resume with the saved actor.lora"
+        )
 
 
 @contextlib.contextmanager
@@ -114,6 +152,7 @@ def save(model: FSDPModel, path: Path, extra: dict[str, Any]) -> None:
             "extra": extra,
             "world": model.meshes.world,
             "optimizer_fresh": fresh,
+            "lora": _lora_record(model),
         }
         save_state(trainer, path / "trainer.pt")
 
@@ -121,11 +160,12 @@ def save(model: FSDPModel, path: Path, extra: dict[str, Any]) -> None:
 def load(model: FSDPModel, path: Path) -> dict[str, Any]:
     """Restore model, optimizer, scheduler and RNG states in place; return ``extra``."""
     path = Path(path)
+    trainer = load_state(path / "trainer.pt")
+    _check_lora(model, trainer.get("lora"), path)
     state = _app_state(model)
     with _single_process_is_intended():
         dcp.load(state, checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
-    set_model_state_dict(model.module, state["model"])
-    trainer = load_state(path / "trainer.pt")
+    set_model_state_dict(model.module, state["model"], options=_model_options(model, strict=model.peft is None))
     if model.optimizer is not None:
         set_optimizer_state_dict(model.module, model.optimizer, state["optim"])
         if trainer.get("optimizer_fresh", False):  # saved before the first step: resume fresh

@@ -41,6 +41,7 @@ def capabilities() -> Iterable[str]:
         Capability.OFFLOAD,
         Capability.VALUE_HEAD,
         Capability.HF_EXPORT,
+        Capability.LORA,
     ]
 
 
@@ -69,7 +70,9 @@ def shard(module: torch.nn.Module, config: EngineConfig, model_config: ModelConf
     from geartrain_fsdp.options import FSDPOptions
     from geartrain_fsdp.sharding import shard_model
 
-    return shard_model(module, config, options_of(config, FSDPOptions), ctx, value_head=model_config.value_head)
+    return shard_model(
+        module, config, options_of(config, FSDPOptions), ctx, value_head=model_config.value_head, model_config=model_config
+    )
 
 
 @hookimpl

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from geartrain.config import EngineConfig
+from geartrain.config import EngineConfig, ModelConfig
 from geartrain.errors import ConfigError
 from geartrain.modeling import torch_dtype
 from geartrain.optim import build_optimizer
@@ -38,6 +38,15 @@ class FSDPModel:
     offloaded: frozenset[str] = field(default_factory=frozenset)
     attention_kernel: AttentionKernel = "sdpa"
     """The packed attention's kernel, chosen once from ``options.attention`` and the device."""
+    peft: Any = None
+    """The ``PeftModel`` around ``hf`` when ``config.lora`` is set (its config; the adapters
+    themselves live in ``hf``'s LoRA layers)."""
+    base: str | None = None
+    """LoRA: the base model as a checkpoint references it (path, or tiny family and seed)."""
+    base_hash: str | None = None
+    """LoRA: SHA-256 of the frozen base weights (:func:`geartrain_fsdp.lora.base_fingerprint`)."""
+    base_synced: bool = False
+    """LoRA adapter-only sync: the base weights went to the rollout once already."""
 
     @property
     def hf(self) -> nn.Module:
@@ -56,11 +65,19 @@ class FSDPModel:
 
 
 def shard_model(
-    hf: nn.Module, config: EngineConfig, options: FSDPOptions, ctx: EngineContext, *, value_head: bool
+    hf: nn.Module,
+    config: EngineConfig,
+    options: FSDPOptions,
+    ctx: EngineContext,
+    *,
+    value_head: bool,
+    model_config: ModelConfig | None = None,
 ) -> FSDPModel:
-    """Build the meshes, wrap ``hf`` (``fully_shard`` per decoder layer, then the root),
-    and create AdamW + LR scheduler (skipped when ``config.optim.lr == 0``). ``value_head``:
-    ``hf`` is a value model (``ModelConfig.value_head``) whose outputs are ``values``."""
+    """Build the meshes, add LoRA adapters when ``config.lora`` (before sharding: FSDP
+    shards them with their layer), wrap ``hf`` (``fully_shard`` per decoder layer, then
+    the root), and create AdamW + LR scheduler over the trainable parameters (skipped when
+    ``config.optim.lr == 0``). ``value_head``: ``hf`` is a value model
+    (``ModelConfig.value_head``) whose outputs are ``values``."""
     meshes = build_meshes(config.parallel, ctx, options.hsdp_replicate, shard_one_rank=options.cpu_offload)
     if config.parallel.sp > 1 and not options.remove_padding:
         raise ConfigError([("options.remove_padding", "sequence parallel (parallel.sp > 1) needs remove_padding = true")])
@@ -68,6 +85,11 @@ def shard_model(
         kernel = choose_kernel(options.attention, meshes.device)
     except ValueError as exc:
         raise ConfigError([("options.attention", str(exc))]) from None
+    peft_model = base_hash = None
+    if config.lora is not None:
+        if value_head:
+            raise ConfigError([("lora", "LoRA adapters are for the policy (a causal LM), not a value model")])
+        peft_model, base_hash = _add_adapters(hf, config, meshes, ctx)
     if options.remove_padding:
         hf.config._attn_implementation = ATTENTION_NAME
     if config.gradient_checkpointing:
@@ -91,6 +113,10 @@ def shard_model(
         )
         if mp is not None:
             kwargs["mp_policy"] = mp
+        if peft_model is not None and _mixed_dtypes(hf):
+            # FSDP2 gathers a group in one dtype: fp32 adapters over a bf16 base get groups of their own
+            for adapter in _adapter_modules(hf):
+                fully_shard(adapter, **kwargs)
         for layer in decoder_layers(hf):
             fully_shard(layer, **kwargs)
         fully_shard(module, **kwargs)
@@ -109,9 +135,47 @@ def shard_model(
         meshes=meshes,
         attention_kernel=kernel,
     )
+    if peft_model is not None:
+        from geartrain_fsdp.lora import base_reference
+
+        handle.peft = peft_model
+        handle.base_hash = base_hash
+        handle.base = base_reference(model_config) if model_config is not None else None
     if config.optim.lr > 0:
         handle.optimizer, handle.scheduler = build_optimizer(handle.params(), config.optim)
     return handle
+
+
+def _add_adapters(hf: nn.Module, config: EngineConfig, meshes: Meshes, ctx: EngineContext) -> tuple[Any, str]:
+    """Inject the LoRA adapters (initialised from ``ctx.seed``, the same on every rank) and
+    fingerprint the base; ranks built on the meta device take rank 0's fingerprint."""
+    from geartrain_fsdp import lora
+
+    assert config.lora is not None
+    on_meta = any(p.is_meta for p in hf.parameters())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        peft_model = lora.wrap(hf, config.lora)
+    fingerprint = None if on_meta else lora.base_fingerprint(hf)
+    if meshes.distributed:
+        box = [fingerprint]
+        dist.broadcast_object_list(box, group=meshes.ctx_group, group_src=0)
+        fingerprint = box[0]
+    return peft_model, fingerprint
+
+
+def _mixed_dtypes(hf: nn.Module) -> bool:
+    return len({p.dtype for p in hf.parameters()}) > 1
+
+
+def _adapter_modules(hf: nn.Module) -> list[nn.Module]:
+    """The ``lora_A``/``lora_B`` containers of every LoRA layer (sharded as their own groups)."""
+    from geartrain_fsdp.lora import ADAPTER, lora_layers
+
+    out: list[nn.Module] = []
+    for layer in lora_layers(hf):
+        out += [layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]]
+    return out
 
 
 def _any_rank_on_meta(module: nn.Module, meshes: Meshes) -> bool:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from geartrain.batch import Batch
 from geartrain.micro_batches import plan_micro_batches
-from geartrain.types import LossContext, LossFn, StepOutput
+from geartrain.types import ADAPTERS_OFF, LossContext, LossFn, StepOutput
 
 from geartrain_fsdp.mesh import all_reduce_
 from geartrain_fsdp.packing import pack, padded_inputs, scatter_shifted, shift_padded
@@ -207,7 +207,7 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
     order: list[int] = []
     model.module.train(mode=train)
     grad_ctx = contextlib.nullcontext() if train else torch.no_grad()
-    with grad_ctx, _autocast(model):
+    with grad_ctx, _autocast(model), _adapters(model, batch):
         for index, rows in enumerate(plan):
             if rows:
                 mb = batch.index(rows)
@@ -261,6 +261,16 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
     metrics = dict(metric_sums)
     metrics.update(tokens=float(attention_mask.sum()), sequences=float(len(batch)), micro_batches=float(len(plan)))
     return StepOutput(outputs=result, metrics=metrics)
+
+
+def _adapters(model: FSDPModel, batch: Batch) -> contextlib.AbstractContextManager:
+    """The base model alone when the batch asks for it (``ADAPTERS_OFF``) and there are
+    LoRA adapters to turn off."""
+    if model.peft is None or not batch.info.get(ADAPTERS_OFF, False):
+        return contextlib.nullcontext()
+    from geartrain_fsdp.lora import adapters_disabled
+
+    return adapters_disabled(model.module)
 
 
 def _autocast(model: FSDPModel) -> contextlib.AbstractContextManager:

@@ -4,14 +4,15 @@ size-bounded buckets, and exporting a plain Hugging Face directory."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from geartrain.types import SyncStats, WeightReceiver
-from geartrain.weights import send_weights, stream_weights
+from geartrain.types import AdapterReceiver, SyncStats, WeightReceiver
+from geartrain.weights import BucketStats, drain, plan_buckets, send_weights, stream_buckets, stream_weights
 
 from geartrain_fsdp.sharding import FSDPModel
 
@@ -39,16 +40,101 @@ def reshard_for_rollout(model: FSDPModel, rollout: WeightReceiver | None) -> Syn
     """See :func:`geartrain.hookspecs.reshard_for_rollout`."""
     dtype = rollout.dtype if rollout is not None else torch.float32
     bucket_bytes = rollout.bucket_bytes if rollout is not None else 64 << 20
+    adapters = isinstance(rollout, AdapterReceiver) and rollout.accepts_adapters
     if model.meshes.distributed:
         # every rank must plan identical buckets: take the receivers' settings from rank 0
-        settings = [str(dtype), bucket_bytes, rollout is not None]
+        settings = [str(dtype), bucket_bytes, rollout is not None, adapters]
         gathered: list[Any] = [None] * dist.get_world_size(model.meshes.ctx_group)
         dist.all_gather_object(gathered, settings, group=model.meshes.ctx_group)
         with_receiver = [s for s in gathered if s[2]] or gathered
         dtype = getattr(torch, with_receiver[0][0].replace("torch.", ""))
         bucket_bytes = with_receiver[0][1]
-    return send_weights(
-        hf_state_entries(model), rollout, dtype=dtype, bucket_bytes=bucket_bytes, device=model.device, materialize=_full
+        adapters = all(s[3] for s in with_receiver)
+    if model.peft is None:
+        return send_weights(
+            hf_state_entries(model), rollout, dtype=dtype, bucket_bytes=bucket_bytes, device=model.device, materialize=_full
+        )
+    assert model.config.lora is not None
+    if model.config.lora.sync == "adapter" and adapters:
+        return _sync_adapter(model, rollout, dtype, bucket_bytes)  # type: ignore[arg-type]
+    stats = BucketStats()
+    return _send_stream(iter_merged_weights(model, dtype, bucket_bytes, model.device, stats), rollout, stats)
+
+
+def _send_stream(stream: Iterator[tuple[str, torch.Tensor]], rollout: WeightReceiver | None, stats: BucketStats) -> SyncStats:
+    start = time.perf_counter()
+    if rollout is not None:
+        rollout.update_weights(stream)
+    drain(stream)
+    return SyncStats(
+        seconds=time.perf_counter() - start,
+        bytes=stats.bytes,
+        num_tensors=stats.num_tensors,
+        num_buckets=stats.num_buckets,
+        max_bucket_bytes=stats.max_bucket_bytes,
+    )
+
+
+def iter_merged_weights(
+    model: FSDPModel, dtype: torch.dtype, bucket_bytes: int, device: torch.device | str = "cpu", stats: BucketStats | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """LoRA: the full weights of the adapted model (``W + scale x B A`` where adapted) under
+    their transformers names, cast to ``dtype``, ``bucket_bytes`` at a time. Collective."""
+    from geartrain_fsdp.lora import merged_weight, sites, transformers_name
+
+    adapted = {f"{module}.weight": site for module, site in sites(model.hf).items()}
+    entries = [(plain, t) for name, t in hf_state_entries(model) if (plain := transformers_name(name)) is not None]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    by_name = dict(entries)
+    target = torch.device(device)
+
+    def gather(names: list[str]) -> list[tuple[str, torch.Tensor]]:
+        out = []
+        for name in names:
+            site = adapted.get(name)
+            live = by_name[name].detach()
+            full = (merged_weight(site, _full) if site is not None else _full(live)).to(device=target, dtype=dtype)
+            out.append((name, full.clone() if full is live else full))  # never alias a live parameter
+        return out
+
+    buckets = plan_buckets([(name, t.numel() * itemsize) for name, t in entries], bucket_bytes)
+    return stream_buckets(buckets, gather, stats)
+
+
+def adapter_tensors(model: FSDPModel, dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The adapter's tensors, full, named as in a PEFT adapter file. Collective."""
+    from geartrain_fsdp.lora import adapter_names, sites
+
+    out: dict[str, torch.Tensor] = {}
+    for module, site in sites(model.hf).items():
+        a_name, b_name = adapter_names(module)
+        out[a_name] = _full(site.lora_a.detach()).to(device=device, dtype=dtype, copy=True)
+        out[b_name] = _full(site.lora_b.detach()).to(device=device, dtype=dtype, copy=True)
+    return out
+
+
+def _sync_adapter(model: FSDPModel, rollout: AdapterReceiver | None, dtype: torch.dtype, bucket_bytes: int) -> SyncStats:
+    """Adapter-only sync: the base once (the rollout may have started from other weights),
+    then only the adapter tensors through ``update_adapter``."""
+    from geartrain_fsdp.lora import ADAPTER, adapter_config, transformers_name
+
+    start = time.perf_counter()
+    stats = BucketStats()
+    if not model.base_synced:
+        base = [(plain, t) for name, t in hf_state_entries(model) if (plain := transformers_name(name)) is not None]
+        stream = stream_weights(base, dtype=dtype, bucket_bytes=bucket_bytes, device=model.device, materialize=_full, stats=stats)
+        _send_stream(stream, rollout, stats)  # type: ignore[arg-type]
+        model.base_synced = True
+    tensors = adapter_tensors(model, dtype, model.device)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    if rollout is not None:
+        rollout.update_adapter(ADAPTER, tensors, adapter_config(model.peft, model.base))
+    return SyncStats(
+        seconds=time.perf_counter() - start,
+        bytes=stats.bytes + nbytes,
+        num_tensors=stats.num_tensors + len(tensors),
+        num_buckets=stats.num_buckets + 1,
+        max_bucket_bytes=max(stats.max_bucket_bytes, nbytes),
     )
 
 
@@ -58,16 +144,54 @@ SHARD_BYTES = 4 << 30
 def export_hf(model: FSDPModel, path: Path, tokenizer: Any | None) -> None:
     """See :func:`geartrain.hookspecs.export_hf`: rank 0 writes ``config.json``,
     ``generation_config.json`` (when the model has one), ``model*.safetensors`` (tied
-    weights once, as transformers saves them) and the tokenizer."""
+    weights once, as transformers saves them) and the tokenizer.
+
+    With LoRA adapters: a PEFT adapter directory instead (``adapter_config.json``,
+    ``adapter_model.safetensors``, the tokenizer; ``PeftModel.from_pretrained`` loads it
+    over the base), plus the merged model in ``merged/`` when ``lora.export_merged``."""
+    if model.peft is None:
+        dtype = next(iter(t for _, t in hf_state_entries(model))).dtype
+        _write_hf(model, path, tokenizer, iter_full_weights(model, dtype, 256 << 20, device="cpu"))
+        return
+    assert model.config.lora is not None
+    _write_adapter(model, path, tokenizer)
+    if model.config.lora.export_merged:
+        dtype = next(t for n, t in hf_state_entries(model) if ".lora_" not in n).dtype
+        _write_hf(model, path / "merged", tokenizer, iter_merged_weights(model, dtype, 256 << 20, device="cpu"))
+
+
+def _write_adapter(model: FSDPModel, path: Path, tokenizer: Any | None) -> None:
+    """Rank 0 writes the PEFT adapter directory (fp32 adapter tensors). Collective."""
     from safetensors.torch import save_file
 
-    rank0 = not model.meshes.distributed or dist.get_rank(model.meshes.ctx_group) == 0
+    from geartrain_fsdp.lora import adapter_config
+
+    tensors = adapter_tensors(model, torch.float32, "cpu")
+    if _rank0(model):
+        path.mkdir(parents=True, exist_ok=True)
+        config = adapter_config(model.peft, model.base)
+        (path / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+    _barrier(model)
+
+
+def _rank0(model: FSDPModel) -> bool:
+    return not model.meshes.distributed or dist.get_rank(model.meshes.ctx_group) == 0
+
+
+def _write_hf(model: FSDPModel, path: Path, tokenizer: Any | None, stream: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Rank 0 writes ``stream`` (full tensors by transformers name) as a transformers
+    directory; every rank consumes it (the gathers are collective)."""
+    from safetensors.torch import save_file
+
+    rank0 = _rank0(model)
     hf = model.hf
-    dtype = next(iter(t for _, t in hf_state_entries(model))).dtype
     tied = _tied_names(hf)
     files: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for name, tensor in iter_full_weights(model, dtype, 256 << 20, device="cpu"):
+    for name, tensor in stream:
         if not rank0 or name in tied:
             continue
         nbytes = tensor.numel() * tensor.element_size()
