@@ -109,6 +109,7 @@ endef
 # test-sglang first, and the plugin suite loads only the sglang plugin).
 .venvs/sglang/.e2e: .venvs/sglang/.ok plugins/fsdp_engine/pyproject.toml | test-sglang
 	.venvs/sglang/bin/pip install $(PIPOPTS) --no-deps -e plugins/fsdp_engine
+	.venvs/sglang/bin/pip install $(PIPOPTS) peft $(TORCH)
 	touch $@
 
 clean-envs:

@@ -423,3 +423,36 @@ def test_max_tokens_per_prompt_gives_each_prompt_its_budget(rollout: Rollout) ->
     for row, budget in enumerate(b for b in budgets for _ in range(2)):
         assert per["input_ids"][row, w_per : w_per + budget].tolist() == free["input_ids"][row, w_free : w_free + budget].tolist()
     assert per["finish_reason"] == ["length"] * len(per)
+
+
+# --------------------------------------------------------------------------- LoRA adapters
+
+
+def test_hook_update_adapter_refuses_bad_adapters_and_keeps_serving_the_base() -> None:
+    r = Rollout(
+        RolloutConfig(backend="torch", max_model_len=64, max_lora_rank=4),
+        ModelConfig(tiny="qwen2", seed=0),
+        EngineContext(role="rollout"),
+    )
+    try:
+        module = "model.layers.0.self_attn.q_proj"
+        a, b = torch.ones(4, 128), torch.ones(128, 4)
+        config = {"r": 4, "lora_alpha": 8}
+        cases = [
+            ({f"base_model.model.{module}.lora_A.weight": a}, config, "not both A and B"),
+            ({f"base_model.model.{module}.lora_A.weight": a, f"base_model.model.{module}.lora_B.weight": b},
+             {"r": 8, "lora_alpha": 8}, "max_lora_rank"),
+            ({"base_model.model.model.layers.0.nope.lora_A.weight": a, "base_model.model.model.layers.0.nope.lora_B.weight": b},
+             config, "no module 'model.layers.0.nope'"),
+            ({f"base_model.model.{module}.weight": a}, config, "not a LoRA tensor name"),
+            ({f"base_model.model.{module}.lora_A.weight": a.T, f"base_model.model.{module}.lora_B.weight": b},
+             config, "needs A"),
+        ]
+        for tensors, cfg, message in cases:
+            with pytest.raises(GeartrainError, match=message):
+                r.update_adapter("policy", tensors, cfg)
+        batch = r.generate(encode_prompts(), SamplingParams(n=2, max_tokens=6, seed=0))
+        expected = teacher_forced_log_probs(tiny_model("qwen2", seed=0), batch)
+        assert float((batch["rollout_log_probs"] - expected).abs().max()) < 1e-5  # no half-attached adapter
+    finally:
+        r.shutdown()

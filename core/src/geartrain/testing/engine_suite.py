@@ -30,7 +30,7 @@ import torch
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
 from geartrain.cluster.process_group import acquire_single_rank_group
-from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig
+from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig
 from geartrain.engine import Engine
 from geartrain.modeling import build_hf_model
 from geartrain.testing.guard import StandardSuite
@@ -169,6 +169,8 @@ class EngineConformance(StandardSuite):
         """Run each test once per model family in ``families``."""
         if "family" in metafunc.fixturenames:
             metafunc.parametrize("family", self.families)
+        if "lora_family" in metafunc.fixturenames:  # LoRA is the same code on every family: one is enough
+            metafunc.parametrize("lora_family", self.families[:1])
 
     # ------------------------------------------------------------------ forward
     def test_forward_log_probs_match_transformers(self, family: str) -> None:
@@ -418,6 +420,85 @@ class EngineConformance(StandardSuite):
         for name in w_plain:
             assert torch.equal(w_plain[name], w_moved[name]), name
 
+    # ------------------------------------------------------------------ LoRA (engines declaring 'lora')
+    lora_rank: ClassVar[int] = 4
+    """Rank of the adapters the LoRA tests train (they run on the first of ``families``)."""
+
+    def make_lora_engine(self, lora_family: str, sync: str = "merged", **engine_overrides: Any) -> Engine:
+        """An engine training LoRA adapters (skips the test where the engine has no ``lora``)."""
+        from geartrain import plugins
+
+        if "lora" not in plugins.backend_info("engine", self.backend).capabilities:
+            pytest.skip(f"engine '{self.backend}' does not declare lora")
+        lora = LoraConfig(rank=self.lora_rank, alpha=2.0 * self.lora_rank, sync=sync)  # type: ignore[arg-type]
+        optim = OptimConfig(lr=1e-2, weight_decay=0.1, clip_grad=1.0)
+        return self.make_engine(lora_family, lora=lora, **{"optim": optim, **engine_overrides})
+
+    def test_lora_trains_only_the_adapters(self, lora_family: str) -> None:
+        """After LoRA steps (weight decay on): every weight that has no adapter is the base's
+        bit for bit, the forward with adapters off equals the base model's, and the adapted
+        model (merged sync) moved away from it."""
+        engine = self.make_lora_engine(lora_family)
+        self._engine_training(engine, 3)
+        base = build_hf_model(engine.model_config)
+        merged = self.full_weights(engine)
+        reference = base.state_dict()
+        changed = [name for name, t in merged.items() if not torch.equal(t, reference[name])]
+        assert changed, "three LoRA steps changed no weight"
+        assert all(name.endswith(".weight") and "embed" not in name and "norm" not in name for name in changed), changed
+        batch = _batch(seed=2)
+        off = engine.compute_log_probs(batch, adapters_off=True).outputs["log_probs"]
+        on = engine.compute_log_probs(batch).outputs["log_probs"]
+        ref = reference_token_outputs(base, batch)["log_probs"]
+        valid = token_valid_mask(batch["attention_mask"])
+        torch.testing.assert_close(off[valid], ref[valid], atol=self.logprob_atol, rtol=0)
+        assert (on[valid] - ref[valid]).abs().max() > 100 * self.logprob_atol
+
+    def test_lora_adapter_sync_equals_merged_sync(self, lora_family: str) -> None:
+        """The same training synced both ways into the reference torch rollout: the same
+        samples, log-probs equal to the engine's (1e-5), and the adapter-only sync moves only
+        the adapter after the first one."""
+        from geartrain.config import RolloutConfig
+        from geartrain.rollout import Rollout
+        from geartrain.types import SamplingParams
+
+        outs, stats = [], []
+        for sync in ("merged", "adapter"):
+            engine = self.make_lora_engine(lora_family, sync=sync)
+            self._engine_training(engine, 2)
+            rollout = Rollout(
+                RolloutConfig(backend="torch", max_lora_rank=self.lora_rank), engine.model_config, EngineContext(role="rollout")
+            )
+            first = engine.sync_weights(rollout)
+            self._engine_training(engine, 1, first_seed=30)
+            stats.append((first, engine.sync_weights(rollout)))
+            sampled = rollout.generate([[1, 40, 41, 42], [1, 50, 51], [1, 60, 61, 62, 63]], SamplingParams(n=2, max_tokens=8, seed=5))
+            mine = engine.compute_log_probs(sampled).outputs["log_probs"]
+            mask = sampled["response_mask"].bool()
+            torch.testing.assert_close(mine[mask], sampled["rollout_log_probs"][mask], atol=self.logprob_atol, rtol=0)
+            outs.append(sampled)
+        assert torch.equal(outs[0]["input_ids"], outs[1]["input_ids"])
+        (merged_first, merged_next), (adapter_first, adapter_next) = stats
+        assert merged_next.bytes == merged_first.bytes
+        assert adapter_next.bytes < adapter_first.bytes and adapter_next.bytes < merged_next.bytes / 2
+
+    def test_lora_checkpoint_round_trip(self, lora_family: str, tmp_path: Path) -> None:
+        """Resuming LoRA training from a checkpoint continues as the uninterrupted run, and
+        the checkpoint holds the adapters (+ their optimizer state), a fraction of a full one."""
+        lora_manager = CheckpointManager(tmp_path / "lora", keep_last=1)
+        straight = self.make_lora_engine(lora_family)
+        self._engine_training(straight, 1)
+        saved = straight.save_checkpoint(lora_manager, 1, {"k": 1})
+        losses_straight, _ = self._engine_training(straight, 2, first_seed=20)
+        resumed = self.make_lora_engine(lora_family)
+        assert resumed.load_checkpoint(saved) == {"k": 1}
+        losses_resumed, _ = self._engine_training(resumed, 2, first_seed=20)
+        assert losses_resumed == pytest.approx(losses_straight, abs=self.resume_atol)
+        full = self.make_engine(lora_family)
+        self._engine_training(full, 1)
+        full_saved = full.save_checkpoint(CheckpointManager(tmp_path / "full", keep_last=1), 1, {"k": 1})
+        assert _dir_bytes(saved) < 0.5 * _dir_bytes(full_saved), (_dir_bytes(saved), _dir_bytes(full_saved))
+
     # ------------------------------------------------------------------ errors
     def test_batch_without_input_ids_is_a_clear_error(self, family: str) -> None:
         engine = self.make_engine(family)
@@ -425,6 +506,10 @@ class EngineConformance(StandardSuite):
         broken = Batch({"attention_mask": batch["attention_mask"], "loss_mask": batch["loss_mask"]})
         with pytest.raises(Exception, match="input_ids"):
             engine.forward_backward(broken, token_mean_nll_loss)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def _is_tied_duplicate(name: str, state: dict[str, torch.Tensor]) -> bool:

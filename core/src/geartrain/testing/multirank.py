@@ -37,7 +37,7 @@ from geartrain.cluster import Dispatch, Placement, WorkerGroup
 from geartrain.config import EngineConfig, ModelConfig
 from geartrain.engine import Engine
 from geartrain.rollout import WeightReceiver
-from geartrain.types import DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats
+from geartrain.types import AdapterReceiver, DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats
 
 _keys = itertools.count()
 
@@ -45,13 +45,18 @@ _keys = itertools.count()
 class _Receiver:
     """A rank's stand-in for the test's receiver: same dtype and bucket bound; keeps copies."""
 
-    def __init__(self, dtype: torch.dtype, bucket_bytes: int) -> None:
+    def __init__(self, dtype: torch.dtype, bucket_bytes: int, accepts_adapters: bool = False) -> None:
         self.dtype, self.bucket_bytes = dtype, bucket_bytes
+        self.accepts_adapters = accepts_adapters
         self.tensors: list[tuple[str, torch.Tensor]] = []
+        self.adapter: tuple[str, dict[str, torch.Tensor], dict[str, Any]] | None = None
 
     def update_weights(self, named_tensors: Any) -> None:
         for name, tensor in named_tensors:
             self.tensors.append((name, tensor.detach().to("cpu", copy=True)))
+
+    def update_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        self.adapter = (name, {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}, config)
 
 
 class EngineRank:
@@ -71,8 +76,8 @@ class EngineRank:
     def forward_backward(self, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
         return self._same_as_peers(self.engine.forward_backward(batch, loss_fn, forward_only=forward_only))
 
-    def compute_log_probs(self, batch: Batch, entropy: bool) -> StepOutput:
-        return self._same_as_peers(self.engine.compute_log_probs(batch, entropy=entropy))
+    def compute_log_probs(self, batch: Batch, entropy: bool, adapters_off: bool = False) -> StepOutput:
+        return self._same_as_peers(self.engine.compute_log_probs(batch, entropy=entropy, adapters_off=adapters_off))
 
     def _same_as_peers(self, out: StepOutput) -> StepOutput:
         """Raise ``AssertionError`` unless every rank of this rank's data-parallel slice
@@ -101,10 +106,14 @@ class EngineRank:
     def optimizer_step(self) -> dict[str, float]:
         return self.engine.optimizer_step()
 
-    def sync_weights(self, dtype: torch.dtype | None, bucket_bytes: int) -> tuple[SyncStats, list[tuple[str, torch.Tensor]] | None]:
-        receiver = _Receiver(dtype, bucket_bytes) if dtype is not None else None
+    def sync_weights(self, dtype: torch.dtype | None, bucket_bytes: int, adapters: bool = False) -> tuple[SyncStats, Any, Any]:
+        """The stats, and on rank 0 the tensors and the adapter (``update_adapter``'s
+        arguments, when the receiver takes adapters and the engine sent one)."""
+        receiver = _Receiver(dtype, bucket_bytes, adapters) if dtype is not None else None
         stats = self.engine.sync_weights(receiver)
-        return stats, (receiver.tensors if receiver is not None and self.rank == 0 else None)
+        if receiver is None or self.rank != 0:
+            return stats, None, None
+        return stats, receiver.tensors, receiver.adapter
 
     def save_checkpoint(self, root: str, keep_last: int, step: int, extra: dict[str, Any]) -> str:
         return str(self.engine.save_checkpoint(CheckpointManager(root, keep_last), step, extra))
@@ -149,8 +158,8 @@ class RankedEngine:
     def forward_backward(self, batch: Batch, loss_fn: LossFn | None = None, *, forward_only: bool = False) -> StepOutput:
         return self.group.call("forward_backward", batch, loss_fn, forward_only, dispatch=Dispatch.DP)
 
-    def compute_log_probs(self, batch: Batch, *, entropy: bool = False) -> StepOutput:
-        return self.group.call("compute_log_probs", batch, entropy, dispatch=Dispatch.DP)
+    def compute_log_probs(self, batch: Batch, *, entropy: bool = False, adapters_off: bool = False) -> StepOutput:
+        return self.group.call("compute_log_probs", batch, entropy, adapters_off, dispatch=Dispatch.DP)
 
     def optimizer_step(self) -> dict[str, float]:
         return self.group.call("optimizer_step")
@@ -158,9 +167,13 @@ class RankedEngine:
     def sync_weights(self, rollout: WeightReceiver | None) -> SyncStats:
         dtype = rollout.dtype if rollout is not None else None
         bucket = rollout.bucket_bytes if rollout is not None else 64 << 20
-        stats, tensors = self.group.call("sync_weights", dtype, bucket)
+        adapters = isinstance(rollout, AdapterReceiver) and rollout.accepts_adapters
+        stats, tensors, adapter = self.group.call("sync_weights", dtype, bucket, adapters)
         if rollout is not None:
-            rollout.update_weights(iter(tensors))
+            if tensors or adapter is None:
+                rollout.update_weights(iter(tensors))
+            if adapter is not None:
+                rollout.update_adapter(*adapter)  # type: ignore[union-attr]
         return stats
 
     def save_checkpoint(self, manager: CheckpointManager, step: int, extra: dict[str, Any]) -> Path:

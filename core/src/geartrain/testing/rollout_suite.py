@@ -412,6 +412,66 @@ class RolloutConformance(StandardSuite):
         assert torch.equal(after["input_ids"], before["input_ids"]), "release/resume changed the samples"
         self.assert_logprobs_match(after, reference)
 
+    # ------------------------------------------------------------------ LoRA (rollouts declaring 'lora')
+
+    lora_rank: ClassVar[int] = 8
+    """Rank of the random adapters the LoRA test serves (the rollout is built with
+    ``max_lora_rank`` = this)."""
+
+    @pytest.fixture(scope="class")
+    def lora_rollout(self, family: str, reference: torch.nn.Module) -> Iterator[Rollout]:
+        """A second instance, built to serve adapters (only for backends declaring ``lora``)."""
+        from geartrain import plugins
+
+        if "lora" not in plugins.backend_info("rollout", self.backend).capabilities:
+            pytest.skip(f"rollout '{self.backend}' does not declare lora")
+        model = ModelConfig(tiny=family, seed=0, config_overrides=self.model_overrides.get(family, {}))
+        config = self.rollout_config().model_copy(update={"max_lora_rank": self.lora_rank})
+        r = Rollout(config, model, EngineContext(role="rollout"))
+        r.update_weights(named_tensors(reference))
+        yield r
+        r.shutdown()
+
+    def random_adapter(self, reference: torch.nn.Module, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.nn.Module]:
+        """A PEFT-named adapter on every linear layer of the decoder, its adapter config, and
+        the plain model with the adapter merged in (the reference its samples must match)."""
+        g = torch.Generator().manual_seed(seed)
+        r, alpha = self.lora_rank, 2.0 * self.lora_rank
+        merged = copy.deepcopy(reference)
+        tensors: dict[str, torch.Tensor] = {}
+        targets = set()
+        for name, module in reference.named_modules():
+            if isinstance(module, torch.nn.Linear) and ".layers." in name:
+                a = torch.randn(r, module.in_features, generator=g) * 0.05
+                b = torch.randn(module.out_features, r, generator=g) * 0.05
+                tensors[f"base_model.model.{name}.lora_A.weight"] = a
+                tensors[f"base_model.model.{name}.lora_B.weight"] = b
+                with torch.no_grad():
+                    merged.get_submodule(name).weight += (alpha / r) * b @ a
+                targets.add(name.rsplit(".", 1)[-1])
+        config = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": sorted(targets),
+                  "use_rslora": False, "bias": "none", "lora_dropout": 0.0, "base_model_name_or_path": None}
+        return tensors, config, merged
+
+    def test_update_adapter_serves_base_plus_scaled_BA(
+        self, lora_rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
+        """``update_adapter``: samples follow ``W + alpha/r B A``; a second adapter of the same
+        name replaces the first (it does not stack); the adapter survives release/resume."""
+        sampling = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=11)
+        first_tensors, config, first = self.random_adapter(reference, seed=1)
+        lora_rollout.update_adapter("policy", first_tensors, config)
+        batch = lora_rollout.generate(prompts, sampling)
+        self.assert_logprobs_match(batch, first)
+        base = teacher_forced_log_probs(reference, batch)
+        assert float((base - batch["rollout_log_probs"]).abs().max()) > 1e-3, "the adapter changed nothing"
+        second_tensors, config, second = self.random_adapter(reference, seed=2)
+        lora_rollout.update_adapter("policy", second_tensors, config)
+        self.assert_logprobs_match(lora_rollout.generate(prompts, sampling), second)
+        lora_rollout.release()
+        lora_rollout.resume()
+        self.assert_logprobs_match(lora_rollout.generate(prompts, sampling), second)
+
     # ------------------------------------------------------------------ errors
 
     def test_unknown_tensor_name_raises(

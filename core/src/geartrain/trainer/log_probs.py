@@ -32,11 +32,18 @@ def reuses_update_log_probs(config: TrainConfig) -> bool:
 
 
 def forward(
-    batch: Batch, *, actor: WorkerGroup | None, reference: WorkerGroup | None, critic: WorkerGroup | None
+    batch: Batch,
+    *,
+    actor: WorkerGroup | None,
+    reference: WorkerGroup | None,
+    critic: WorkerGroup | None,
+    reference_call: str = "compute_log_probs",
 ) -> dict[str, Any]:
     """Add ``old_log_probs`` (from ``actor``; ``None``: the update gives them),
-    ``ref_log_probs`` and ``old_values`` to ``batch``, for the roles given. Returns the
-    metrics of the old log-probs (:func:`~geartrain.trainer.step_metrics.policy_metrics`)."""
+    ``ref_log_probs`` (``reference``'s ``reference_call`` method: ``compute_ref_log_probs``
+    when the reference is the LoRA actor's base) and ``old_values`` to ``batch``, for the
+    roles given. Returns the metrics of the old log-probs
+    (:func:`~geartrain.trainer.step_metrics.policy_metrics`)."""
     entropy = None
     if actor is not None:
         old = actor.call("compute_log_probs", batch, dispatch=Dispatch.DP)
@@ -45,7 +52,7 @@ def forward(
             batch["routed_experts"] = old.outputs["routed_experts"]
         entropy = old.outputs.get("entropy")
     if reference is not None:
-        batch["ref_log_probs"] = reference.call("compute_log_probs", batch, dispatch=Dispatch.DP).outputs["log_probs"]
+        batch["ref_log_probs"] = reference.call(reference_call, batch, dispatch=Dispatch.DP).outputs["log_probs"]
     if critic is not None:
         batch["old_values"] = critic.call("compute_values", batch, dispatch=Dispatch.DP).outputs["values"]
     return policy_metrics(batch, entropy) if actor is not None else {}

@@ -45,6 +45,9 @@ class RLRoles:
     actor: WorkerGroup
     reward: WorkerGroup
     reference: WorkerGroup | None = None
+    reference_call: str = "compute_log_probs"
+    """The reference group's method for reference log-probs (``compute_ref_log_probs`` when
+    the reference is the LoRA actor's base: ``reference`` is then the actor's group)."""
     critic: WorkerGroup | None = None
 
 
@@ -166,7 +169,10 @@ class RLTrainer:
         reuse = actor_updates and reuses_update_log_probs(self.config)
         with timed(metrics, "timing/log_probs_s"):
             old_from = None if reuse else self.roles.actor  # reuse: the update gives the old log-probs
-            metrics.update(forward(batch, actor=old_from, reference=self.roles.reference, critic=self.roles.critic))
+            metrics.update(forward(
+                batch, actor=old_from, reference=self.roles.reference, critic=self.roles.critic,
+                reference_call=self.roles.reference_call,
+            ))
         metrics.update(self.advantages(batch))
         with timed(metrics, "timing/update_s"):
             metrics.update(self.update(batch, step, actor=actor_updates, reuse=reuse))

@@ -211,6 +211,11 @@ class ActorRolloutWorker:
     def compute_log_probs(self, batch: Batch, entropy: bool = True) -> StepOutput:
         return self.engine.compute_log_probs(batch, entropy=entropy)
 
+    def compute_ref_log_probs(self, batch: Batch) -> StepOutput:
+        """The reference policy's log-probs when the actor trains LoRA adapters: its base
+        model with the adapters off (no second copy of the weights)."""
+        return self.engine.compute_log_probs(batch, adapters_off=True)
+
     def update(self, batch: Batch | list[Batch], epochs: int = 1, mini_batches: int = 1, seed: int = 0) -> dict[str, float]:
         """Train on ``batch``: planned mini-batches (a list), or one batch planned here."""
         for part in batch if isinstance(batch, list) else [batch]:

@@ -77,9 +77,20 @@ def _seed_everything(seed: int) -> None:
 
 
 def _shutdown(roles: RLRoles) -> None:
+    done: list[WorkerGroup] = []
     for group in (roles.actor, roles.reference, roles.critic, roles.reward):
-        if group is not None:
+        if group is not None and not any(group is d for d in done):  # LoRA: the reference may be the actor's group
             group.shutdown()
+            done.append(group)
+
+
+def reference_weight_bytes(model: ModelConfig) -> int:
+    """Bytes of the weights a separate reference engine would hold (counted on the meta
+    device: nothing is allocated)."""
+    from geartrain.modeling import build_hf_model
+
+    module = build_hf_model(model, meta=True)
+    return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 def _due(step: int, every: int, total: int) -> bool:
@@ -153,7 +164,8 @@ class Job:
         tokenizer = pre.tokenizer
         sft_dir = self.out / "sft_model"
         dataset = pre.datasets["sft.path"]
-        engine = cfg.actor.engine.model_copy(update={"optim": cfg.sft.optim})
+        # the warm start trains every weight; LoRA adapters go on the model it produces
+        engine = cfg.actor.engine.model_copy(update={"optim": cfg.sft.optim, "lora": None})
         dev = pre.datasets.get("sft.dev_path")
         group = self._placement().group(
             "actor", SFTWorker, engine, cfg.model, cfg.rollout if dev is not None else None,
@@ -203,12 +215,15 @@ class Job:
             free_memory=cfg.trainer.free_memory, async_rollout=cfg.trainer.async_rollout,
             world_size=cfg.actor.engine.parallel.world_size, pool="actor", seed=seed,
         )
-        reference = (
-            placement.group("reference", ReferenceWorker, cfg.reference.engine, policy,
-                            world_size=cfg.reference.engine.parallel.world_size, pool=pool("reference"), seed=seed)
-            if cfg.builds_reference
-            else None
-        )
+        reference, reference_call = None, "compute_log_probs"
+        if cfg.builds_reference and cfg.actor.lora is not None:
+            # the reference equals the initial policy = the actor's base with its adapters off
+            reference, reference_call = actor, "compute_ref_log_probs"
+            saved = reference_weight_bytes(policy)
+            self.echo(f"reference policy: the actor's base with LoRA adapters off (no second copy: {saved / 2**20:.1f} MiB saved)")
+        elif cfg.builds_reference:
+            reference = placement.group("reference", ReferenceWorker, cfg.reference.engine, policy,
+                                        world_size=cfg.reference.engine.parallel.world_size, pool=pool("reference"), seed=seed)
         critic = None
         if cfg.builds_critic:
             critic_model = cfg.critic.model or policy.model_copy(update={"value_head": True})
@@ -226,7 +241,7 @@ class Job:
                 "reward", RewardWorker, None, cfg.reward.engine, cfg.reward.model, timeout_s=cfg.reward.timeout_s,
                 world_size=cfg.reward.engine.parallel.world_size, pool=pool("reward"), seed=seed,
             )
-        return RLRoles(actor=actor, reward=reward, reference=reference, critic=critic)
+        return RLRoles(actor=actor, reward=reward, reference=reference, critic=critic, reference_call=reference_call)
 
     def _data(self, pre: Preflight) -> tuple[PromptLoader, PromptDataset | None]:
         return PromptLoader.from_config(pre.datasets["data.path"]), pre.datasets.get("validation.path")
