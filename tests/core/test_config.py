@@ -266,3 +266,46 @@ def test_config_schema_prints_every_field_and_check_explains_a_bad_key(capsys: p
     err = capsys.readouterr().err
     assert "actor.engine.optim.lr: should be greater than or equal to 0; got -1 (the command-line override 'actor.engine.optim.lr=-1')" in err
     assert "actor.engine.optim.lr is: Peak learning rate (AdamW)" in err
+
+
+def _stub_rollout_without_lora():  # noqa: ANN202
+    import inspect
+    import types
+
+    from geartrain import hookimpl, hookspecs
+
+    module = types.ModuleType("gt_config_rollout")
+    for hook in ("build_rollout", "generate", "update_weights", "release", "resume", "capabilities"):
+        params = list(inspect.signature(getattr(hookspecs, hook)).parameters)
+        ns: dict = {}
+        exec(f"def {hook}({', '.join(params)}):\n    return {['cpu'] if hook == 'capabilities' else None}", ns)  # noqa: S102
+        setattr(module, hook, hookimpl(ns[hook]))
+    return module
+
+
+def test_lora_is_refused_where_the_engine_or_rollout_lacks_it_and_names_what_has_it() -> None:
+    from geartrain import plugins, register_rollout
+
+    with pytest.raises(ConfigError) as err:
+        _job(["actor.engine.backend=simple-test", "actor.lora.rank=16"])
+    problem = dict(err.value.problems)["actor.engine.lora"]
+    assert "'simple-test' engine does not support LoRA adapters" in problem and "'fsdp' engine" in problem
+    register_rollout("nolora-test", _stub_rollout_without_lora())
+    try:
+        with pytest.raises(ConfigError) as err:
+            _job(["actor.engine.backend=simple-test", "actor.lora.sync=adapter", "rollout.backend=nolora-test"])
+        problems = dict(err.value.problems)
+        assert "'nolora-test' rollout does not support LoRA" in problems["rollout.max_lora_rank"]
+        assert "rollouts that do: torch" in problems["rollout.max_lora_rank"]
+        assert "actor.lora.sync = 'merged'" in problems["rollout.max_lora_rank"]
+    finally:
+        plugins.unregister("rollout", "nolora-test")
+
+
+def test_actor_lora_reaches_the_engine_and_an_adapter_sync_sizes_the_rollout() -> None:
+    job = _job(["actor.lora.rank=16", "actor.lora.sync=adapter"], check_plugins=False)
+    assert job.actor.engine.lora is job.actor.lora and job.actor.lora.rank == 16
+    assert job.rollout.max_lora_rank == 16
+    assert _job(["actor.lora.rank=8"], check_plugins=False).rollout.max_lora_rank is None  # merged: no LoRA in the rollout
+    with pytest.raises(ConfigError, match="set LoRA once"):
+        _job(["actor.lora.rank=8", "actor.engine.lora.rank=4"], check_plugins=False)

@@ -97,8 +97,8 @@ def _bf16_lora_rank(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_bf16_base_under_fp32_adapters_on_two_gloo_ranks_matches_one_rank() -> None:
-    """FSDP2 gathers a group in one dtype: the fp32 adapters over a bf16 base are sharded
-    as groups of their own. Two data-parallel ranks train as one rank does."""
+    """fp32 adapters over a bf16 base in the same FSDP2 groups (one per decoder layer), their
+    initialisation the same on every rank: two data-parallel ranks train as one rank does."""
     two = run_ranks(_bf16_lora_rank, 2)
     one = run_ranks(_bf16_lora_rank, 1)[0]
     assert two[0]["losses"] == pytest.approx(one["losses"], abs=1e-5)  # global losses (summed over ranks)

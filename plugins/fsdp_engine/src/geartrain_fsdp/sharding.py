@@ -113,10 +113,6 @@ def shard_model(
         )
         if mp is not None:
             kwargs["mp_policy"] = mp
-        if peft_model is not None and _mixed_dtypes(hf):
-            # FSDP2 gathers a group in one dtype: fp32 adapters over a bf16 base get groups of their own
-            for adapter in _adapter_modules(hf):
-                fully_shard(adapter, **kwargs)
         for layer in decoder_layers(hf):
             fully_shard(layer, **kwargs)
         fully_shard(module, **kwargs)
@@ -162,20 +158,6 @@ def _add_adapters(hf: nn.Module, config: EngineConfig, meshes: Meshes, ctx: Engi
         dist.broadcast_object_list(box, group=meshes.ctx_group, group_src=0)
         fingerprint = box[0]
     return peft_model, fingerprint
-
-
-def _mixed_dtypes(hf: nn.Module) -> bool:
-    return len({p.dtype for p in hf.parameters()}) > 1
-
-
-def _adapter_modules(hf: nn.Module) -> list[nn.Module]:
-    """The ``lora_A``/``lora_B`` containers of every LoRA layer (sharded as their own groups)."""
-    from geartrain_fsdp.lora import ADAPTER, lora_layers
-
-    out: list[nn.Module] = []
-    for layer in lora_layers(hf):
-        out += [layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]]
-    return out
 
 
 def _any_rank_on_meta(module: nn.Module, meshes: Meshes) -> bool:
