@@ -109,18 +109,20 @@ class EngineConformance(StandardSuite):
 
     # ------------------------------------------------------------------ multi-rank mode
     @pytest.fixture(scope="class", autouse=True)
-    def _multirank_placement(self, request: pytest.FixtureRequest) -> Iterator[None]:
-        if not self.parallel:
+    @classmethod
+    def _multirank_placement(cls) -> Iterator[None]:
+        # a classmethod: pytest 10 drops class-scoped fixtures defined as instance methods
+        if not cls.parallel:
             yield
             return
         from geartrain.testing.multirank import start_placement
 
-        request.cls._placement = start_placement(ParallelConfig(**self.parallel).world_size, self.multirank_cpus_per_rank)
+        cls._placement = start_placement(ParallelConfig(**cls.parallel).world_size, cls.multirank_cpus_per_rank)
         try:
             yield
         finally:
-            request.cls._placement.close()
-            request.cls._placement = None
+            cls._placement.close()
+            cls._placement = None
 
     @pytest.fixture(autouse=True)
     def _multirank_engines(self) -> Iterator[None]:

@@ -129,35 +129,43 @@ class RolloutConformance(StandardSuite):
         if "family" in metafunc.fixturenames:
             metafunc.parametrize("family", list(self.families), scope="class")
 
-    def rollout_config(self) -> RolloutConfig:
-        """The configuration the suite builds the backend with."""
+    @classmethod
+    def rollout_config(cls) -> RolloutConfig:
+        """The configuration the suite builds the backend with (a classmethod: the
+        class-scoped fixtures call it)."""
         return RolloutConfig(
-            backend=self.backend, max_model_len=self.max_model_len, options=dict(self.options), **self.rollout_extra
+            backend=cls.backend, max_model_len=cls.max_model_len, options=dict(cls.options), **cls.rollout_extra
         )
 
+    # Class-scoped fixtures are classmethods: pytest 10 drops instance-method ones (each
+    # test gets a new instance while the fixture runs once per class).
     @pytest.fixture(scope="class")
-    def reference(self, family: str) -> torch.nn.Module:
+    @classmethod
+    def reference(cls, family: str) -> torch.nn.Module:
         """The plain transformers model whose weights the rollout holds."""
-        return tiny_model(family, seed=0, **self.model_overrides.get(family, {}))
+        return tiny_model(family, seed=0, **cls.model_overrides.get(family, {}))
 
     @pytest.fixture(scope="class")
-    def other_reference(self, family: str) -> torch.nn.Module:
+    @classmethod
+    def other_reference(cls, family: str) -> torch.nn.Module:
         """Different weights of the same architecture, for weight updates."""
-        return tiny_model(family, seed=1, **self.model_overrides.get(family, {}))
+        return tiny_model(family, seed=1, **cls.model_overrides.get(family, {}))
 
     @pytest.fixture(scope="class")
-    def rollout(self, family: str, reference: torch.nn.Module) -> Iterator[Rollout]:
-        if not self.backend:
-            raise TypeError(f"{type(self).__name__} must set the class attribute 'backend'")
-        model = ModelConfig(tiny=family, seed=0, config_overrides=self.model_overrides.get(family, {}))
-        r = Rollout(self.rollout_config(), model, EngineContext(role="rollout"))
+    @classmethod
+    def rollout(cls, family: str, reference: torch.nn.Module) -> Iterator[Rollout]:
+        if not cls.backend:
+            raise TypeError(f"{cls.__name__} must set the class attribute 'backend'")
+        model = ModelConfig(tiny=family, seed=0, config_overrides=cls.model_overrides.get(family, {}))
+        r = Rollout(cls.rollout_config(), model, EngineContext(role="rollout"))
         # The trainer always syncs before generating; doing it here also exercises update_weights.
         r.update_weights(named_tensors(reference))
         yield r
         r.shutdown()
 
     @pytest.fixture(scope="class")
-    def prompts(self) -> list[list[int]]:
+    @classmethod
+    def prompts(cls) -> list[list[int]]:
         return encode_prompts()
 
     # ------------------------------------------------------------------ helpers
