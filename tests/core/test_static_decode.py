@@ -80,3 +80,25 @@ def test_decode_step_is_compiled_only_on_cuda(monkeypatch: pytest.MonkeyPatch) -
     first = static_decode.decode_step(model, torch.device("cuda"))
     assert static_decode.decode_step(model, torch.device("cuda")) is first  # compiled once per model
     assert calls == [{"mode": "reduce-overhead", "fullgraph": False}]
+
+
+def test_static_cache_buffers_are_reused_across_calls_and_freed_by_release() -> None:
+    # the compiled decode step's CUDA graphs read the cache buffers: same addresses each call
+    ro = make_rollout("qwen2", True)
+    try:
+        sp = SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=0)
+        first = ro.generate(encode_prompts()[:3], sp)
+        model = ro.handle.model
+        caches = dict(model._geartrain_static_caches)
+
+        def pointers(caches: dict) -> dict:
+            return {k: [layer.keys.data_ptr() for layer in c.layers] for k, c in caches.items()}
+
+        before = pointers(caches)
+        again = ro.generate(encode_prompts()[:3], sp)
+        assert torch.equal(first["input_ids"], again["input_ids"])  # reset: no state leaks between calls
+        assert pointers(model._geartrain_static_caches) == before
+        ro.release()
+        assert not hasattr(model, "_geartrain_static_caches")
+    finally:
+        ro.shutdown()

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["decode_chunk_static", "decode_step"]
+__all__ = ["decode_chunk_static", "decode_step", "drop_static_caches"]
 
 Sampler = Callable[[torch.Tensor, Any, torch.Tensor, int], torch.Tensor]
 
@@ -45,14 +45,30 @@ def decode_step(model: torch.nn.Module, device: torch.device) -> Callable[..., A
     return _COMPILED[key]
 
 
-def _static_cache_from(dynamic: Any, config: Any, max_len: int) -> Any:
-    """A StaticCache of ``max_len`` columns holding ``dynamic``'s keys/values in its
-    first columns (and counting them as seen)."""
+_CACHES = "_geartrain_static_caches"
+
+
+def drop_static_caches(model: torch.nn.Module) -> None:
+    """Free the static caches kept on ``model`` (the rollout's release and shutdown)."""
+    if hasattr(model, _CACHES):
+        delattr(model, _CACHES)
+
+
+def _static_cache_from(model: torch.nn.Module, dynamic: Any, rows: int, max_len: int) -> Any:
+    """A StaticCache of ``rows x max_len`` holding ``dynamic``'s keys/values in its first
+    columns (and counting them as seen). One cache per shape is kept on the model and reset
+    for the next call: its buffers keep their addresses, so the compiled decode step (whose
+    CUDA graphs read them) is reused instead of recompiled every call."""
     from transformers import StaticCache
 
-    static = StaticCache(config=config, max_cache_len=max_len)
+    caches: dict[tuple[int, int], Any] = model.__dict__.setdefault(_CACHES, {})
+    static = caches.get((rows, max_len))
+    if static is None:
+        static = caches[(rows, max_len)] = StaticCache(config=model.config, max_cache_len=max_len)
+    else:
+        static.reset()
     for layer, src in zip(static.layers, dynamic.layers, strict=True):
-        layer.update(src.keys, src.values)  # allocates the static buffers, copies the prefill
+        layer.update(src.keys, src.values)  # allocates the buffers on first use, copies the prefill
     return static
 
 
@@ -107,7 +123,7 @@ def decode_chunk_static(
     del prefill
     if len(unique) < b:
         cache.batch_select_indices(expand)
-    static = _static_cache_from(cache, model.config, width + steps)
+    static = _static_cache_from(model, cache, b, width + steps)
     del cache
     mask = torch.zeros((b, width + steps), dtype=torch.long, device=device)
     mask[:, :width] = prompt_mask.index_select(0, expand)

@@ -140,6 +140,10 @@ def shutdown(rollout: TorchRolloutEngine) -> None:
         rollout.released_to.unlink(missing_ok=True)
         rollout.released_to = None
     rollout.params = {}
+    if rollout.model is not None:
+        from geartrain.rollouts.static_decode import drop_static_caches
+
+        drop_static_caches(rollout.model)
     rollout.model = None  # type: ignore[assignment]
     collect_garbage(rollout.device.type)
 
@@ -201,6 +205,9 @@ def release(rollout: TorchRolloutEngine) -> MemoryStats:
     start = time.perf_counter()
     collect_garbage(kind)
     before = current_memory_bytes(kind)
+    from geartrain.rollouts.static_decode import drop_static_caches
+
+    drop_static_caches(rollout.model)  # the decode's KV buffers go with the weights
     unique = _unique_tensors(rollout.params)
     weight_bytes = tensor_bytes(unique.values())
     directory = rollout.options.offload_dir or tempfile.gettempdir()
