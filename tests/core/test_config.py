@@ -243,6 +243,13 @@ def test_every_field_of_a_job_has_a_description() -> None:
     assert len(rows) > 150 and {"actor.engine.optim.lr", "rollout.max_model_len", "trainer.total_steps"} <= {r.path for r in rows}
     undescribed = [r.path for r in rows if not r.description]
     assert not undescribed, f"config fields without a description (add an attribute docstring): {undescribed}"
+    # a section is described by its own docstring, never by the base class's (trainer was)
+    from geartrain.config import Section
+
+    base_doc = " ".join(Section.__doc__.split())
+    inherited = [r.path for r in rows if r.description == base_doc]
+    assert not inherited, f"sections described by Section's docstring instead of their own: {inherited}"
+    assert next(r for r in rows if r.path == "trainer").description.startswith("The RL loop")
 
 
 def test_config_schema_prints_every_field_and_check_explains_a_bad_key(capsys: pytest.CaptureFixture[str]) -> None:

@@ -452,12 +452,14 @@ class FieldDoc:
 
 def describe_fields(schema: type[BaseModel], prefix: str = "") -> list[FieldDoc]:
     """Every field of ``schema`` and of the sections inside it, depth first, with its
-    description (the attribute docstring; a section without one gets its class's)."""
+    description (the attribute docstring; a section without one gets its own class's
+    docstring, never one inherited from a base class such as :class:`Section`)."""
     rows: list[FieldDoc] = []
     for name, info in schema.model_fields.items():
         path = f"{prefix}{name}"
         nested = [t for t in (typing.get_args(info.annotation) or (info.annotation,)) if isinstance(t, type) and issubclass(t, BaseModel)]
-        description = info.description or (inspect.getdoc(nested[0]) or "" if nested else "")
+        own_doc = nested[0].__dict__.get("__doc__") if nested else None  # inspect.getdoc would inherit Section's
+        description = info.description or (inspect.cleandoc(own_doc) if own_doc else "")
         if info.default_factory is not None:
             default = "(section)" if nested else repr(info.default_factory())  # type: ignore[call-arg]
         else:

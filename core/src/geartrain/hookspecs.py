@@ -218,7 +218,9 @@ def load_checkpoint(model: EngineModel, path: Path) -> dict[str, Any]:  # type: 
 def export_hf(model: EngineModel, path: Path, tokenizer: Any | None) -> None:
     """Write a plain Hugging Face directory (``config.json``, ``*.safetensors`` and the
     tokenizer if given) that ``transformers.AutoModelForCausalLM.from_pretrained`` and vLLM
-    load. Called on every rank; one rank writes."""
+    load. Called on every rank; rank 0 of the role's group (``ctx.rank == 0``, not the
+    global rank) writes, after gathering, and every rank returns once the directory is
+    complete."""
 
 
 @hookspec(firstresult=True)
@@ -256,8 +258,11 @@ def generate(rollout: RolloutEngine, prompts: list[list[int]], sampling: Samplin
     response), ``response_mask`` ``[B, T]`` and ``rollout_log_probs`` ``[B, T]`` (the
     log-prob of each sampled token under the sampling distribution *before* temperature,
     top-p and top-k, i.e. the model's own distribution), and ``info["prompt_length"]``,
-    the padded prompt width. Per-sample meta ``prompt_index`` and ``finish_reason``
-    (``"stop"`` or ``"length"``). :func:`geartrain.layout.rollout_batch` builds this batch;
+    the padded prompt width. Per-sample meta ``prompt_index`` (the index of the row's prompt
+    in *this call's* ``prompts``, ``0 .. len(prompts) - 1``, whatever
+    ``sampling.prompt_indices`` says: the core maps it to the step's index) and
+    ``finish_reason`` (``"stop"`` or ``"length"``). Never called while released (the core
+    calls ``resume`` first); a backend may refuse such a call. :func:`geartrain.layout.rollout_batch` builds this batch;
     :func:`geartrain.layout.check_generate_inputs` refuses bad prompts and settings first.
     """
 
@@ -266,7 +271,8 @@ def generate(rollout: RolloutEngine, prompts: list[list[int]], sampling: Samplin
 def update_weights(rollout: RolloutEngine, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Load the (transformers-named, full) tensors into the engine, consuming the iterator
     as it goes (do not collect it into a list); reset caches that could return stale
-    results (prefix cache). Tensors not named keep their values."""
+    results (prefix cache). Tensors not named keep their values. Never called while
+    released (the core calls ``resume`` first); a backend may refuse such a call."""
 
 
 @hookspec(firstresult=True)

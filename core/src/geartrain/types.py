@@ -226,7 +226,8 @@ class SamplingParams:
     """Softmax temperature; ``0`` means greedy decoding."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``
-    (``1.0`` disables it)."""
+    (``1.0`` disables it). Applied after temperature and top-k: the nucleus is taken over
+    the temperature-scaled, top-k-filtered distribution (as vLLM does)."""
     top_k: int = -1
     """``-1`` or ``0`` disables top-k."""
     max_tokens: int = 16
@@ -249,7 +250,9 @@ class SamplingParams:
     """With a seed, the same prompts, weights and settings give the same samples: sample
     ``j`` of prompt ``i`` draws from its own stream seeded with
     ``geartrain.seeding.sample_seed(seed, prompt_indices[i], j)``, whatever else is in the
-    call, so a job samples the same tokens on one rank or split across N."""
+    call, so a job samples the same tokens on one rank or split across N. ``None``: unseeded,
+    every call samples afresh (the torch rollout draws a random base seed), so two calls
+    with the same inputs differ."""
     prompt_indices: list[int] | None = None
     """Index of each prompt in the whole step's batch, when this call generates only a
     data-parallel share of it; ``None``: ``0 .. len(prompts) - 1``."""

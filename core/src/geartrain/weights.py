@@ -194,7 +194,10 @@ def send_weights(
     ``dtype`` and ``bucket_bytes`` default to the receiver's; ranks without a receiver
     (``receiver=None``) still stream, with the given values (or float32 and 64 MiB), so
     that collective gathers match across ranks. Sharded engines must pass the same
-    ``dtype``/``bucket_bytes`` on every rank."""
+    ``dtype``/``bucket_bytes`` on every rank. ``device`` is where each bucket is gathered,
+    cast and handed to the receiver (default ``"cpu"``); an engine on an accelerator passes
+    its own device (the FSDP engine passes the model's), so a colocated rollout receives
+    tensors there without a host round trip."""
     start = time.perf_counter()
     if dtype is None:
         dtype = receiver.dtype if receiver is not None else torch.float32

@@ -322,6 +322,8 @@ class SFTConfig(Section):
 
 
 class TrainerConfig(Section):
+    """The RL loop: its length, output directory, seed, checkpoints, logging and speed knobs."""
+
     total_steps: int = Field(10, ge=1)
     """RL steps (one batch of prompts each)."""
     output_dir: str = "outputs/run"
