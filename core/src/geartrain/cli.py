@@ -161,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GeartrainError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a job started (train reports its own step)
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

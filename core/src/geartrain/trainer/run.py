@@ -26,6 +26,7 @@ from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
+from geartrain.trainer.interrupt import EXIT_INTERRUPTED, RunPosition, interrupted_message
 from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, plot_curves, read_jsonl
 from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
 from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
@@ -115,6 +116,8 @@ class Job:
         self.ckpt_root = self.out / "checkpoints"
         self.algo_label = config.algorithm.name.upper()
         self.placement: Placement | None = None
+        self.position = RunPosition(self.out)
+        """The step in progress and the newest complete checkpoint (Ctrl-C names them)."""
 
     def _placement(self) -> Placement:
         """Where the roles run (``cluster.placement``), created on first use."""
@@ -258,6 +261,7 @@ class Job:
         if roles.critic is not None:
             roles.critic.call("save_checkpoint", str(self.ckpt_root / "critic"), step, {"step": step}, keep)
         roles.actor.call("save_checkpoint", str(self.ckpt_root / "actor"), step, extra, keep)
+        self.position.checkpoint = step  # only once the save returned: it is complete on disk
 
     def _load(self, roles: RLRoles, trainer: RLTrainer, path: Path) -> tuple[int, float | None]:
         extra = roles.actor.call("load_checkpoint", str(path))
@@ -304,6 +308,8 @@ class Job:
         self.reward_fn = pre.reward
         tokenizer = pre.tokenizer
         latest = self._latest_checkpoint()
+        if latest is not None:
+            self.position.step = self.position.checkpoint = CheckpointManager.step_of(latest)
         removed = self.rundir.claim()
         if self.rundir.lock is not None and (note := self.rundir.lock.stale_note()):
             self.echo(note)
@@ -330,6 +336,7 @@ class Job:
 
         if latest is not None:
             start, accuracy_before = self._load(roles, trainer, latest)
+            self.position.step = self.position.checkpoint = start
             self.echo(f"resumed from {latest} (step {start})")
         else:
             start = 0
@@ -344,6 +351,7 @@ class Job:
         watchdog = Watchdog(cfg.watchdog, temperature=cfg.sampling.temperature, n=cfg.sampling.n)
         accuracy_after = None
         for step in range(start + 1, total + 1):
+            self.position.step = step
             metrics = trainer.step(step)
             if _due(step, cfg.validation.every_n_steps, total):
                 metrics.update(trainer.validate())
@@ -406,5 +414,11 @@ def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = Fa
 
     hf_logging.disable_progress_bar()  # the job's own progress bar is the one to read
     config = load_train_config(config_path, overrides)
-    run_job(config, resume=resume, overwrite=overwrite)
+    job = Job(config, resume=resume, overwrite=overwrite)
+    try:
+        job.run()
+    except KeyboardInterrupt:
+        logging.disable(logging.CRITICAL)  # nothing may follow the one line (threads winding down)
+        print(f"\n{interrupted_message(job.position)}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     return 0

@@ -1,0 +1,36 @@
+"""What a job says when it is interrupted (Ctrl-C): one line, the same from every
+placement (the inline driver here, the Ray driver in :mod:`geartrain.cluster`), and the
+exit status a shell expects from SIGINT."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Exit status of a process stopped by SIGINT (128 + 2), what shells and CI report.
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class RunPosition:
+    """Where a job stands, for the interruption message: the RL step in progress (0 before
+    the first, during the warm start and the checks) and the newest checkpoint that is
+    complete on disk (``None``: none yet)."""
+
+    output_dir: Path
+    step: int = 0
+    checkpoint: int | None = None
+
+
+def interrupted_message(position: RunPosition) -> str:
+    """The one line a job prints when Ctrl-C stops it::
+
+        interrupted at step 7; the last complete checkpoint is step 5; continue with --resume
+
+    A checkpoint being written when the interrupt landed is not complete (checkpoints are
+    written atomically), so it is never the one named."""
+    if position.checkpoint is None:
+        where = f"no checkpoint was completed in {position.output_dir}; start again with --overwrite"
+    else:
+        where = f"the last complete checkpoint is step {position.checkpoint}; continue with --resume"
+    return f"interrupted at step {position.step}; {where}"

@@ -1,0 +1,74 @@
+"""Ctrl-C (issue 19, item 10): one line naming the step and the last complete checkpoint,
+exit status 130, no traceback; the same when the interrupt lands inside a save."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import MAIN_CONFIG, ROOT, geartrain_cmd, rl_records
+from geartrain import CheckpointManager
+from geartrain.trainer.run import train_from_cli
+
+FAST = ["sft.enabled=false", "trainer.progress=false", "trainer.tensorboard=false", "trainer.export_hf=false",
+        "trainer.plot=false", "validation.every_n_steps=0", "validation.max_prompts=8", "trainer.save_every=2"]
+LINE = re.compile(r"^interrupted at step (\d+); the last complete checkpoint is step (\d+); continue with --resume$")
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    # a terminal's foreground job gets SIGINT with the default disposition (a background
+    # shell job would have it ignored)
+    proc = subprocess.Popen(geartrain_cmd("train", str(MAIN_CONFIG), *FAST, "trainer.total_steps=1000",
+                                          f"trainer.output_dir={out}"),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "metrics.jsonl").exists() or len(rl_records(out / "metrics.jsonl")) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    match = LINE.match(last)
+    assert match, last
+    step, ckpt = int(match[1]), int(match[2])
+    assert step >= 4 and ckpt % 2 == 0 and ckpt in (step - 1, step - 2, step)
+    complete = [CheckpointManager.step_of(p) for p in CheckpointManager(out / "checkpoints" / "actor").complete()]
+    assert max(complete) == ckpt  # the checkpoint named is the newest complete one on disk
+
+
+def test_ctrl_c_inside_a_save_names_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import geartrain.checkpoint as checkpoint
+
+    real = checkpoint.write_manifest
+
+    def interrupted_in_step_4(path: Path, **kwargs):  # noqa: ANN003, ANN202
+        if path.name.endswith("step_00000004"):  # the shards are written, the manifest not yet
+            raise KeyboardInterrupt
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_manifest", interrupted_in_step_4)
+    out = tmp_path / "run"
+    rc = train_from_cli(str(MAIN_CONFIG), [*FAST, "trainer.total_steps=6", f"trainer.output_dir={out}"])
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.strip()][-1] == (
+        "interrupted at step 4; the last complete checkpoint is step 2; continue with --resume"
+    )
+    assert max(CheckpointManager.step_of(p) for p in CheckpointManager(out / "checkpoints" / "actor").complete()) == 2
