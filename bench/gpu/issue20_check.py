@@ -13,7 +13,8 @@ Sections, in order of priority, each skipped once the time budget (``--budget``,
 4. decode: the torch rollout (static KV cache, CUDA graphs) generating 256 tokens after
    256-token prompts at batch 64 and 256 on qwen2.5-0.5b, tokens/s and the fraction of the
    memory-bandwidth bound (weights + the KV cache read once per step / HBM bandwidth);
-5. GRPO step on qwen2.5-0.5b, 64 prompts x 8 samples, 256 + 256 tokens: geartrain
+5. GRPO step on qwen2.5-0.5b, 64 prompts x 8 samples, 256 + 256 tokens (and geartrain alone
+   at 256 + 1024): geartrain
    (torch rollout + fsdp engine, colocated) and, when trl imports, TRL's GRPOTrainer with
    its own generate on the same model and batch; also the trainer-rollout mismatch
    (mean |logp_trainer - logp_rollout| over response tokens, bf16 both sides);
@@ -272,18 +273,22 @@ def decode(a: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- 5. GRPO step
-def grpo_geartrain(a: argparse.Namespace) -> None:
+def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) -> None:
     from geartrain.algorithms import ActorLossConfig, compute_advantages, make_actor_loss
     from geartrain.types import SamplingParams
 
+    tokens = response_tokens or a.response_tokens
+    tag = "" if response_tokens is None else f"_{tokens}"
     engine, mc = make_engine(a, "qwen2.5-0.5b", a.micro_tokens)
+    a_saved, a.response_tokens = a.response_tokens, tokens
     ro = make_rollout(a, mc, a.grpo_prompts * a.n, static=a.device == "cuda")
+    a.response_tokens = a_saved
     g = torch.Generator().manual_seed(7)
     loss_fn = make_actor_loss(ActorLossConfig())
     times, mismatch = [], []
     for step in range(1 + a.steps):
         prompts = [torch.randint(4, 100, (a.prompt_tokens,), generator=g).tolist() for _ in range(a.grpo_prompts)]
-        sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.response_tokens, seed=step, stop_token_ids=[])
+        sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=tokens, seed=step, stop_token_ids=[])
         sync(a.device)
         t = time.perf_counter()
         engine.sync_weights(ro)
@@ -307,9 +312,11 @@ def grpo_geartrain(a: argparse.Namespace) -> None:
         if step:
             times.append(dt)
         else:
-            record("grpo_geartrain_first_step_s", round(dt, 2))
-    record("grpo_geartrain", {"step_s": round(sorted(times)[len(times) // 2], 3), "steps": len(times),
-                              "mean_abs_logp_mismatch_per_step": [round(x, 5) for x in mismatch]})
+            record(f"grpo_geartrain{tag}_first_step_s", round(dt, 2))
+    record(f"grpo_geartrain{tag}", {"step_s": round(sorted(times)[len(times) // 2], 3), "steps": len(times),
+                                    "prompts": a.grpo_prompts, "n": a.n, "prompt_tokens": a.prompt_tokens,
+                                    "response_tokens": tokens,
+                                    "mean_abs_logp_mismatch_per_step": [round(x, 5) for x in mismatch]})
     ro.shutdown()
     del engine
 
@@ -407,7 +414,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dry-run", action="store_true", help="tiny model and shapes (the CPU check of this script)")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; later sections are skipped after it")
-    ap.add_argument("--sections", nargs="+", default=["attention", "mfu05", "decode", "mfu15", "grpo", "memory"])
+    ap.add_argument("--sections", nargs="+",
+                    default=["attention", "mfu05", "decode", "mfu15", "grpo", "grpo1024", "memory"])
     ap.add_argument("--gradient-checkpointing", action="store_true")
     a = ap.parse_args()
     big = not a.dry_run
@@ -427,6 +435,7 @@ def main() -> int:
         "decode": lambda: decode(a),
         "mfu15": lambda: update_mfu(a, "qwen2.5-1.5b", a.micro_tokens // 2),
         "grpo": lambda: (grpo_geartrain(a), grpo_trl(a)),
+        "grpo1024": lambda: grpo_geartrain(a, response_tokens=1024 if big else 16),
         "memory": lambda: memory(a),
     }
     for key in a.sections:

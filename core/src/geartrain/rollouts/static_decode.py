@@ -143,6 +143,8 @@ def decode_chunk_static(
     for t in range(steps):
         if t > 0:
             mask[:, width + t - 1] = 1  # the token fed in this step
+            if device.type == "cuda":  # a new replay of the captured graphs; the last step's logits are consumed
+                torch.compiler.cudagraph_mark_step_begin()
             out = step(
                 input_ids=step_ids, attention_mask=mask, position_ids=next_pos, past_key_values=static, use_cache=True
             )
