@@ -57,6 +57,14 @@ def test_gpg_scales_the_centred_score_by_batch_over_nonzero_count():
     assert per_row(adv, mask) == pytest.approx([-0.4, -1.6, 2.0, 0.0, 0.0, 4.8])
 
 
+def test_gpg_divides_by_f_norm():
+    rewards, mask = outcome([1.0, 0.0, 3.0, 2.0, 2.0, 4.0], [2, 1, 3, 4, 2, 1])
+    groups = ["a", "a", "a", "b", "b", "c"]
+    adv, _ = compute_advantages("gpg", rewards, mask, group_ids=groups, config=AdvantageConfig(gpg_f_norm=4.0))
+    # verl: alpha * (score - group mean) / f_norm: the f_norm = 1 values above, over 4
+    assert per_row(adv, mask) == pytest.approx([-0.1, -0.4, 0.5, 0.0, 0.0, 1.2])
+
+
 def test_token_sum_aggregation_is_the_unnormalised_masked_sum():
     loss = torch.tensor([[1.0, 2.0, math.inf], [3.0, 0.5, 0.0]], dtype=F64)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
@@ -72,6 +80,7 @@ def test_token_sum_aggregation_is_the_unnormalised_masked_sum():
         ("k3+", [math.exp(-0.5) - 0.5, math.e - 2.0]),  # k3's value: exp(-d) - 1 + d
         ("low_var_kl+", [math.exp(-0.5) - 0.5, math.e - 2.0]),
         ("k2+", [0.125, 0.5]),  # k2 itself: d^2 / 2
+        ("abs+", [0.5, 1.0]),  # abs's value: |d|
     ],
 )
 def test_straight_through_kl_has_one_estimators_value_and_k2s_gradient(kind, value):
@@ -85,8 +94,8 @@ def test_straight_through_kl_has_one_estimators_value_and_k2s_gradient(kind, val
 
 
 def test_unknown_straight_through_kind_is_named():
-    with pytest.raises(ValueError, match="abs\\+"):
-        kl_estimate(torch.zeros(1), torch.zeros(1), "abs+")
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4\\+'.*abs\\+"):
+        kl_estimate(torch.zeros(1), torch.zeros(1), "k4+")
 
 
 def test_whitening_with_the_biased_variance():
@@ -126,6 +135,6 @@ def test_docs_table_lists_every_registered_algorithm():
     from geartrain.algorithms import ADVANTAGES, AGG_MODES, POLICY_LOSSES
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
-    names = [*ADVANTAGES.names(), *POLICY_LOSSES.names(), *AGG_MODES, "k1", "k2", "k3", "abs", "k1+", "k2+", "k3+"]
+    names = [*ADVANTAGES.names(), *POLICY_LOSSES.names(), *AGG_MODES, "k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", "abs+"]
     missing = [name for name in names if f"| `{name}`" not in doc]
     assert not missing, f"docs/algorithms.md has no row for {missing}"

@@ -186,3 +186,31 @@ def test_every_ratio_loss_clamps_the_log_ratio_at_the_configured_bound(name):
     assert out.token_stats["approx_kl"][0, 0].item() == pytest.approx(-1.0, rel=1e-12)
     if name == "sapo":  # the gate sees the clamped ratio: (4 / tau) sigmoid(tau (e - 1)), A > 0
         assert out.loss_mat[0, 0].item() == pytest.approx(-4.0 * (1 / (1 + math.exp(-(math.e - 1)))), rel=1e-12)
+
+
+def test_kl_cov_logs_ppo_kl_as_the_mean_absolute_log_ratio():
+    # verl's kl_cov reports actor/ppo_kl = masked mean of |logp - old|, not of -(logp - old)
+    logp, old, adv, mask = tokens([0.5, 0.25], [0.9, 0.1], [1.0, -1.0])
+    _, _, out = run("kl_cov", logp, old, adv, mask, kl_cov_ratio=0.5)
+    d = [math.log(0.5 / 0.9), math.log(0.25 / 0.1)]  # -0.588, 0.916
+    assert out.metrics(mask)["actor/ppo_kl"] == pytest.approx((abs(d[0]) + abs(d[1])) / 2, rel=1e-12)
+
+
+def test_dro_is_the_policy_gradient_with_a_quadratic_log_ratio_penalty():
+    logp, old, adv, mask = tokens([0.5, 0.25], [0.9, 0.1], [2.0, -1.0])
+    loss, grad, out = run("dro", logp, old, adv, mask, dro_beta=0.5)
+    d = [math.log(0.5 / 0.9), math.log(0.25 / 0.1)]
+    # verl: -(A logp - beta / 2 d^2); gradient in logp: -(A - beta d)
+    assert loss == pytest.approx([-(2.0 * math.log(0.5) - 0.25 * d[0] ** 2), -(-1.0 * math.log(0.25) - 0.25 * d[1] ** 2), 0.0])
+    assert grad == pytest.approx([-(2.0 - 0.5 * d[0]), -(-1.0 - 0.5 * d[1]), 0.0])
+    assert out.metrics(mask)["actor/ppo_kl"] == pytest.approx(-(d[0] + d[1]) / 2, rel=1e-12)  # verl: mean of -d
+    with pytest.raises(ValueError, match="dro_beta > 0"):
+        run("dro", *tokens([0.5], [0.9], [1.0]))
+
+
+def test_dro_without_its_beta_is_refused_in_the_config():
+    from geartrain.trainer.config import AlgorithmConfig
+
+    with pytest.raises(ValueError, match="policy_loss 'dro' needs dro_beta"):
+        AlgorithmConfig(policy_loss="dro")
+    assert AlgorithmConfig(policy_loss="dro", dro_beta=0.1).dro_beta == 0.1

@@ -35,7 +35,11 @@ CASES = [
     (f"advantage={a}", [f"algorithm.advantage={a}"] + (["algorithm.name=ppo"] if a == "gae" else []))
     for a in ADVANTAGES.names()
 ]
-CASES += [(f"policy_loss={p}", [f"algorithm.policy_loss={p}"]) for p in POLICY_LOSSES.names() if p != "ppo"]
+CASES += [
+    (f"policy_loss={p}", [f"algorithm.policy_loss={p}"] + (["algorithm.dro_beta=0.1"] if p == "dro" else []))
+    for p in POLICY_LOSSES.names()
+    if p != "ppo"
+]
 CASES += [
     (
         "dapo",

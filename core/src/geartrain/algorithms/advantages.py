@@ -61,6 +61,8 @@ class AdvantageConfig:
     """Added to the group std (not the variance) before dividing (GRPO)."""
     whiten: bool = True
     """GAE: whiten advantages over the batch (returns are taken before whitening)."""
+    gpg_f_norm: float = 1.0
+    """GPG: the advantage is divided by this (verl's ``f_norm``, default 1)."""
     unbiased_var: bool = True
     """Whitening (GAE, REINFORCE++ and its baseline variant): the variance's ``N - 1``
     divisor (verl's default); ``False``: the biased ``/N`` variance."""
@@ -451,12 +453,13 @@ def gpg(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG's advantage (Chu et al., arXiv:2504.02546; verl's ``gpg``):
     ``alpha * (score - group mean)`` with ``alpha = B / max(#(score != 0), 1)`` over the
-    whole batch of ``B`` samples (the paper's correction for groups that carry no signal)
-    and no std division (verl's ``f_norm = 1``). A group of one has mean 0."""
+    whole batch of ``B`` samples (the paper's correction for groups that carry no signal),
+    divided by ``config.gpg_f_norm`` (verl's ``f_norm``, default 1) rather than the group
+    std. A group of one has mean 0."""
     _require("group_ids", group_ids, "gpg")
     assert group_ids is not None
     scores = sequence_scores(_float(token_rewards), mask)
     mean, _, _ = group_stats(scores, group_ids)
     alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
-    adv = (alpha * (scores - mean)).unsqueeze(-1) * mask.to(scores.dtype)
+    adv = (alpha * (scores - mean) / config.gpg_f_norm).unsqueeze(-1) * mask.to(scores.dtype)
     return adv, adv

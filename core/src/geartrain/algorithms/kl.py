@@ -12,9 +12,9 @@ import torch
 
 from geartrain.algorithms.masked import masked_mean
 
-KLKind = Literal["k1", "k2", "k3", "abs", "k1+", "k2+", "k3+"]
+KLKind = Literal["k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", "abs+"]
 _ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3", "kl+": "k1+", "mse+": "k2+", "low_var_kl+": "k3+"}
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", *_ALIASES)
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", "abs+", *_ALIASES)
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: KLKind | str = "k3") -> torch.Tensor:
@@ -25,7 +25,7 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: KLKi
     * ``k3`` (low variance, non-negative): ``exp(-d) - 1 + d`` with ``d`` clamped to
       ``±20`` and the result to ``±10`` (verl's clamps);
     * ``abs``: ``|d|``;
-    * ``k1+``, ``k3+`` (straight-through, verl's ``kl_penalty``): the *value* of k1 / k3
+    * ``k1+``, ``k3+``, ``abs+`` (straight-through, verl's ``kl_penalty``): the *value* of k1 / k3 / abs
       with the *gradient* of k2 (``k2 - sg(k2) + sg(kx)``): k1 and k3 estimate the KL's
       value without bias but not its gradient, k2's gradient is the right one
       (Schulman, "Approximating KL divergence", 2020). ``k2+`` is k2 itself.
@@ -36,7 +36,7 @@ def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: KLKi
     kind = _ALIASES.get(kind, kind)
     if kind.endswith("+"):
         base = kind[:-1]
-        if base not in ("k1", "k2", "k3"):
+        if base not in ("k1", "k2", "k3", "abs"):
             raise ValueError(f"unknown KL estimator {kind!r}; choose from {', '.join(KL_KINDS)}")
         value = kl_estimate(log_probs, ref_log_probs, base)
         if base == "k2":

@@ -1,7 +1,7 @@
 """Every built-in policy loss, and what a policy loss is (config, output, registry).
 
 PPO clip (with clip-higher and dual-clip), GSPO, plain REINFORCE, GPG, CISPO, SAPO, GMPO,
-Clip-Cov, KL-Cov and DPPO (Binary-TV / Binary-KL), registered under verl 0.9's names.
+Clip-Cov, KL-Cov, DPPO (Binary-TV / Binary-KL) and DRO, registered under verl 0.9's names.
 A policy loss is called as::
 
     out = policy_loss(log_probs, old_log_probs, advantages, mask, config=PolicyLossConfig(...),
@@ -65,6 +65,9 @@ class PolicyLossConfig:
     """KL-Cov: share of the masked tokens (largest covariance) given the KL penalty."""
     kl_cov_coef: float = 0.1
     """KL-Cov: coefficient of ``|logp - old_logp|`` on those tokens (verl's ppo_kl_coef)."""
+    dro_beta: float | None = None
+    """DRO: weight of the quadratic log-ratio penalty (verl's ``policy_loss.dro_beta``); the
+    ``dro`` loss needs it set, > 0."""
 
     @property
     def low(self) -> float:
@@ -427,7 +430,9 @@ def kl_cov_loss(
     The unclipped surrogate ``-A r``, plus ``kl_cov_coef * |logp - old_logp|`` on the
     ``max(1, int(kl_cov_ratio * n_tokens))`` masked tokens with the largest covariance
     ``(A_t - mean A)(logp_t - mean logp)`` (means over this micro-batch's masked tokens;
-    ties: the lowest flat index first). ``clipped`` marks the penalised tokens.
+    ties: the lowest flat index first). ``clipped`` marks the penalised tokens. As in verl,
+    ``approx_kl`` (logged as ``actor/ppo_kl``) is ``|logp - old_logp|`` here, not its
+    negative.
     """
     log_probs, old_log_probs, advantages = finite_inputs(mask, log_probs, old_log_probs, advantages)
     valid = mask.bool()
@@ -446,6 +451,7 @@ def kl_cov_loss(
             penalised.view(-1)[top] = True
     loss = torch.where(penalised, loss + config.kl_cov_coef * log_ratio.abs(), loss)
     stats = _stats(mask, log_ratio.detach(), ratio.detach(), clipped=penalised)
+    stats["approx_kl"] = zero_outside(log_ratio.detach().abs(), mask)  # verl logs KL-Cov's ppo_kl as mean |Δlogp|
     return PolicyLossOutput(loss_mat=zero_outside(_weighted(loss, is_weights), mask), token_stats=stats)
 
 
@@ -514,3 +520,27 @@ def dppo_kl_loss(
     is inside when the KL is ``<= high`` or ``p <= q`` (``A > 0``), resp. ``<= low`` or
     ``p >= q`` (``A <= 0``): only moves in the advantage's direction are bounded."""
     return _dppo(log_probs, old_log_probs, advantages, mask, config, is_weights, "kl")
+
+
+@register_policy_loss("dro")
+def dro_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    config: PolicyLossConfig,
+    is_weights: torch.Tensor | None = None,
+) -> PolicyLossOutput:
+    """DRO, direct reward optimisation with a quadratic log-ratio penalty (verl's ``dro``;
+    Richemond et al., arXiv:2405.19107): ``L_t = -(A_t log pi(y_t) - beta / 2 (logp_t -
+    old_logp_t)^2)`` with ``beta = dro_beta``: a policy gradient held near the sampling
+    policy by a squared penalty instead of a clip. ``approx_kl`` is ``-(logp - old_logp)``
+    (verl's ``ppo_kl``); no clamp (verl has none here)."""
+    if config.dro_beta is None or config.dro_beta <= 0:
+        raise ValueError(f"the dro policy loss needs algorithm.dro_beta > 0, got {config.dro_beta}")
+    log_probs, old_log_probs, advantages = finite_inputs(mask, log_probs, old_log_probs, advantages)
+    log_ratio = log_probs - old_log_probs
+    loss = _weighted(-(advantages * log_probs - 0.5 * config.dro_beta * log_ratio.square()), is_weights)
+    stats = _stats(mask, log_ratio.detach(), torch.exp(log_ratio.detach()))
+    return PolicyLossOutput(loss_mat=zero_outside(loss, mask), token_stats=stats)

@@ -138,6 +138,11 @@ class AlgorithmConfig(Section):
         description="DAPO dynamic sampling: at most this many extra generation rounds per step; when the cap is "
         "reached the step trains on the groups it has (dynamic_sampling/short = 1).",
     )
+    dro_beta: float | None = Field(
+        None, gt=0, description="DRO policy loss: weight of its quadratic log-ratio penalty (verl's dro_beta); needed by "
+        "policy_loss = 'dro'."
+    )
+    gpg_f_norm: float = Field(1.0, gt=0, description="GPG estimator: the advantage is divided by this (verl's f_norm).")
     value_clip: float | None = Field(
         0.5,
         gt=0,
@@ -162,6 +167,8 @@ class AlgorithmConfig(Section):
         for key in ("kl_loss_kind", "kl_kind"):
             if getattr(self, key) not in KL_KINDS:
                 problems.append(f"{key} '{getattr(self, key)}' is not a KL estimator ({', '.join(KL_KINDS)})")
+        if self.policy_loss == "dro" and self.dro_beta is None:
+            problems.append("policy_loss 'dro' needs dro_beta (the weight of its quadratic penalty, e.g. 0.1)")
         if self.estimator == "gae" and self.name != "ppo":
             problems.append("advantage 'gae' needs a critic: set name = 'ppo'")
         if problems:

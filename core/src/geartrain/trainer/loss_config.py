@@ -25,6 +25,7 @@ def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
             clip_cov_ub=algo.clip_cov_ub,
             kl_cov_ratio=algo.kl_cov_ratio,
             kl_cov_coef=algo.kl_cov_coef,
+            dro_beta=algo.dro_beta,
         ),
         loss_agg_mode=algo.loss_agg_mode,
         entropy_coef=algo.entropy_coef,

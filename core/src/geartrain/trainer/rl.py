@@ -200,7 +200,8 @@ class RLTrainer:
             token_rewards,
             mask,
             config=AdvantageConfig(
-                gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std, unbiased_var=algo.unbiased_var
+                gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std, unbiased_var=algo.unbiased_var,
+                gpg_f_norm=algo.gpg_f_norm,
             ),
             group_ids=batch["uid"],
             values=batch.get("old_values"),
