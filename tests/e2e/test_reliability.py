@@ -156,3 +156,40 @@ def test_a_hanging_reward_times_out_and_the_run_goes_on(tmp_path: Path) -> None:
     records = rl_records(tmp_path / "run" / "metrics.jsonl")[1:]
     for record in records:
         assert record["reward/timeouts"] > 0 and record["reward/errors"] >= record["reward/timeouts"]
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("manifest", ["empty", "matching"])
+def test_resume_never_runs_a_planted_dcp_metadata(finished_run: Path, tmp_path: Path, manifest: str) -> None:
+    # issue 24 item 2's probe: a crafted dcp/.metadata, the manifest emptied or rewritten to match
+    import json
+    import pickle
+    import shutil
+
+    from geartrain.errors import CheckpointError
+    from geartrain.manifest import MANIFEST, write_manifest
+
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    marker = tmp_path / "pwned"
+    for step in ("step_00000001", "step_00000002"):
+        ckpt = out / "checkpoints" / "actor" / step
+        (ckpt / "dcp" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+        if manifest == "empty":
+            (ckpt / MANIFEST).write_text(json.dumps({"version": 1, "files": {}}))
+        else:
+            write_manifest(ckpt, exclude=frozenset({"COMPLETE"}))
+    with pytest.raises(CheckpointError) as err:
+        run_job(_config(out, "trainer.total_steps=3"), resume=True)
+    assert not marker.exists(), "the payload ran"
+    if manifest == "empty":
+        assert "every checkpoint under" in str(err.value) and "is damaged" in str(err.value)
+    else:
+        assert "dcp/.metadata: refusing to load it" in str(err.value) and "not one of DCP's metadata classes" in str(err.value)

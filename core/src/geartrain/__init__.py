@@ -7,6 +7,7 @@ The public API for users and plugin authors. Plugins import only from here,
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager, load_state, save_state
 from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig
+from geartrain.dcp_guard import safe_dcp_reader, safe_load_planner
 from geartrain.engine import Engine
 from geartrain.errors import CheckpointError, ConfigError, DataError, GeartrainError, PluginError, PluginNotFoundError
 from geartrain.hookspecs import hookimpl
@@ -64,5 +65,7 @@ __all__ = [
     "register_engine",
     "register_extension",
     "register_rollout",
+    "safe_dcp_reader",
+    "safe_load_planner",
     "save_state",
 ]

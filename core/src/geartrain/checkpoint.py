@@ -40,6 +40,7 @@ from geartrain.manifest import verify_manifest, write_manifest
 MARKER = "COMPLETE"
 _PREFIX = "step_"
 _PARTIAL = ".partial-"
+_NOT_IN_MANIFEST = frozenset({MARKER})  # written after the manifest; read only for its existence
 
 
 def _barrier() -> None:
@@ -78,7 +79,7 @@ class CheckpointManager:
         write(partial)
         _barrier()
         if _is_rank0():
-            write_manifest(partial, exclude=frozenset({MARKER}))
+            write_manifest(partial, exclude=_NOT_IN_MANIFEST)
             marker = partial / MARKER
             with open(marker, "w") as fh:
                 json.dump({"step": step, "time": time.time()}, fh)
@@ -111,7 +112,7 @@ class CheckpointManager:
         Raises :class:`CheckpointError` when checkpoints exist but none is intact."""
         done = self.complete()
         for path in reversed(done):
-            problems = verify_manifest(path) + (also(path) if also is not None else [])
+            problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST) + (also(path) if also is not None else [])
             if not problems:
                 return path
             older = "falling back to the previous checkpoint" if path != done[0] else "no older checkpoint is left"
@@ -134,7 +135,7 @@ class CheckpointManager:
         path = Path(path)
         if not (path / MARKER).exists():
             raise CheckpointError(f"{path} is not a complete checkpoint (no {MARKER} marker): it was cut off mid-write or is not a geartrain checkpoint")
-        problems = verify_manifest(path)
+        problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST)
         if problems:
             raise CheckpointError(f"checkpoint {path} is damaged: {'; '.join(problems)}")
         return path

@@ -10,6 +10,7 @@ from geartrain import plugins
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
 from geartrain.cluster.process_group import release_single_rank_group, with_process_group
+from geartrain.dcp_guard import check_dcp_pickles
 from geartrain.cluster.reduce import sum_over_data_parallel
 from geartrain.config import EngineConfig, ModelConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import ConfigError, GeartrainError
@@ -110,6 +111,7 @@ class Engine:
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore a complete checkpoint; returns the ``extra`` dict saved with it."""
         path = CheckpointManager.check_complete(path)
+        check_dcp_pickles(path)  # before any backend opens a pickle of it
         extra = self.pm.hook.load_checkpoint(model=self.handle, path=path)
         return extra if extra is not None else {}
 

@@ -6,9 +6,12 @@ the backend has written its files and before the ``COMPLETE`` marker, whatever t
 (a truncated or overwritten shard, a missing file) is named before anything is loaded from
 it, and resume can fall back to an older, intact checkpoint.
 
-The manifest also covers the one file geartrain reads with ``pickle`` semantics it does not
-control: the ``.metadata`` file of ``torch.distributed.checkpoint`` (DCP unpickles it).
-A checkpoint whose files do not match its manifest is never loaded.
+The manifest lists every file a load may read: a file in the directory that the manifest
+does not list (an emptied, partial or hand-edited manifest) is a problem too, so nothing
+outside the manifest is ever opened. A checkpoint whose files do not match its manifest is
+never loaded. (What the files may contain is checked separately: no pickle in a checkpoint
+is read with code-running semantics, see :mod:`geartrain.dcp_guard` and
+:func:`geartrain.load_state`.)
 """
 
 from __future__ import annotations
@@ -52,10 +55,14 @@ def write_manifest(directory: str | Path, *, exclude: frozenset[str] = frozenset
     return path
 
 
-def verify_manifest(directory: str | Path) -> list[str]:
+#: written after the manifest (the checkpoint's ``COMPLETE`` marker), so never in it
+WRITTEN_AFTER = frozenset({"COMPLETE"})
+
+
+def verify_manifest(directory: str | Path, *, exclude: frozenset[str] = WRITTEN_AFTER) -> list[str]:
     """Problems of ``directory`` against its manifest, one sentence each, naming the file
-    (empty: every recorded file is there with its size and hash). Files not in the
-    manifest are ignored."""
+    (empty: every recorded file is there with its size and hash, and every file in the
+    directory but ``exclude`` and the manifest itself is recorded)."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -66,6 +73,14 @@ def verify_manifest(directory: str | Path) -> list[str]:
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return [f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"]
     problems = []
+    unlisted = [p.relative_to(directory).as_posix() for p in _files(directory, exclude | {MANIFEST})]
+    unlisted = [name for name in unlisted if name not in entries]
+    if unlisted:
+        shown = ", ".join(unlisted[:5]) + (f" and {len(unlisted) - 5} more" if len(unlisted) > 5 else "")
+        problems.append(
+            f"{shown} {'is' if len(unlisted) == 1 else 'are'} not in {MANIFEST} (it must list every file a load reads: "
+            "the manifest was emptied, cut short or rewritten, or files were added)"
+        )
     for name, (size, sha) in sorted(entries.items()):
         file = directory / name
         if not file.is_file():

@@ -4,8 +4,9 @@ Layout inside the directory the core hands over: ``dcp/`` (model + optimizer, sh
 each rank writes its shards), ``trainer.pt`` (LR scheduler and the caller's ``extra``,
 written by rank 0) and ``rng/rank_<r>.pt`` (each rank's RNG states). ``trainer.pt`` and the
 RNG files hold only tensors and plain containers and are read back with
-:func:`geartrain.load_state` (``weights_only=True``): a checkpoint never runs code. DCP's own
-``.metadata`` pickle is covered by the manifest the core writes into every checkpoint.
+:func:`geartrain.load_state` (``weights_only=True``); DCP's ``.metadata`` pickle and its
+non-tensor values are read with the core's allow-lists (:func:`geartrain.safe_dcp_reader`,
+:func:`geartrain.safe_load_planner`): a checkpoint never runs code.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from geartrain import load_state, save_state
+from geartrain import load_state, safe_dcp_reader, safe_load_planner, save_state
 
 from geartrain_fsdp.sharding import FSDPModel
 
@@ -164,7 +165,8 @@ def load(model: FSDPModel, path: Path) -> dict[str, Any]:
     _check_lora(model, trainer.get("lora"), path)
     state = _app_state(model)
     with _single_process_is_intended():
-        dcp.load(state, checkpoint_id=str(path / "dcp"), process_group=model.meshes.ctx_group)
+        dcp.load(state, storage_reader=safe_dcp_reader(path / "dcp"), planner=safe_load_planner(),
+                 process_group=model.meshes.ctx_group)
     set_model_state_dict(model.module, state["model"], options=_model_options(model, strict=model.peft is None))
     if model.optimizer is not None:
         set_optimizer_state_dict(model.module, model.optimizer, state["optim"])
