@@ -46,6 +46,36 @@ def test_labels_describe_document_and_prefix_masks() -> None:
                 assert bool(mask[k, 0, i, j]) == bool(dense[idx[k, i], idx[k, j]])
 
 
+def block_sets(mask) -> tuple[set, set]:  # noqa: ANN001
+    """(blocks run with the mask function, blocks run without it) of a BlockMask."""
+    def pairs(num, idx) -> set:  # noqa: ANN001
+        return {(i, int(j)) for i in range(num.shape[-1]) for j in idx[0, 0, i, : int(num[0, 0, i])]}
+
+    return pairs(mask.kv_num_blocks, mask.kv_indices), pairs(mask.full_kv_num_blocks, mask.full_kv_indices)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_flex_block_mask_skips_only_empty_blocks_and_masks_every_partial_one(shared: bool) -> None:
+    from geartrain_fsdp.prefix_sharing import Segment
+
+    segments = [Segment(start=0, prefix=20, responses=[17, 9, 0, 30]), Segment(start=76, prefix=12, responses=[25, 25])]
+    labels = ak.shared_labels(segments) if shared else ak.packed_labels([0, 40, 47, 90, 91, 133])
+    dense = labels.allowed()
+    n, size = dense.shape[0], 8
+    partial, full = block_sets(ak.flex_block_mask(labels, block_size=size))
+    assert not partial & full
+    blocks = -(-n // size)
+    for i in range(blocks):
+        for j in range(blocks):
+            tile = dense[i * size : (i + 1) * size, j * size : (j + 1) * size]
+            if bool(tile.any()):
+                assert (i, j) in partial | full, (i, j)  # never skipped when a query sees a key
+            if (i, j) in full:
+                assert bool(tile.all()) and tile.shape == (size, size), (i, j)  # unmasked only when all visible
+    assert len(partial | full) < blocks * (blocks + 1) // 2  # real sparsity below the diagonal
+    assert full  # and some blocks skip the mask function
+
+
 def test_flex_block_mask_equals_sdpa_for_packed_sequences() -> None:
     q, k, v = qkv(CU[-1])
     ref = varlen_causal_attention(q, k, v, CU, scaling=None)

@@ -117,17 +117,55 @@ def shared_labels(segments: Sequence[Any], device: torch.device | str = "cpu") -
 
 # --------------------------------------------------------------------------- flex_attention
 def flex_block_mask(labels: TokenLabels, *, block_size: int = 128) -> Any:
-    """The :class:`~torch.nn.attention.flex_attention.BlockMask` of ``labels``: blocks no
-    query of which sees any key are skipped, full blocks run without the mask function."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """The :class:`~torch.nn.attention.flex_attention.BlockMask` of ``labels``, built from
+    per-block label ranges (``O((N / block)^2)`` work, no ``N x N`` mask, no compilation):
+    a block pair is skipped when no query of it can see a key (the key block lies after the
+    query block, in other documents, or only in responses other than the queries'), run
+    without the mask function when every query sees every key (below the diagonal, one
+    document, the keys all prompt or all the queries' own response), and with it otherwise."""
+    from torch.nn.attention.flex_attention import BlockMask
 
     doc, part = labels.doc, labels.part
     n = doc.numel()
+    blocks = -(-n // block_size)
+    pad = blocks * block_size - n
+
+    def ranges(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lo = torch.cat([x, x[-1:].expand(pad)]).view(blocks, block_size)
+        return lo.min(1).values, lo.max(1).values
+
+    dmin, dmax = ranges(doc)
+    pmin, pmax = ranges(part)
+    idx = torch.arange(blocks, device=doc.device)
+    q, k = idx[:, None], idx[None, :]
+    causal = k <= q
+    docs_meet = (dmin[k] <= dmax[q]) & (dmax[k] >= dmin[q])
+    parts_meet = (pmin[k] == 0) | ((pmin[k] <= pmax[q]) & (pmax[k] >= pmin[q]))
+    any_seen = causal & docs_meet & parts_meet
+    complete = torch.ones(blocks, dtype=torch.bool, device=doc.device)
+    complete[-1] = pad == 0
+    one_doc = (dmin == dmax)[:, None] & (dmin == dmax)[None, :] & (dmin[q] == dmin[k])
+    one_part = (pmin == pmax)[:, None] & (pmin == pmax)[None, :] & (pmin[q] == pmin[k])
+    full = (k < q) & one_doc & ((pmax[k] == 0) | one_part) & complete[:, None] & complete[None, :]
+    partial = any_seen & ~full
+
+    def as_kv(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        count = matrix.sum(-1).to(torch.int32)
+        order = torch.argsort((~matrix).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return count[None, None], order[None, None]
+
+    # the kernels call mask_mod on whole blocks: labels padded to them (padding: document -1)
+    doc_p = torch.cat([doc, doc.new_full((pad,), -1)])
+    part_p = torch.cat([part, part.new_zeros(pad)])
 
     def mask_mod(b: Any, h: Any, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        return (doc[q] == doc[kv]) & (kv <= q) & ((part[kv] == 0) | (part[kv] == part[q]))
+        return (doc_p[q] == doc_p[kv]) & (kv <= q) & ((part_p[kv] == 0) | (part_p[kv] == part_p[q]))
 
-    return create_block_mask(mask_mod, None, None, n, n, device=doc.device, BLOCK_SIZE=block_size)
+    kv_num, kv_idx = as_kv(partial)
+    full_num, full_idx = as_kv(full)
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(n, n)
+    )
 
 
 @functools.cache
