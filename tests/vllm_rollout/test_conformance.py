@@ -14,7 +14,9 @@ class TestVllmConformance(RolloutConformance):
     backend = "vllm"
     # fp32 vLLM vs fp32 transformers: different kernels and summation orders.
     logprob_atol = 1e-4
-    options = {"seed": 0}
+    # 32-token KV blocks (the CPU default is 128, longer than the suite's sequences): the
+    # multi-turn tests then find their prefixes in vLLM's prefix cache.
+    options = {"seed": 0, "engine_kwargs": {"block_size": 32}}
     # vLLM's CPU attention has no kernel for the tiny models' head size 16: the suite's
     # models (and its references) get 2 heads of 32.
     model_overrides = CPU_TINY_OVERRIDES

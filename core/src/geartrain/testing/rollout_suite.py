@@ -35,6 +35,7 @@ import torch
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
+from geartrain.layout import cut_at_stop
 from geartrain.rollout import Rollout
 from geartrain.testing.guard import StandardSuite
 from geartrain.modeling import BOS, tiny_model, tiny_tokenizer
@@ -67,6 +68,12 @@ def responses(batch: Batch) -> list[list[int]]:
     """Each row's response tokens."""
     ids, mask = batch["input_ids"], batch["response_mask"].bool()
     return [ids[r][mask[r]].tolist() for r in range(len(batch))]
+
+
+def response_log_probs(batch: Batch) -> list[list[float]]:
+    """Each row's rollout log-probs of its response tokens."""
+    lp, mask = batch["rollout_log_probs"], batch["response_mask"].bool()
+    return [lp[r][mask[r]].tolist() for r in range(len(batch))]
 
 
 @torch.no_grad()
@@ -312,6 +319,125 @@ class RolloutConformance(StandardSuite):
             else:
                 assert len(resp) == 12 and resp[-1] not in stop
         assert stopped > 0
+
+    # ------------------------------------------------------------------ multi-turn (agent turns)
+
+    def test_continuation_matches_one_shot(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
+        """A turn continues from token ids: generating ``k`` tokens, then ``m`` more from
+        prompt + those ``k``, gives the tokens (and, within tolerance, the log-probs) of
+        one call of ``k + m`` tokens (greedy)."""
+        k, m = 12, 8
+        whole = rollout.generate(prompts, SamplingParams(temperature=0.0, max_tokens=k + m))
+        first = rollout.generate(prompts, SamplingParams(temperature=0.0, max_tokens=k))
+        head = responses(first)
+        assert head == [r[:k] for r in responses(whole)], "the first turn differs from the one-shot generation"
+        prefixes = [prompt + tokens for prompt, tokens in zip(prompts, head, strict=True)]
+        # twice: the second call finds the prefixes in a backend's prefix cache
+        for _ in range(2):
+            rest = rollout.generate(prefixes, SamplingParams(temperature=0.0, max_tokens=m))
+            assert responses(rest) == [r[k:] for r in responses(whole)], "the continuation differs from the one-shot tail"
+            tail = [row[k:] for row in response_log_probs(whole)]
+            for row, (got, want) in enumerate(zip(response_log_probs(rest), tail, strict=True)):
+                err = max(abs(a - b) for a, b in zip(got, want, strict=True))
+                assert err <= self.logprob_atol, f"prompt {row}: continuation log-probs differ from one-shot by {err:.3g}"
+            self.assert_logprobs_match(rest, reference)
+
+    def test_stop_sequences_greedy(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
+        """Multi-token stop sequences: matched only within the tokens generated in this call
+        (never across the prompt's end), the sequence kept, ``finish_reason`` ``stop``."""
+        max_tokens = 12
+        free = [reference_greedy(reference, prompt, max_tokens) for prompt in prompts]
+        # [last prompt token, first response token]: straddles the prompt's end, so it may
+        # only match later in the response; a backend that matched the prompt too would stop
+        # every row after one token
+        stops = [[prompt[-1], tokens[0]] for prompt, tokens in zip(prompts, free, strict=True)]
+        # and a 3-token sequence whose first occurrence in a greedy response ends latest
+        late = max(
+            ((i, j) for i, tokens in enumerate(free) for j in range(len(tokens) - 2)
+             if cut_at_stop(tokens, [tokens[j : j + 3]]) == j + 3),
+            key=lambda c: c[1],
+        )
+        stops.append(free[late[0]][late[1] : late[1] + 3])
+        batch = rollout.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_sequences=stops))
+        cuts = [cut_at_stop(tokens, stops) for tokens in free]
+        assert responses(batch) == [t[:c] if c else t for t, c in zip(free, cuts, strict=True)]
+        assert batch["finish_reason"] == ["stop" if c else "length" for c in cuts]
+        assert any(c is not None and c > 1 for c in cuts), "no row stopped on a multi-token sequence"
+        self.assert_logprobs_match(batch, reference)
+
+    def test_stop_sequences_cut_the_same_samples(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        """Seeded samples with stop sequences are the samples without them, cut after the
+        first match in the response: the same tokens and log-probs (whether a backend stops
+        natively or generates on and cuts)."""
+        sampling = SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=41)
+        free = rollout.generate(prompts, sampling)
+        tokens, log_probs = responses(free), response_log_probs(free)
+        stops = [
+            tokens[0][4:6],  # two tokens
+            tokens[5][2:5],  # three tokens
+            tokens[10][7:8],  # one token, like stop_token_ids
+            prompts[0][-2:],  # the prompt's end: never matched in the prompt itself
+        ]
+        stopped = rollout.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=41, stop_sequences=stops))
+        cuts = [cut_at_stop(row, stops) for row in tokens]
+        expected = [row[:c] if c else row for row, c in zip(tokens, cuts, strict=True)]
+        assert responses(stopped) == expected, "stop sequences changed the samples or cut them at the wrong place"
+        assert stopped["finish_reason"] == ["stop" if c else "length" for c in cuts]
+        for row, (got, want) in enumerate(zip(response_log_probs(stopped), log_probs, strict=True)):
+            err = max((abs(a - b) for a, b in zip(got, want[: len(got)], strict=False)), default=0.0)
+            assert err <= self.logprob_atol, f"row {row}: log-probs changed by {err:.3g} with stop sequences"
+        assert sum(c is not None and c > 1 for c in cuts) >= 2, "too few rows stopped on a multi-token sequence"
+
+    def test_budget_per_prompt(self, rollout: Rollout, prompts: list[list[int]]) -> None:
+        """``max_tokens_per_prompt``: each prompt's samples are exactly its budget long (the
+        same samples as with one budget, cut), or shorter when a stop token ends them."""
+        budgets = [3, 9, 1, 6][: len(prompts)]
+        n = 2
+        free = rollout.generate(prompts, SamplingParams(n=n, temperature=1.0, max_tokens=12, seed=43))
+        batch = rollout.generate(
+            prompts, SamplingParams(n=n, temperature=1.0, max_tokens=12, max_tokens_per_prompt=budgets, seed=43)
+        )
+        rows_budget = [budgets[i] for i in batch["prompt_index"]]
+        assert responses(batch) == [r[:b] for r, b in zip(responses(free), rows_budget, strict=True)]
+        assert batch["finish_reason"] == ["length"] * len(batch)
+        for row, (got, want) in enumerate(zip(response_log_probs(batch), response_log_probs(free), strict=True)):
+            err = max(abs(a - b) for a, b in zip(got, want[: len(got)], strict=False))
+            assert err <= self.logprob_atol, f"row {row}: log-probs changed by {err:.3g} with a per-prompt budget"
+
+        stop = list(range(96, 128))  # a quarter of the vocabulary: some rows stop early
+        batch = rollout.generate(
+            prompts,
+            SamplingParams(n=4, temperature=1.0, max_tokens=2, max_tokens_per_prompt=budgets, stop_token_ids=stop, seed=44),
+        )
+        rows_budget = [budgets[i] for i in batch["prompt_index"]]
+        for resp, reason, budget in zip(responses(batch), batch["finish_reason"], rows_budget, strict=True):
+            assert len(resp) <= budget
+            if reason == "length":
+                assert len(resp) == budget and not set(resp) & set(stop)
+            else:
+                assert resp[-1] in stop and not set(resp[:-1]) & set(stop)
+        assert any(len(r) > 2 for r in responses(batch)), "the per-prompt budgets must replace max_tokens"
+
+    def test_update_weights_resets_prefix_cache(
+        self, rollout: Rollout, reference: torch.nn.Module, other_reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
+        """A turn after a weight update is scored with the new weights only: KV computed
+        for the episode's prefix with the old weights is not reused."""
+        first = rollout.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+        prefixes = [prompt + tokens for prompt, tokens in zip(prompts, responses(first), strict=True)]
+        rollout.generate(prefixes, SamplingParams(temperature=0.0, max_tokens=4))  # prefixes now cached
+        try:
+            rollout.update_weights(named_tensors(other_reference))
+            turn = rollout.generate(prefixes, SamplingParams(temperature=1.0, max_tokens=8, seed=45))
+            self.assert_logprobs_match(turn, other_reference)
+        finally:
+            rollout.update_weights(named_tensors(reference))
+        turn = rollout.generate(prefixes, SamplingParams(temperature=1.0, max_tokens=8, seed=45))
+        self.assert_logprobs_match(turn, reference)
 
     def test_top_k_restricts_support(
         self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
