@@ -337,11 +337,11 @@ class RolloutConformance(StandardSuite):
         # twice: the second call finds the prefixes in a backend's prefix cache
         for _ in range(2):
             rest = rollout.generate(prefixes, SamplingParams(temperature=0.0, max_tokens=m))
-            assert responses(rest) == [r[k:] for r in responses(whole)], "the continuation differs from the one-shot tail"
+            assert responses(rest) == [r[k:] for r in responses(whole)], "the continuation differs from one-shot"
             tail = [row[k:] for row in response_log_probs(whole)]
             for row, (got, want) in enumerate(zip(response_log_probs(rest), tail, strict=True)):
                 err = max(abs(a - b) for a, b in zip(got, want, strict=True))
-                assert err <= self.logprob_atol, f"prompt {row}: continuation log-probs differ from one-shot by {err:.3g}"
+                assert err <= self.logprob_atol, f"prompt {row}: continuation log-probs off by {err:.3g}"
             self.assert_logprobs_match(rest, reference)
 
     def test_stop_sequences_greedy(
@@ -382,7 +382,9 @@ class RolloutConformance(StandardSuite):
             tokens[10][7:8],  # one token, like stop_token_ids
             prompts[0][-2:],  # the prompt's end: never matched in the prompt itself
         ]
-        stopped = rollout.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=41, stop_sequences=stops))
+        stopped = rollout.generate(
+            prompts, SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=41, stop_sequences=stops)
+        )
         cuts = [cut_at_stop(row, stops) for row in tokens]
         expected = [row[:c] if c else row for row, c in zip(tokens, cuts, strict=True)]
         assert responses(stopped) == expected, "stop sequences changed the samples or cut them at the wrong place"
@@ -411,7 +413,9 @@ class RolloutConformance(StandardSuite):
         stop = list(range(96, 128))  # a quarter of the vocabulary: some rows stop early
         batch = rollout.generate(
             prompts,
-            SamplingParams(n=4, temperature=1.0, max_tokens=2, max_tokens_per_prompt=budgets, stop_token_ids=stop, seed=44),
+            SamplingParams(
+                n=4, temperature=1.0, max_tokens=2, max_tokens_per_prompt=budgets, stop_token_ids=stop, seed=44
+            ),
         )
         rows_budget = [budgets[i] for i in batch["prompt_index"]]
         for resp, reason, budget in zip(responses(batch), batch["finish_reason"], rows_budget, strict=True):
