@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from geartrain.agents import Environment, EpisodeRunner, RunnerLimits, StepResult, episode_batch
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
@@ -84,14 +85,17 @@ def reference_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tens
 
 def teacher_forced_log_probs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """``log p(x_t | x_<t)`` of every response token under ``model``, laid out like
-    ``rollout_log_probs`` (aligned to ``input_ids``, 0 elsewhere)."""
+    ``rollout_log_probs`` (aligned to ``input_ids``, 0 elsewhere). The response mask may
+    have gaps (a multi-turn episode's observations)."""
     out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-    response_mask = batch["response_mask"].bool()
+    attention, response_mask = batch["attention_mask"].bool(), batch["response_mask"].bool()
     for r, seq in enumerate(sequences(batch)):
         lp = torch.log_softmax(reference_logits(model, seq), dim=-1)
         per_token = lp[:-1].gather(-1, seq[1:].unsqueeze(-1)).squeeze(-1)
-        n = int(response_mask[r].sum())
-        out[r][response_mask[r]] = per_token[-n:]
+        columns = attention[r].nonzero().squeeze(-1)[1:]
+        row = torch.zeros(batch["input_ids"].shape[1], dtype=torch.float32)
+        row[columns] = per_token
+        out[r] = torch.where(response_mask[r], row, 0.0)
     return out
 
 
@@ -109,6 +113,21 @@ def reference_greedy(
         if token in stop:
             break
     return out
+
+
+class _CountdownEnvironment(Environment):
+    """The multi-turn kit test's environment: a fixed observation after each model turn,
+    done after the third."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, task: dict[str, Any]) -> str:
+        return " go:"
+
+    def step(self, action: str) -> StepResult:
+        self.turns += 1
+        return StepResult(observation=f" obs{self.turns}>", reward=float(self.turns), done=self.turns >= 3)
 
 
 class RolloutConformance(StandardSuite):
@@ -425,6 +444,40 @@ class RolloutConformance(StandardSuite):
             else:
                 assert resp[-1] in stop and not set(resp[:-1]) & set(stop)
         assert any(len(r) > 2 for r in responses(batch)), "the per-prompt budgets must replace max_tokens"
+
+    def test_episode_logprobs_match_reference(
+        self, rollout: Rollout, reference: torch.nn.Module, prompts: list[list[int]]
+    ) -> None:
+        """Multi-turn episodes (:class:`~geartrain.agents.EpisodeRunner`, three model turns
+        with observations between them): the training row's rollout log-probs equal the
+        teacher-forced log-probs of the whole row (what the trainer computes) on the
+        model's tokens, and the episodes do not depend on how they were split into calls."""
+        runner = EpisodeRunner(
+            rollout.generate,
+            tiny_tokenizer(),
+            _CountdownEnvironment,
+            RunnerLimits(max_turns=3, max_tokens_per_turn=6, max_model_len=self.max_model_len),
+        )
+        sampling = SamplingParams(temperature=1.0, seed=51)
+        tasks = [{"prompt": str(i)} for i in range(len(prompts))]
+        episodes, _ = runner.run(prompts, tasks, sampling)
+        assert [(e.finish, e.model_turns) for e in episodes] == [("done", 3)] * len(prompts), [e.error for e in episodes]
+        batch = episode_batch(episodes, pad_token_id=0)
+        mask = batch["response_mask"].bool()
+        assert int(mask.sum()) == 3 * 6 * len(prompts), "every model turn uses its whole budget (no stops)"
+        assert int(mask.sum()) < int(batch["attention_mask"][:, batch.info["prompt_length"] :].sum()), "no observations"
+        self.assert_logprobs_match(batch, reference)
+
+        # the same episodes run as two shares, in reverse order (another rank's share)
+        order = list(range(len(prompts)))[::-1]
+        split: dict[int, list[int]] = {}
+        for share in (order[: len(order) // 2], order[len(order) // 2 :]):
+            part, _ = runner.run(
+                [prompts[i] for i in share], [tasks[i] for i in share], sampling, episode_indices=share
+            )
+            split.update({i: e.token_ids() for i, e in zip(share, part, strict=True)})
+        whole = [e.token_ids() for e in episodes]
+        assert [split[i] for i in range(len(prompts))] == whole, "an episode changed with the split"
 
     def test_update_weights_resets_prefix_cache(
         self, rollout: Rollout, reference: torch.nn.Module, other_reference: torch.nn.Module, prompts: list[list[int]]
