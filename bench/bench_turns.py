@@ -15,9 +15,10 @@ cache, as after every optimizer step), then ``--episodes`` episodes of ``--turns
 turn ``t`` generates ``--turn-tokens`` tokens (seeded, temperature 1; one sample per
 episode, the agent runner's layout) from the episode's history, then ``--obs-tokens``
 fixed observation tokens are appended. The task prompts are ``--prompt-len`` tokens.
-Every configuration must produce the same tokens (checked); the figure is wall seconds per
-step (median over ``--repeats``, configurations interleaved round by round, each round
-with fresh engines so no configuration runs warmer than another).
+Every configuration must produce the same tokens (checked); the figure is wall and CPU seconds
+(this process and its children) per step, median over ``--repeats`` x ``--steps``,
+configurations interleaved round by round, each round with fresh engines so no
+configuration runs warmer than another.
 
 Run: ``.venvs/vllm/bin/python bench/bench_turns.py --backend vllm`` or
 ``.venvs/sglang/bin/python bench/bench_turns.py --backend sglang`` (prints JSON).
@@ -26,6 +27,7 @@ Run: ``.venvs/vllm/bin/python bench/bench_turns.py --backend vllm`` or
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -33,6 +35,7 @@ import statistics
 import time
 from typing import Any
 
+import psutil
 import torch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.modeling import tiny_model
@@ -70,12 +73,25 @@ def random_tokens(count: int, length: int, seed: int) -> list[list[int]]:
     return [torch.randint(4, 128, (length,), generator=gen).tolist() for _ in range(count)]
 
 
-def run_step(rollout: Rollout, reference: torch.nn.Module, args: argparse.Namespace) -> tuple[float, list[list[int]]]:
-    """Sync the weights (resets the cache), then all episodes' turns; returns the wall
-    seconds of the turns and the episodes' final token ids."""
+def cpu_seconds() -> float:
+    """CPU time of this process and its children so far (vLLM runs in this process,
+    SGLang's scheduler in a child): on a shared machine the stable measure of work done."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+def run_step(
+    rollout: Rollout, reference: torch.nn.Module, args: argparse.Namespace
+) -> tuple[float, float, list[list[int]]]:
+    """Sync the weights (resets the cache), then all episodes' turns; returns the wall and
+    CPU seconds of the turns and the episodes' final token ids."""
     rollout.update_weights(named_tensors(reference))
     history = [[1, *p] for p in random_tokens(args.episodes, args.prompt_len - 1, seed=0)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     for turn in range(args.turns):
         sampling = SamplingParams(
             temperature=1.0,
@@ -87,7 +103,7 @@ def run_step(rollout: Rollout, reference: torch.nn.Module, args: argparse.Namesp
         generated = responses(rollout.generate(history, sampling))
         observations = random_tokens(args.episodes, args.obs_tokens, seed=1 + turn)
         history = [h + g + o for h, g, o in zip(history, generated, observations, strict=True)]
-    return time.perf_counter() - start, history
+    return time.perf_counter() - start, cpu_seconds() - cpu, history
 
 
 def main() -> None:
@@ -122,6 +138,7 @@ def main() -> None:
         "episode_tokens_at_end": need,
     }
     times: dict[str, list[float]] = {name: [] for name in CONFIGS[args.backend]}
+    cpu_times: dict[str, list[float]] = {name: [] for name in CONFIGS[args.backend]}
     finals: dict[str, list[list[int]]] = {}
     for _ in range(args.repeats):
         for name, options in CONFIGS[args.backend].items():
@@ -136,18 +153,20 @@ def main() -> None:
             try:
                 run_step(rollout, reference, args)  # warm-up
                 for _ in range(args.steps):
-                    seconds, final = run_step(rollout, reference, args)
+                    seconds, cpu, final = run_step(rollout, reference, args)
                     times[name].append(seconds)
+                    cpu_times[name].append(cpu)
                     finals.setdefault(name, final)
             finally:
                 rollout.shutdown()
     base = next(iter(finals.values()))
     result["same_tokens_in_every_configuration"] = all(f == base for f in finals.values())
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    uncached = next(m for name, m in medians.items() if name.startswith("no_"))
-    result["step_seconds_median"] = {name: round(m, 3) for name, m in medians.items()}
-    result["step_seconds_all"] = {name: [round(x, 3) for x in t] for name, t in times.items()}
-    result["speedup_over_no_cache"] = {name: round(uncached / m, 2) for name, m in medians.items()}
+    for label, measured in (("wall", times), ("cpu", cpu_times)):
+        medians = {name: statistics.median(t) for name, t in measured.items()}
+        uncached = next(m for name, m in medians.items() if name.startswith("no_"))
+        result[f"step_{label}_seconds_median"] = {name: round(m, 3) for name, m in medians.items()}
+        result[f"step_{label}_seconds_all"] = {name: [round(x, 3) for x in t] for name, t in measured.items()}
+        result[f"{label}_speedup_over_no_cache"] = {name: round(uncached / m, 2) for name, m in medians.items()}
     result["load_average_at_end"] = round(os.getloadavg()[0], 2)
     text = json.dumps(result, indent=2)
     print(text)
