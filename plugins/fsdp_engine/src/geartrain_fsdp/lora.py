@@ -151,4 +151,5 @@ def base_reference(model: ModelConfig) -> str:
     """How a checkpoint names the base: its path, or the tiny family, seed and overrides."""
     if model.path is not None:
         return model.path
-    return f"tiny:{model.tiny}:seed={model.seed}:{json.dumps(model.config_overrides, sort_keys=True)}"
+    kind = f"preset:{model.preset}" if getattr(model, "preset", None) else f"tiny:{model.tiny}"
+    return f"{kind}:seed={model.seed}:{json.dumps(model.config_overrides, sort_keys=True)}"

@@ -132,6 +132,16 @@ def engine_kwargs(
             from geartrain.errors import GeartrainError
 
             raise GeartrainError("sglang rollout: tensor_parallel_size > 1 needs GPUs (the CPU recipe runs one rank)")
+    if config.max_lora_rank is not None:
+        # adapters come in through update_adapter (load_lora_adapter_from_tensors), none at start
+        kwargs.update(
+            enable_lora=True,
+            max_lora_rank=config.max_lora_rank,
+            lora_target_modules=["all"],
+            max_loras_per_batch=2,  # the adapter and base-only requests
+        )
+        if device == "cpu":
+            kwargs["lora_backend"] = "torch_native"
     kwargs.update(options.engine_kwargs)
     return kwargs
 

@@ -7,7 +7,7 @@ The hook contracts are in :mod:`geartrain.hookspecs`. ``capabilities`` and
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from geartrain.config import ModelConfig, RolloutConfig, options_of
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 @hookimpl
 def capabilities() -> list[str]:
-    return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY]
+    return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY, Capability.LORA]
 
 
 @hookimpl
@@ -47,6 +47,11 @@ def generate(rollout: SglangRollout, prompts: list[list[int]], sampling: Samplin
 @hookimpl
 def update_weights(rollout: SglangRollout, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     rollout.update_weights(named_tensors)
+
+
+@hookimpl
+def update_adapter(rollout: SglangRollout, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    rollout.update_adapter(name, tensors, config)
 
 
 @hookimpl

@@ -77,6 +77,8 @@ class SglangRollout:
         self._sender: weights.DistributedSender | None = None
         self.engine: Any = None
         self._pids: set[int] = set()
+        self.adapter: tuple[str, dict[str, torch.Tensor], dict[str, Any]] | None = None
+        """The served LoRA adapter (name, tensors on the host, PEFT config), reloaded after a restart."""
         self._start()
 
     # ------------------------------------------------------------------ engine lifetime
@@ -104,8 +106,9 @@ class SglangRollout:
             "sglang", prompts, sampling, max_model_len=self.config.max_model_len, vocab_size=self.vocab_size
         )
         requests = build_requests(prompts, sampling, self.config.max_model_len)
+        lora = None if self.adapter is None else [self.adapter[0]] * len(requests.input_ids)
         outputs = self.engine.generate(
-            input_ids=requests.input_ids, sampling_params=requests.params, return_logprob=True
+            input_ids=requests.input_ids, sampling_params=requests.params, return_logprob=True, lora_path=lora
         )
         return to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
 
@@ -135,6 +138,29 @@ class SglangRollout:
             max_bucket_bytes=stats.max_bucket_bytes,
         )
         return self.last_sync
+
+    def update_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Serve LoRA adapter ``name`` through SGLang's in-memory adapter loading
+        (``Engine.load_lora_adapter_from_tensors``: no files), replacing the previous one;
+        while a CPU engine is released it is loaded at ``resume``."""
+        if self.config.max_lora_rank is None:
+            raise GeartrainError("sglang rollout: update_adapter needs rollout.max_lora_rank (the engine starts without LoRA)")
+        if int(config["r"]) > self.config.max_lora_rank:
+            raise GeartrainError(f"sglang rollout: adapter rank {config['r']} exceeds rollout.max_lora_rank ({self.config.max_lora_rank})")
+        if self.released and self.device != "cpu":
+            raise GeartrainError("sglang rollout: update_adapter while released; call resume() first")
+        held = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+        previous, self.adapter = self.adapter, (name, held, dict(config))
+        if self.released:
+            return
+        if previous is not None:
+            _check_lora(self.engine.unload_lora_adapter(previous[0]), "unload_lora_adapter")
+        self._load_adapter()
+
+    def _load_adapter(self) -> None:
+        if self.adapter is not None:
+            name, tensors, config = self.adapter
+            _check_lora(self.engine.load_lora_adapter_from_tensors(name, tensors, config), "load_lora_adapter_from_tensors")
 
     def _load(self, stream: Iterable[tuple[str, torch.Tensor]], stats: BucketStats) -> None:
         eng = self.engine
@@ -205,6 +231,7 @@ class SglangRollout:
             self.released = False
             if self.weight_copy is not None and len(self.weight_copy):
                 self._load(self.weight_copy.items(), BucketStats())
+            self._load_adapter()
         else:
             self.engine.resume_memory_occupation()
             self.released = False
@@ -231,3 +258,9 @@ class SglangRollout:
     def _require_running(self, what: str) -> None:
         if self.released or self.engine is None:
             raise GeartrainError(f"sglang rollout: {what} while released; call resume() first")
+
+
+def _check_lora(result: Any, what: str) -> None:
+    """SGLang's LoRA calls return a ``LoRAUpdateOutput`` (``success``, ``error_message``)."""
+    if getattr(result, "success", True) is False:
+        raise GeartrainError(f"sglang rollout: {what} failed: {getattr(result, 'error_message', result)}")

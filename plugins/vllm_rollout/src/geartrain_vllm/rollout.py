@@ -19,7 +19,7 @@ from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
 from geartrain.weights import UnknownTensorError, WeightCopy, bucketed, checked, tied_aliases, with_aliases
 
-from geartrain_vllm import engine, weights
+from geartrain_vllm import adapters, engine, weights
 from geartrain_vllm.options import VllmOptions
 from geartrain_vllm.outputs import samples_from_outputs, to_batch
 from geartrain_vllm.requests import build_requests
@@ -52,6 +52,9 @@ class VllmRollout:
         self.vocab_size: int = skeleton.config.vocab_size
         del skeleton
         self.engine_kwargs = engine.engine_kwargs(config, model, options, self.model_dir, self.device)
+        if config.max_lora_rank is not None:
+            self.engine_kwargs.update(adapters.lora_engine_kwargs(config.max_lora_rank))
+        self.adapter = adapters.AdapterSlot(config.max_lora_rank)
         keep = options.keep_weights_copy
         if keep is None:
             keep = self.device == "cpu" or options.sleep_level == 2
@@ -73,7 +76,7 @@ class VllmRollout:
             "vllm", prompts, sampling, max_model_len=self.config.max_model_len, vocab_size=self.vocab_size
         )
         requests = build_requests(prompts, sampling)
-        outputs = self.llm.generate(requests.prompts, requests.params, use_tqdm=False)
+        outputs = self.llm.generate(requests.prompts, requests.params, use_tqdm=False, lora_request=self.adapter.request)
         return to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
 
     # ------------------------------------------------------------------ weights
@@ -94,6 +97,13 @@ class VllmRollout:
             self._load(stream)
         self.last_sync = counter
         return counter
+
+    def update_adapter(self, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Serve LoRA adapter ``name`` on top of the synced base (see :mod:`geartrain_vllm.adapters`);
+        while a CPU engine is released it is loaded at ``resume``."""
+        if self.released and self.device != "cpu":
+            raise GeartrainError("vllm rollout: update_adapter while released; call resume() first")
+        self.adapter.update(self.llm, name, tensors, config)
 
     def _load(self, stream: Iterable[tuple[str, torch.Tensor]]) -> None:
         mode = self.options.weight_sync
@@ -165,6 +175,7 @@ class VllmRollout:
             if self.weight_copy is not None and len(self.weight_copy):
                 # Read back one tensor at a time; the copy stays on disk until the next sync.
                 self._load(self.weight_copy.items())
+            self.adapter.reload(self.llm)
         else:
             self.llm.wake_up()
             if self.options.sleep_level == 2:
@@ -184,6 +195,7 @@ class VllmRollout:
             engine.stop_engine(llm, keep_default_group=self._foreign_process_group)
         if self.weight_copy is not None:
             self.weight_copy.clear()
+        self.adapter.clear()
         if self._owns_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
