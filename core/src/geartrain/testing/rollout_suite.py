@@ -610,14 +610,15 @@ class RolloutConformance(StandardSuite):
     ``max_lora_rank`` = this)."""
 
     @pytest.fixture(scope="class")
-    def lora_rollout(self, family: str, reference: torch.nn.Module) -> Iterator[Rollout]:
+    @classmethod
+    def lora_rollout(cls, family: str, reference: torch.nn.Module) -> Iterator[Rollout]:
         """A second instance, built to serve adapters (only for backends declaring ``lora``)."""
         from geartrain import plugins
 
-        if "lora" not in plugins.backend_info("rollout", self.backend).capabilities:
-            pytest.skip(f"rollout '{self.backend}' does not declare lora")
-        model = ModelConfig(tiny=family, seed=0, config_overrides=self.model_overrides.get(family, {}))
-        config = self.rollout_config().model_copy(update={"max_lora_rank": self.lora_rank})
+        if "lora" not in plugins.backend_info("rollout", cls.backend).capabilities:
+            pytest.skip(f"rollout '{cls.backend}' does not declare lora")
+        model = ModelConfig(tiny=family, seed=0, config_overrides=cls.model_overrides.get(family, {}))
+        config = cls.rollout_config().model_copy(update={"max_lora_rank": cls.lora_rank})
         r = Rollout(config, model, EngineContext(role="rollout"))
         r.update_weights(named_tensors(reference))
         yield r

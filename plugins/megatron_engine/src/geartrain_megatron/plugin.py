@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 @hookimpl
 def capabilities() -> Iterable[str]:
+    # No 'lora': megatron-core has no LoRA of its own and this engine adds none, so the core
+    # refuses actor.lora here before any rank starts, naming the fsdp engine (docs/lora.md).
     return [
         Capability.CPU,
         Capability.CUDA,
