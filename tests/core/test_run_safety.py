@@ -151,3 +151,14 @@ def test_config_diff_verdicts() -> None:
 
 def test_errors_are_geartrain_errors() -> None:
     assert issubclass(RunDirectoryError, GeartrainError)  # the CLI prints them in one line, rc 2
+
+
+def test_config_diff_refuses_a_different_lora_but_applies_its_sync_mode() -> None:
+    saved = _config(Path("out"), "actor.lora.rank=16").model_dump(mode="json")
+    new = _config(Path("out"), "actor.lora.rank=8", "actor.lora.sync=adapter").model_dump(mode="json")
+    verdicts = {c.key: c.verdict for c in diff_configs(saved, new)}
+    assert verdicts["actor.lora.rank"] == verdicts["actor.engine.lora.rank"] == "refused"
+    assert verdicts["actor.lora.sync"] == verdicts["actor.engine.lora.sync"] == "applied"
+    assert verdicts["rollout.max_lora_rank"] == "applied"
+    reasons = {c.key: c.reason for c in diff_configs(saved, new)}
+    assert "adapters of this rank" in reasons["actor.lora.rank"]
