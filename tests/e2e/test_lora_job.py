@@ -36,7 +36,9 @@ def test_lora_main_job_gains_25_points(out_dir: Path) -> None:
     assert after - before >= 25.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"
     records = rl_records(out_dir / "metrics.jsonl")
     assert max(r["rollout_mismatch/max_abs_diff"] for r in records[1:]) < 1e-3  # merged sync: base + BA arrived
-    assert all(r["hybrid/weight_sync_bytes"] > 0 for r in records[2:])
+    # a step after a validation finds the weights already synced (validation generated with them)
+    syncs = [r["hybrid/weight_sync_bytes"] for r in records[1:] if "hybrid/weight_sync_bytes" in r]
+    assert len(syncs) >= 290 and min(syncs) > 0
     assert (out_dir / "hf" / "adapter_config.json").exists() and (out_dir / "hf" / "adapter_model.safetensors").exists()
     checkpoint = max((out_dir / "checkpoints").glob("step_*"))
     held = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
