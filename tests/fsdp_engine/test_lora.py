@@ -175,6 +175,21 @@ def test_checkpoint_refuses_a_changed_base_and_a_full_model(tmp_path: Path) -> N
         full.load_checkpoint(path)
 
 
+def test_checkpoint_holds_the_adapters_and_their_adam_moments_only(tmp_path: Path) -> None:
+    """The frozen base stays out, the tied output layer (qwen2 ties it to the embedding) too."""
+    import torch.distributed.checkpoint as dcp
+
+    engine = lora_engine()
+    train(engine, 1)
+    path = engine.save_checkpoint(CheckpointManager(tmp_path / "ck", keep_last=1), 1, {})
+    saved = dcp.FileSystemReader(str(path / "dcp")).read_metadata().state_dict_metadata
+    weights = {k for k in saved if k.startswith("model.")}
+    adapters = {n for n, p in engine.handle.module.named_parameters() if p.requires_grad}
+    assert weights == {f"model.{n}" for n in adapters}
+    moments = {k.rsplit(".", 1)[-1] for k in saved if k.startswith("optim.state.")}
+    assert moments == {"exp_avg", "exp_avg_sq", "step"}
+
+
 def test_lora_on_a_value_model_is_refused() -> None:
     with pytest.raises(ConfigError, match="not a value model"):
         lora_engine(model=ModelConfig(tiny="qwen2", value_head=True))

@@ -43,7 +43,11 @@ def _app_state(model: FSDPModel) -> dict[str, Any]:
     ``get_optimizer_state_dict`` then creates it by running a step with zero gradients,
     which would start AdamW's step count (its bias correction) one step early. So a fresh
     optimizer is put back to fresh afterwards (see :func:`_untouched`)."""
-    state: dict[str, Any] = {"model": get_model_state_dict(model.module, options=_model_options(model))}
+    weights = get_model_state_dict(model.module, options=_model_options(model))
+    if model.peft is not None:
+        # a tied output layer escapes ignore_frozen_params (it is not among named_parameters)
+        weights = {name: t for name, t in weights.items() if ".lora_" in name}
+    state: dict[str, Any] = {"model": weights}
     if model.optimizer is not None:
         with _untouched(model.optimizer):
             state["optim"] = get_optimizer_state_dict(model.module, model.optimizer)
