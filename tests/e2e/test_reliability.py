@@ -193,3 +193,53 @@ def test_resume_never_runs_a_planted_dcp_metadata(finished_run: Path, tmp_path: 
         assert "every checkpoint under" in str(err.value) and "is damaged" in str(err.value)
     else:
         assert "dcp/.metadata: refusing to load it" in str(err.value) and "not one of DCP's metadata classes" in str(err.value)
+
+
+SFT = ["sft.enabled=true", "sft.steps=2", "sft.min_steps=1", "sft.dev_path=null", "sft.batch_size=8", "trainer.total_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def sft_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two finished 1-step runs with a 2-step SFT warm start each (different seeds)."""
+    root = tmp_path_factory.mktemp("sft")
+    run_job(_config(root / "a", *SFT))
+    run_job(_config(root / "b", *SFT, "sft.seed=7"))
+    return root / "a", root / "b"
+
+
+def test_a_truncated_sft_model_is_named_on_resume(sft_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    # issue 24 item 4's probe: a truncated sft_model/ died with a 66-line SafetensorError
+    import shutil
+
+    from geartrain.errors import CheckpointError
+
+    out = tmp_path / "run"
+    shutil.copytree(sft_runs[0], out)
+    weights = out / "sft_model" / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as fh:
+        fh.truncate(size // 2)
+    with pytest.raises(CheckpointError) as err:
+        run_job(_config(out, *SFT, "trainer.total_steps=2"), resume=True)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"{out / 'sft_model'} (the SFT warm start, this run's reference policy) is damaged" in message
+    assert f"model.safetensors has {size // 2} bytes, the manifest says {size}" in message
+
+
+def test_a_swapped_sft_model_is_refused_on_resume(sft_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    # issue 24 item 4's probe: another run's sft_model/ resumed silently (actor/ref_kl x250)
+    import shutil
+
+    from geartrain.errors import CheckpointError
+
+    out = tmp_path / "run"
+    shutil.copytree(sft_runs[0], out)
+    shutil.rmtree(out / "sft_model")
+    shutil.copytree(sft_runs[1] / "sft_model", out / "sft_model")  # intact, with its own manifest
+    with pytest.raises(CheckpointError, match="is not the SFT warm start checkpoint .* was trained from"):
+        run_job(_config(out, *SFT, "trainer.total_steps=2"), resume=True)
+    # the run's own warm start resumes
+    shutil.rmtree(out / "sft_model")
+    shutil.copytree(sft_runs[0] / "sft_model", out / "sft_model")
+    assert run_job(_config(out, *SFT, "trainer.total_steps=2"), resume=True).steps == 2

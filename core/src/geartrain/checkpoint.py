@@ -22,6 +22,7 @@ code.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -76,15 +77,30 @@ class CheckpointManager:
                 shutil.rmtree(partial)
             partial.mkdir()
         _barrier()
-        write(partial)
+        full = False
+        try:
+            write(partial)
+        except Exception as exc:
+            if not disk_is_full(exc, self.root):
+                raise
+            full = True  # raised below, once the failed writer's frames (and open files) are gone
+        if full:
+            self._disk_full(step, partial)
         _barrier()
         if _is_rank0():
-            write_manifest(partial, exclude=_NOT_IN_MANIFEST)
-            marker = partial / MARKER
-            with open(marker, "w") as fh:
-                json.dump({"step": step, "time": time.time()}, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
+            try:
+                write_manifest(partial, exclude=_NOT_IN_MANIFEST)
+                marker = partial / MARKER
+                with open(marker, "w") as fh:
+                    json.dump({"step": step, "time": time.time()}, fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except Exception as exc:
+                if not disk_is_full(exc, self.root):
+                    raise
+                full = True
+            if full:
+                self._disk_full(step, partial)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(partial, final)
@@ -92,6 +108,21 @@ class CheckpointManager:
             self._prune()
         _barrier()
         return final
+
+    def _disk_full(self, step: int, partial: Path) -> None:
+        """Raise the one :class:`DiskFullError` line for a save that failed because the
+        disk is full (whatever form the writer's error took: ``OSError(ENOSPC)``, a zip
+        writer's ``unexpected pos``, DCP's wrapped failure, see :func:`disk_is_full`). The
+        partial save is removed to give the space back; complete checkpoints are not
+        touched."""
+        shutil.rmtree(partial, ignore_errors=True)
+        last = self.latest()
+        done = (f"the last complete checkpoint is step {self.step_of(last)} ({last})" if last is not None
+                else f"no checkpoint was completed in {self.root}")
+        raise DiskFullError(
+            f"no space left on {device_of(self.root)} while saving step {step}; {done}. "
+            "Free space there (or lower trainer.keep_last), then continue with --resume"
+        )
 
     def complete(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
@@ -167,6 +198,62 @@ def load_state(path: str | Path, map_location: Any = None) -> Any:
             f"{path}: refusing to load it: it holds objects other than tensors and plain containers "
             f"({first}); geartrain never unpickles code from a checkpoint"
         ) from None
+
+
+class DiskFullError(CheckpointError):
+    """A save ran out of disk space."""
+
+
+#: below this many free bytes a failed write is taken to be a full disk
+_FULL_BELOW = 1 << 20
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # DCP's CheckpointException: rank -> wrapped error
+        if isinstance(failures, dict):
+            todo += [getattr(f, "exc", f) if isinstance(getattr(f, "exc", f), BaseException) else None for f in failures.values()]
+    return seen
+
+
+def disk_is_full(exc: BaseException, where: str | Path) -> bool:
+    """Whether ``exc`` (raised while writing under ``where``) is a full disk: an ENOSPC in
+    its chain, or, as writers that lose the errno leave it, almost no space left there."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(e):
+            return True
+    try:
+        stat = os.statvfs(Path(where))
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < _FULL_BELOW
+
+
+def device_of(path: str | Path) -> str:
+    """The filesystem ``path`` is on, as ``DEVICE (mounted at MOUNT)`` (best effort)."""
+    target = os.path.realpath(path)
+    best = ("", "?")
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) < 2:
+                    continue
+                source, mount = fields[0], fields[1].replace("\\040", " ")
+                if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best[0]):
+                    best = (mount, source)
+    except OSError:
+        return target
+    return f"{best[1]} (mounted at {best[0]})" if best[0] else target
 
 
 def _fsync_dir(path: Path) -> None:

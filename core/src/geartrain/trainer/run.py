@@ -5,6 +5,7 @@ Python users call :func:`run_job` with a :class:`TrainConfig` (see
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -24,6 +25,7 @@ from geartrain.config import ModelConfig
 from geartrain.data import PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, GeartrainError
+from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.interrupt import EXIT_INTERRUPTED, RunPosition, interrupted_message
@@ -191,15 +193,24 @@ class Job:
         steps, last = run_sft(group, dataset, cfg.sft, tokenizer, on_step, evaluate)
         progress.close()
         group.call("export_hf", str(sft_dir), tokenizer)
+        write_manifest(sft_dir)  # a resume reads the warm start back: it is checked like a checkpoint
         group.shutdown()
         dev_note = f", dev accuracy {100 * last['sft/dev_accuracy']:.1f}%" if "sft/dev_accuracy" in last else ""
         self.echo(f"SFT warm start: {steps} steps in {time.perf_counter() - start:.1f}s{dev_note} -> {sft_dir}")
         return self._sft_model()
 
     def _sft_model(self) -> ModelConfig:
+        """The SFT warm start as the policy (and reference) to build, once its files match
+        its manifest."""
         sft_dir = self.out / "sft_model"
         if not (sft_dir / "config.json").exists():
             raise CheckpointError(f"{sft_dir} is missing: the SFT warm start of this run did not finish; start afresh with --overwrite")
+        problems = verify_manifest(sft_dir, exclude=frozenset())
+        if problems:
+            raise CheckpointError(
+                f"{sft_dir} (the SFT warm start, this run's reference policy) is damaged: {'; '.join(problems)}; "
+                "restore it from a copy, or start afresh with --overwrite"
+            )
         m = self.config.model
         return ModelConfig(path=str(sft_dir.resolve()), dtype=m.dtype, attn_implementation=m.attn_implementation)
 
@@ -257,14 +268,28 @@ class Job:
             "accuracy_before": accuracy_before,
             "kl_coef": trainer.kl_ctrl.value if trainer.kl_ctrl is not None else None,
             "python_random": random.getstate(),
+            "sft_model": self._sft_fingerprint(),
         }
         if roles.critic is not None:
             roles.critic.call("save_checkpoint", str(self.ckpt_root / "critic"), step, {"step": step}, keep)
         roles.actor.call("save_checkpoint", str(self.ckpt_root / "actor"), step, extra, keep)
         self.position.checkpoint = step  # only once the save returned: it is complete on disk
 
+    def _sft_fingerprint(self) -> str | None:
+        """SHA-256 of the SFT warm start's manifest (``None``: the run has none). Saved with
+        every checkpoint, so a resume notices a warm start swapped for another run's."""
+        manifest = self.out / "sft_model" / MANIFEST
+        return hashlib.sha256(manifest.read_bytes()).hexdigest() if self.config.sft.enabled and manifest.is_file() else None
+
     def _load(self, roles: RLRoles, trainer: RLTrainer, path: Path) -> tuple[int, float | None]:
         extra = roles.actor.call("load_checkpoint", str(path))
+        saved, now = extra.get("sft_model"), self._sft_fingerprint()
+        if saved is not None and saved != now:
+            raise CheckpointError(
+                f"{self.out / 'sft_model'} is not the SFT warm start checkpoint {path} was trained from (its manifest "
+                "differs from the one recorded at the save): the reference policy would change under the run. "
+                "Put the run's own sft_model/ back, or start afresh with --overwrite"
+            )
         step = int(extra["step"])
         if roles.critic is not None:
             critic_path = self.ckpt_root / "critic" / path.name
