@@ -1,4 +1,4 @@
-"""The core's modules import each other without a circle.
+"""The core's modules, and each plugin's, import each other without a circle.
 
 The graph has an edge ``a -> b`` for every ``import`` of ``b`` written in ``a``: at the top,
 inside functions and under ``TYPE_CHECKING`` alike (a deferred import is still a dependency,
@@ -94,3 +94,25 @@ def test_the_cycle_finder_finds_a_planted_circle(tmp_path: Path) -> None:
 def test_the_core_has_no_import_cycle() -> None:
     cycle = find_cycle(import_graph(module_files()))
     assert cycle is None, "import circle in the core: " + " -> ".join(cycle or [])
+
+
+PLUGIN_PACKAGES = sorted(
+    path for path in (ROOT.parents[2] / "plugins").glob("*/src/*") if (path / "__init__.py").is_file()
+)
+
+
+def test_every_plugin_package_is_found() -> None:
+    names = {path.name for path in PLUGIN_PACKAGES}
+    assert {"geartrain_fsdp", "geartrain_megatron", "geartrain_vllm", "geartrain_sglang"} <= names, names
+
+
+def test_no_plugin_has_an_import_cycle() -> None:
+    """The same rule for every plugin under plugins/ (read from source: a plugin's
+    dependencies need not be installed here). Megatron's optim.py once imported the
+    engine's model type while engine.py imported optim.py."""
+    cycles = {}
+    for path in PLUGIN_PACKAGES:
+        cycle = find_cycle(import_graph(module_files(path, path.name)))
+        if cycle is not None:
+            cycles[path.name] = " -> ".join(cycle)
+    assert not cycles, f"import circles in plugins: {cycles}"

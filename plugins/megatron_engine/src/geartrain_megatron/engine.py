@@ -122,5 +122,5 @@ def shard_model(
             from geartrain_megatron.optim import build_optimizer, wrap_ddp
 
             handle.chunks = wrap_ddp(chunks, options)
-            handle.optimizer = build_optimizer(handle)
+            handle.optimizer = build_optimizer(handle.chunks, config.optim, options)
     return handle

@@ -1,22 +1,23 @@
 """megatron's DDP wrapper (contiguous fp32 gradient buffers, one all-reduce per step),
 megatron's optimizer (Adam with decoupled weight decay on every parameter, as the core's
 ``OptimConfig`` says; optionally the distributed optimizer), the LR schedule and the
-clipped step that skips non-finite gradients."""
+clipped step that skips non-finite gradients.
+
+Functions of the model chunks, the optimizer and the core's ``OptimConfig``: this module
+does not know the engine's model handle (``engine.py`` imports it, never the reverse)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from geartrain.config import OptimConfig
 from geartrain.optim import lr_factor
 from torch import nn
 
 from geartrain_megatron.compat import cpu_compat
 from geartrain_megatron.options import MegatronOptions
-
-if TYPE_CHECKING:
-    from geartrain_megatron.engine import MegatronModel
 
 
 def wrap_ddp(chunks: list[nn.Module], options: MegatronOptions) -> list[nn.Module]:
@@ -40,10 +41,10 @@ def wrap_ddp(chunks: list[nn.Module], options: MegatronOptions) -> list[nn.Modul
     return wrapped
 
 
-def build_optimizer(model: MegatronModel) -> Any:
+def build_optimizer(chunks: list[nn.Module], cfg: OptimConfig, options: MegatronOptions) -> Any:
+    """megatron's optimizer over the (DDP-wrapped) ``chunks`` with the core's settings."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    cfg = model.config.optim
     config = OptimizerConfig(
         optimizer="adam",
         lr=cfg.lr,
@@ -54,20 +55,18 @@ def build_optimizer(model: MegatronModel) -> Any:
         adam_eps=cfg.eps,
         decoupled_weight_decay=True,
         clip_grad=cfg.clip_grad,
-        use_distributed_optimizer=model.options.use_distributed_optimizer,
+        use_distributed_optimizer=options.use_distributed_optimizer,
     )
     # config_overrides={}: every parameter decays (megatron's default exempts biases and
     # norms; the core's OptimConfig, and the other engines, decay everything)
-    return get_megatron_optimizer(config, model.chunks, config_overrides={})
+    return get_megatron_optimizer(config, chunks, config_overrides={})
 
 
-def clipped_step(model: MegatronModel) -> dict[str, float]:
-    """See :func:`geartrain.hookspecs.optimizer_step`."""
-    if model.optimizer is None:
-        raise RuntimeError(f"role '{model.ctx.role}' has no optimizer (optim.lr == 0)")
-    cfg = model.config.optim
-    lr = cfg.lr * lr_factor(model.steps, cfg)
-    optimizer = model.optimizer
+def clipped_step(optimizer: Any, chunks: list[nn.Module], cfg: OptimConfig, steps: int) -> dict[str, float]:
+    """One optimizer step at step ``steps``'s learning rate, clipped, skipped when the
+    gradient norm is not finite (``skipped`` = 1: the caller does not count the step);
+    gradients are zeroed either way. See :func:`geartrain.hookspecs.optimizer_step`."""
+    lr = cfg.lr * lr_factor(steps, cfg)
     with cpu_compat():
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -77,8 +76,7 @@ def clipped_step(model: MegatronModel) -> dict[str, float]:
         if not skipped:
             _clip(optimizer, cfg.clip_grad, grad_norm)
             optimizer.step_with_ready_grads()
-            model.steps += 1
-        for chunk in model.chunks:
+        for chunk in chunks:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
     return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}

@@ -96,7 +96,12 @@ def optimizer_step(model: MegatronModel) -> dict[str, float]:
     from geartrain_megatron.optim import clipped_step
 
     require_onloaded(model, "optimizer_step")
-    return clipped_step(model)
+    if model.optimizer is None:
+        raise RuntimeError(f"role '{model.ctx.role}' has no optimizer (optim.lr == 0)")
+    metrics = clipped_step(model.optimizer, model.chunks, model.config.optim, model.steps)
+    if not metrics["skipped"]:
+        model.steps += 1
+    return metrics
 
 
 @hookimpl
