@@ -58,6 +58,7 @@ class PromptDataset:
             raise DataError(f"{self.source}: no rows")
         texts = [self._render(p, tokenizer) for p in parsed]
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        _warn_unknown_characters(self.source, parsed, texts, ids, tokenizer)
         self.rows: list[PromptRow] = []
         self.num_filtered = 0
         for p, text, prompt_ids in zip(parsed, texts, ids, strict=True):
@@ -117,8 +118,12 @@ class PromptDataset:
             )
         if prompt is not None and (not isinstance(prompt, str) or not prompt):
             raise DataError(f"{where}: '{cfg.prompt_key}' must be a non-empty string, got {prompt!r:.80}")
+        if isinstance(prompt, str) and not prompt.strip():
+            raise DataError(f"{where}: '{cfg.prompt_key}' is only whitespace ({prompt!r:.40}); give the row a prompt or remove it")
         if messages is not None:
             messages = self._check_messages(where, messages)
+            if not any(m["content"].strip() for m in messages):
+                raise DataError(f"{where}: every message of '{cfg.messages_key}' is empty or whitespace; give the row a prompt or remove it")
         truth = row.get(cfg.ground_truth_key)
         if truth is None:
             if cfg.require_ground_truth:
@@ -171,3 +176,37 @@ class PromptDataset:
         if cfg.system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _warn_unknown_characters(source: str, parsed: list[_Parsed], texts: list[str], ids: list[list[int]], tokenizer: Any) -> None:
+    """Warn once per dataset when prompt characters are outside the tokenizer's vocabulary
+    (they become its unknown token, which the model cannot tell apart): how many, in how
+    many prompts, and the first few with their rows. Only prompts holding the unknown
+    token's id are scanned, so a byte-level tokenizer costs nothing here."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return
+    unk_text = getattr(tokenizer, "unk_token", None) or ""
+    verdict: dict[str, bool] = {}
+
+    def unknown(char: str) -> bool:
+        if char not in verdict:
+            verdict[char] = unk in tokenizer(char, add_special_tokens=False)["input_ids"] and char not in unk_text
+        return verdict[char]
+
+    count, rows, examples = 0, 0, []
+    for p, text, row_ids in zip(parsed, texts, ids, strict=True):
+        if unk not in row_ids:
+            continue
+        found = [c for c in (text.replace(unk_text, "") if unk_text else text) if unknown(c)]
+        if found:
+            count += len(found)
+            rows += 1
+            if len(examples) < 3:
+                examples.append(f"{found[0]!r} ({p.where})")
+    if count:
+        logger.warning(
+            "%s: %d character(s) in %d prompt(s) are not in the tokenizer's vocabulary and become %s, which the model "
+            "cannot tell apart: e.g. %s. Normalize the text, or use a tokenizer that covers it",
+            source, count, rows, unk_text or f"token {unk}", ", ".join(examples),
+        )

@@ -437,6 +437,11 @@ def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
     return problems
 
 
+#: Advantage estimators whose baseline is the group of samples of one prompt: with
+#: ``sampling.n = 1`` each degenerates to the raw score (no baseline), so the job is refused.
+GROUP_BASELINE_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "grpo_passk", "opo", "gpg", "reinforce_plus_plus_baseline"})
+
+
 class TrainConfig(Section):
     """The whole job."""
 
@@ -569,9 +574,15 @@ class TrainConfig(Section):
             raise ValueError(
                 f"{what} generates extra rounds inside the step: not supported with trainer.async_rollout yet"
             )
-        if self.sampling.n < 2 and (algo.dynamic_sampling or algo.estimator == "grpo_passk"):
-            what = "algorithm.dynamic_sampling" if algo.dynamic_sampling else "algorithm.advantage = 'grpo_passk'"
-            raise ValueError(f"{what} compares the samples of a prompt: set sampling.n >= 2 (it is {self.sampling.n})")
+        if self.sampling.n < 2 and (algo.dynamic_sampling or algo.estimator in GROUP_BASELINE_ESTIMATORS):
+            if algo.dynamic_sampling:
+                raise ValueError(f"algorithm.dynamic_sampling compares the samples of a prompt: set sampling.n >= 2 "
+                                 f"(it is {self.sampling.n})")
+            raise ValueError(
+                f"algorithm.advantage = '{algo.estimator}' takes its baseline from the other samples of the same prompt, "
+                f"so with sampling.n = {self.sampling.n} it would train with no baseline at all: set sampling.n >= 2, "
+                "or choose an estimator that needs no group (reinforce_plus_plus, or remax)"
+            )
         if algo.overlong_buffer is not None and algo.overlong_buffer > self.sampling.max_tokens:
             raise ValueError(
                 f"algorithm.overlong_buffer ({algo.overlong_buffer}) exceeds "

@@ -11,6 +11,10 @@ consecutive steps in which
 * every reward call failed or timed out (``reward/error_fraction``) — each such step warns,
   ``max_failed_reward_steps`` of them stop the run.
 
+Scores that are not finite or too large for the loss's float32 arithmetic
+(``reward/max_abs``, see :data:`HUGE_REWARD`) are named as such, once, and in place of the
+learning-rate advice when they are what made the steps skip.
+
 The stops raise :class:`TrainingStalledError` (a :class:`geartrain.GeartrainError`:
 ``geartrain train`` prints it and exits 2); the checkpoints saved so far stay.
 """
@@ -39,6 +43,25 @@ class WatchdogConfig(Section):
     """Stop after this many consecutive steps whose reward calls all failed or timed out."""
 
 
+#: a score's magnitude beyond which float32 statistics of a batch (its variance: the square)
+#: overflow, so advantages and gradients become inf/nan whatever the learning rate
+HUGE_REWARD = 1e18
+
+
+def _reward_problem(metrics: dict[str, Any]) -> str | None:
+    """What is wrong with the step's scores (``None``: nothing)."""
+    value = metrics.get("reward/max_abs")
+    if value is None:
+        return None
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        return (f"the reward scores are not finite (reward/max_abs = {value}; a score beyond float32's range, "
+                "e.g. 1e300, becomes inf)")
+    if value > HUGE_REWARD:
+        return f"the reward scores are too large (reward/max_abs = {value:.3g}; their float32 variance overflows)"
+    return None
+
+
 class TrainingStalledError(GeartrainError):
     """A watchdog stopped the run: it was not training."""
 
@@ -53,10 +76,12 @@ class Watchdog:
         self.skipped = 0
         self.zero_advantage = 0
         self.failed_rewards = 0
+        self.bad_rewards_said = False
 
     def observe(self, step: int, metrics: dict[str, Any]) -> None:
         """Update the streaks with ``step``'s metrics; warn or raise
         :class:`TrainingStalledError` as configured."""
+        self._scale(step, metrics)
         self._skipped(step, metrics)
         self._rewards(step, metrics)
         self._advantages(step, metrics)
@@ -67,6 +92,12 @@ class Watchdog:
             return
         self.skipped = self.skipped + 1 if float(skipped) >= 1.0 else 0
         k = self.config.max_skipped_steps
+        if k and self.skipped >= k and (problem := _reward_problem(metrics)) is not None:
+            raise TrainingStalledError(
+                f"step {step}: the last {self.skipped} steps skipped every optimizer step because the gradient was "
+                f"not finite, and {problem}: fix the reward function to return finite scores of a sensible scale "
+                f"(the learning rate is not the cause; watchdog.max_skipped_steps, now {k}, lets the run go on)"
+            )
         if k and self.skipped >= k:
             raise TrainingStalledError(
                 f"step {step}: the last {self.skipped} steps skipped every optimizer step because the gradient "
@@ -74,6 +105,13 @@ class Watchdog:
                 "the learning rate is likely too high or the loss overflows. Lower actor.engine.optim.lr "
                 f"(or raise watchdog.max_skipped_steps, now {k}, to let the run go on)"
             )
+
+    def _scale(self, step: int, metrics: dict[str, Any]) -> None:
+        problem = _reward_problem(metrics)
+        if problem is not None and not self.bad_rewards_said:
+            self.bad_rewards_said = True
+            logger.warning("step %d: %s; the advantages and the gradient will not be finite. Fix the reward function "
+                           "(this is said once)", step, problem)
 
     def _rewards(self, step: int, metrics: dict[str, Any]) -> None:
         fraction = metrics.get("reward/error_fraction")
