@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from geartrain.agents.config import AgentConfig
 from geartrain.errors import ConfigError, ConfigFileError
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -206,6 +207,9 @@ class RolloutConfig(Section):
     generating (costs a restart on backends without sleep mode)."""
     options: Any = Field(default_factory=dict)
     """The backend's own section, validated by its ``config_schema`` hook."""
+    agent: AgentConfig | None = None
+    """Multi-turn episodes with an environment (tools, feedback) instead of one response
+    per prompt; see :class:`geartrain.agents.AgentConfig` and docs/agents.md."""
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)

@@ -126,7 +126,7 @@ class CompactFormat:
         errors = []
         opened = text.count("[")
         if opened > len(calls) or (not calls and "]" in text):
-            errors.append(f"malformed call (expected '[tool argument]'): {text.strip()[:200]}")
+            errors.append("malformed call")  # short: the observation costs the episode's tokens
         return calls, errors
 
     def results_text(self, outcomes: Sequence[ToolOutcome], *, chat: bool) -> list[str]:

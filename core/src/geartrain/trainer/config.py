@@ -561,6 +561,14 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _agent_fits(self) -> TrainConfig:
+        if self.rollout.agent is not None and self.trainer.async_rollout:
+            raise ValueError(
+                "rollout.agent: multi-turn episodes do not run with trainer.async_rollout yet; set trainer.async_rollout = false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _async_fits(self) -> TrainConfig:
         if self.trainer.async_rollout and self.trainer.free_memory:
             raise ValueError("trainer.async_rollout generates while the actor trains: set trainer.free_memory = false")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geartrain.agents import load_environment
 from geartrain.data import PromptDataset
 from geartrain.data.sources import HUB_HINT, DataSource, looks_like_hub_id
 from geartrain.errors import ConfigError, GeartrainError
@@ -136,6 +137,13 @@ def preflight(
     result.reward = _resolve_reward(config, reward_fn, problems)
     data_given = data is not None or "data" in config.model_fields_set
     problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)
+
+    if config.rollout.agent is not None:
+        agent = config.rollout.agent
+        try:
+            load_environment(agent.environment, kwargs=agent.environment_kwargs, base_dir=config.base_dir)
+        except GeartrainError as exc:
+            problems.append(("rollout.agent.environment", str(exc)))
 
     data_cfg = config.data.model_copy(update={"path": config.resolve(config.data.path)})
     sources: list[tuple[str, Any, Callable[[Any], PromptDataset]]] = [

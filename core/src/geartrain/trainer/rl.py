@@ -32,6 +32,7 @@ from geartrain.data import PromptBatch, PromptLoader, PromptRow
 from geartrain.rewards import token_level_scores
 from geartrain.seeding import step_seed
 from geartrain.trainer.config import TrainConfig
+from geartrain.trainer.episodes import EpisodeGeneration, log_sample
 from geartrain.trainer.generation import Generation
 from geartrain.trainer.log_probs import forward, reuses_update_log_probs, update_reusing
 from geartrain.trainer.loss_config import actor_loss_config
@@ -68,7 +69,10 @@ class RLTrainer:
         self.tokenizer = tokenizer
         self.loader = loader
         self.val_rows = val_rows or []
-        self.generation = Generation(config, roles.actor, tokenizer, loader)
+        # multi-turn episodes (rollout.agent) or one response per prompt
+        generation = EpisodeGeneration if config.rollout.agent is not None else Generation
+        self.generation = generation(config, roles.actor, tokenizer, loader)
+        self.validations = 0
         algo = config.algorithm
         self.kl_ctrl = (
             make_kl_controller(algo.kl_controller, algo.kl_coef, target_kl=algo.target_kl, horizon=algo.kl_horizon)
@@ -143,6 +147,9 @@ class RLTrainer:
         start = time.perf_counter()
         batch, _ = self.generation.generate(prompts, self.generation.greedy(v.max_tokens))
         scores, _, correct = self._score(batch)
+        self.validations += 1
+        if "episode" in batch:  # one rendered episode per validation, in <output_dir>/episodes.log
+            log_sample(batch, self.config.trainer.output_dir, self.validations)
         return {
             "val/accuracy": float(correct.mean()),
             "val/reward_mean": float(scores.mean()),
@@ -188,6 +195,8 @@ class RLTrainer:
         algo, mask = self.config.algorithm, batch["response_mask"]
         metrics: dict[str, float] = {}
         token_rewards = token_level_scores(torch.tensor(batch["score"], dtype=torch.float32), mask)
+        if "turn_rewards" in batch:  # episodes: each turn's environment reward on its last token
+            token_rewards = token_rewards + batch["turn_rewards"]
         if self.kl_ctrl is not None:
             token_rewards, kl_metrics = apply_kl_penalty(
                 token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,

@@ -24,15 +24,18 @@ from typing import Any
 
 import torch
 
+from geartrain.agents import AgentConfig
 from geartrain.algorithms import ActorLossConfig, CriticLossConfig, make_actor_loss, make_critic_loss
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
 from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
 from geartrain.engine import Engine
 from geartrain.memory import current_memory_bytes
+from geartrain.modeling import load_tokenizer
 from geartrain.rewards import RewardScorer, sequence_scores_from_values
 from geartrain.rollout import Rollout
 from geartrain.trainer.async_rollout import Generated, GenerationQueue, WeightSnapshot
+from geartrain.trainer.episodes import run_episode_share
 from geartrain.types import EngineContext, LossContext, LossFn, SamplingParams, StepOutput
 
 
@@ -118,6 +121,8 @@ class ActorRolloutWorker:
         self.rollout = Rollout(rollout, model, dataclasses.replace(ctx, role="rollout"))
         self.loss_fn = make_actor_loss(loss)
         self.rank = ctx.rank
+        self.model_config = model
+        self.tokenizer: Any = None
         self.free_memory = free_memory
         self.device = ctx.device
         self.rollout_released = False
@@ -145,6 +150,41 @@ class ActorRolloutWorker:
             metrics["timing/generate_s"] = done.seconds
             metrics["timing/rollout_wait_s"] = time.perf_counter() - submitted
             return done.batch, metrics
+        self._enter_rollout(metrics)
+        start = time.perf_counter()
+        batch = _global_prompt_index(self.rollout.generate(prompts, sampling), sampling)
+        batch.meta["rollout_rank"] = [self.rank] * len(batch)  # which replica sampled each row
+        metrics["timing/generate_s"] = time.perf_counter() - start
+        self._leave_rollout(metrics)
+        return batch, metrics
+
+    def run_episodes(
+        self, prompts: Batch, sampling: SamplingParams, agent: AgentConfig, base_dir: str | None = None
+    ) -> tuple[Batch, dict[str, float]]:
+        """Multi-turn episodes (``rollout.agent``) for this rank's share of ``prompts`` (see
+        :mod:`geartrain.trainer.episodes`), behind the same hybrid switch as :meth:`generate`,
+        taken once for all turns."""
+        if self.queue is not None:
+            raise ValueError("rollout.agent episodes do not run with trainer.async_rollout")
+        metrics: dict[str, float] = {}
+        self._enter_rollout(metrics)
+        start = time.perf_counter()
+        batch, episode_metrics = run_episode_share(
+            self.rollout.generate, self._tokenizer(), prompts, sampling, agent,
+            base_dir=base_dir, max_model_len=self.rollout.config.max_model_len, rank=self.rank,
+        )
+        metrics.update(episode_metrics)
+        metrics["timing/generate_s"] = time.perf_counter() - start
+        self._leave_rollout(metrics)
+        return batch, metrics
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.model_config)
+        return self.tokenizer
+
+    def _enter_rollout(self, metrics: dict[str, float]) -> None:
+        """Resume the rollout, sync stale weights, offload the actor (``free_memory``)."""
         if self.rollout_released:
             stats = self.rollout.resume()
             metrics["hybrid/rollout_resume_s"] = stats.seconds
@@ -161,10 +201,9 @@ class ActorRolloutWorker:
             stats = self.engine.offload()
             metrics["hybrid/actor_offload_s"] = stats.seconds
             metrics["hybrid/actor_offload_freed_bytes"] = float(stats.freed)
-        start = time.perf_counter()
-        batch = _global_prompt_index(self.rollout.generate(prompts, sampling), sampling)
-        batch.meta["rollout_rank"] = [self.rank] * len(batch)  # which replica sampled each row
-        metrics["timing/generate_s"] = time.perf_counter() - start
+
+    def _leave_rollout(self, metrics: dict[str, float]) -> None:
+        """Release the rollout and onload the actor (``free_memory``)."""
         if self.free_memory:
             stats = self.rollout.release()
             self.rollout_released = True
@@ -173,7 +212,6 @@ class ActorRolloutWorker:
             stats = self.engine.onload()
             metrics["hybrid/actor_onload_s"] = stats.seconds
         metrics["hybrid/memory_bytes"] = float(current_memory_bytes(self.device))
-        return batch, metrics
 
     def submit_generate(self, prompts: list[list[int]], sampling: SamplingParams) -> None:
         """Async rollout: queue a generation; it runs on the rollout's thread with the
@@ -335,6 +373,7 @@ class SFTWorker:
 
     def __init__(self, engine: EngineConfig, model: ModelConfig, rollout: RolloutConfig | None = None, *, ctx: EngineContext) -> None:
         self.engine = Engine(engine, model, ctx)
+        self.model_config = model
         self.rollout = None
         if rollout is not None:
             self.rollout = Rollout(rollout, model, dataclasses.replace(ctx, role="rollout"))
@@ -345,6 +384,17 @@ class SFTWorker:
         prompts, sampling = _prompts_and_sampling(prompts, sampling)
         self.engine.sync_weights(self.rollout)
         return _global_prompt_index(self.rollout.generate(prompts, sampling), sampling)
+
+    def run_episodes(self, prompts: Batch, sampling: SamplingParams, agent: AgentConfig, base_dir: str | None = None) -> Batch:
+        """Multi-turn episodes from the current SFT weights (see
+        :meth:`ActorRolloutWorker.run_episodes`)."""
+        assert self.rollout is not None, "SFTWorker was built without a rollout"
+        self.engine.sync_weights(self.rollout)
+        batch, _ = run_episode_share(
+            self.rollout.generate, load_tokenizer(self.model_config), prompts, sampling, agent,
+            base_dir=base_dir, max_model_len=self.rollout.config.max_model_len, rank=self.engine.ctx.rank,
+        )
+        return batch
 
     def close(self) -> None:
         if self.rollout is not None:

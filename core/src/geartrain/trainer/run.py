@@ -22,12 +22,13 @@ from geartrain.checkpoint import CheckpointManager
 from geartrain.cluster import Dispatch, InlineWorkerGroup, Placement, WorkerGroup, make_placement
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
-from geartrain.data import PromptDataset, PromptLoader
+from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
+from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
 from geartrain.trainer.interrupt import EXIT_INTERRUPTED, RunPosition, interrupted_message
 from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, plot_curves, read_jsonl
 from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
@@ -56,13 +57,18 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
     ``generate`` syncs the weights first)."""
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     sampling = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop_token_ids=stop, seed=0)
-    batch = group.call("generate", prompt_batch([r.prompt_ids for r in rows]), sampling, dispatch=Dispatch.DP)
-    mask = batch["response_mask"].bool()
-    texts = tokenizer.batch_decode([batch["input_ids"][i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
-    batch["response_text"] = texts
-    batch["ground_truth"] = [r.ground_truth for r in rows]
-    batch["prompt"] = [r.prompt for r in rows]
-    batch["data_meta"] = [r.meta for r in rows]
+    if cfg.rollout.agent is not None:  # greedy episodes: the answer is the last model turn
+        prompts = PromptBatch(rows=rows, indices=list(range(len(rows))), epoch=-1)
+        batch = group.call("run_episodes", episode_prompt_batch(prompts), sampling, cfg.rollout.agent, cfg.base_dir, dispatch=Dispatch.DP)
+        batch, _ = annotate_episodes(batch, prompts, 1)
+    else:
+        batch = group.call("generate", prompt_batch([r.prompt_ids for r in rows]), sampling, dispatch=Dispatch.DP)
+        mask = batch["response_mask"].bool()
+        texts = tokenizer.batch_decode([batch["input_ids"][i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
+        batch["response_text"] = texts
+        batch["ground_truth"] = [r.ground_truth for r in rows]
+        batch["prompt"] = [r.prompt for r in rows]
+        batch["data_meta"] = [r.meta for r in rows]
     scores, _, acc = scorer.score(batch)
     values = [float(a) if a is not None else float(s > 0) for a, s in zip(acc, scores.tolist(), strict=True)]
     return sum(values) / max(len(values), 1)

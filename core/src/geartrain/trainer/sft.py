@@ -3,6 +3,12 @@
 Rows hold a ``prompt`` and a ``response`` (the key is ``sft.response_key``); each training
 sequence is the prompt's tokens then the response's tokens and EOS, laid out like a
 rollout batch (left-padded prompt, right-padded response), with the loss on the response.
+
+Multi-turn traces (the warm start of an agent) hold ``turns`` instead of a response:
+``[{"role": "model", "text": ...}, {"role": "observation", "text": ...}, ...]``. Each turn
+is tokenized on its own (as the episode runner tokenizes observations: once, never with
+the history) and the loss is on the model turns and the final EOS only: observation tokens
+are masked, as in RL.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
@@ -29,8 +37,16 @@ def sft_dataset(config: SFTConfig, path: str, tokenizer: Any, data: DataConfig) 
         rows = [row for _, row in read_rows(path)][: config.max_prompts]
     dataset = PromptDataset(rows, tokenizer, cfg)
     for row in dataset.rows:
-        if not isinstance(row.meta.get(config.response_key), str):
-            raise DataError(f"{row.where or path}: SFT rows need a string '{config.response_key}'")
+        turns = row.meta.get("turns")
+        if turns is not None:
+            if not isinstance(turns, list) or not all(
+                isinstance(t, dict) and t.get("role") in ("model", "observation") and isinstance(t.get("text"), str) for t in turns
+            ):
+                raise DataError(
+                    f"{row.where or path}: 'turns' must be a list of {{\"role\": \"model\" | \"observation\", \"text\": str}}"
+                )
+        elif not isinstance(row.meta.get(config.response_key), str):
+            raise DataError(f"{row.where or path}: SFT rows need a string '{config.response_key}' (or multi-turn 'turns')")
     return dataset
 
 
@@ -38,9 +54,26 @@ def sft_batch(rows: list[PromptRow], tokenizer: Any, response_key: str) -> Batch
     """Token ids, attention mask and loss mask (response + EOS) for ``rows``, in the rollout
     layout (:func:`geartrain.layout.sequence_batch`)."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id or 0
-    responses = tokenizer([r.meta[response_key] for r in rows], add_special_tokens=False)["input_ids"]
-    responses = [list(ids) + ([eos] if eos is not None else []) for ids in responses]
-    return sequence_batch([r.prompt_ids for r in rows], responses, pad, mask_key="loss_mask")
+    tail = [eos] if eos is not None else []
+    responses: list[list[int]] = []
+    masks: list[list[int]] = []
+    for r in rows:
+        if "turns" in r.meta:
+            ids, mask = [], []
+            for turn in r.meta["turns"]:
+                turn_ids = tokenizer.encode(turn["text"], add_special_tokens=False)
+                ids += turn_ids
+                mask += [int(turn["role"] == "model")] * len(turn_ids)
+        else:
+            ids = list(tokenizer.encode(r.meta[response_key], add_special_tokens=False))
+            mask = [1] * len(ids)
+        responses.append(ids + tail)
+        masks.append(mask + [1] * len(tail))
+    batch = sequence_batch([r.prompt_ids for r in rows], responses, pad, mask_key="loss_mask")
+    width = int(batch.info["prompt_length"])
+    for row, mask in enumerate(masks):
+        batch["loss_mask"][row, width : width + len(mask)] = torch.tensor(mask, dtype=batch["loss_mask"].dtype)
+    return batch
 
 
 def run_sft(

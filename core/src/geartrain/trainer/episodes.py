@@ -1,0 +1,152 @@
+"""Multi-turn episodes in the trainer (``[rollout.agent]``).
+
+* :func:`run_episode_share` — on a rollout rank: this rank's data-parallel share of the
+  step's tasks, ``n`` episodes each, through :class:`geartrain.agents.EpisodeRunner` on the
+  rank's rollout; returns the episodes as masked rollout rows
+  (:func:`geartrain.agents.episode_batch`).
+* :func:`episode_prompt_batch` — on the driver: the prompts of a step with the task each
+  episode's environment is reset with, ready for ``Dispatch.DP``.
+* :func:`annotate_episodes` — on the driver: what the rest of the step reads. The reward
+  function gets the last model turn as ``response`` and the whole episode as
+  ``meta["episode"]`` (turns, tool calls, rewards; see :meth:`geartrain.agents.Episode.record`).
+
+Episode ``j`` of the task with step index ``i`` has the global index ``i * n + j``, which keys
+its sampling streams, so a step's episodes are the same on 1 or N ranks; its GRPO group is
+its task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, episode_batch, episode_metrics, load_environment
+from geartrain.batch import Batch
+from geartrain.cluster import Dispatch, WorkerGroup
+from geartrain.cluster.dispatch import prompt_batch
+from geartrain.data import PromptBatch
+from geartrain.trainer.config import TrainConfig
+from geartrain.trainer.generation import Generation
+from geartrain.types import SamplingParams
+
+logger = logging.getLogger("geartrain.agents")
+
+__all__ = [
+    "EpisodeGeneration",
+    "annotate_episodes",
+    "episode_prompt_batch",
+    "generate_episodes",
+    "log_sample",
+    "render_sample",
+    "run_episode_share",
+]
+
+
+def episode_prompt_batch(prompts: PromptBatch) -> Batch:
+    """``prompt_batch`` of the prompts plus each one's ``task`` (``prompt``,
+    ``ground_truth`` and the row's other fields) for the environment's ``reset``."""
+    batch = prompt_batch(prompts.prompt_ids)
+    batch.meta["task"] = [{**dict(r.meta), "prompt": r.prompt, "ground_truth": r.ground_truth} for r in prompts.rows]
+    return batch
+
+
+def run_episode_share(
+    generate: Any,
+    tokenizer: Any,
+    prompts: Batch,
+    sampling: SamplingParams,
+    agent: AgentConfig,
+    *,
+    base_dir: str | None,
+    max_model_len: int,
+    rank: int = 0,
+) -> tuple[Batch, dict[str, float]]:
+    """``sampling.n`` episodes of each task in ``prompts`` (a share of
+    :func:`episode_prompt_batch`), prompt-major, generated with ``generate``."""
+    n = sampling.n
+    factory = load_environment(agent.environment, kwargs=agent.environment_kwargs, base_dir=base_dir)
+    limits = RunnerLimits(
+        max_turns=agent.max_turns,
+        max_tokens_per_turn=agent.max_tokens_per_turn or sampling.max_tokens,
+        max_episode_tokens=agent.max_episode_tokens,
+        max_model_len=max_model_len,
+    )
+    runner = EpisodeRunner(
+        generate, tokenizer, factory, limits, stop_texts=agent.stop_texts, chat_template=agent.chat_template,
+        observation_role=agent.observation_role, workers=agent.workers,
+    )
+    ids, index, tasks = prompts["prompt_ids"], prompts["prompt_index"], prompts["task"]
+    rows = [(i, j) for i in range(len(ids)) for j in range(n)]
+    episodes, metrics = runner.run(
+        [ids[i] for i, _ in rows],
+        [tasks[i] for i, _ in rows],
+        dataclasses.replace(sampling, n=1, prompt_indices=None),
+        episode_indices=[index[i] * n + j for i, j in rows],
+        groups=[index[i] for i, _ in rows],
+    )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batch = episode_batch(episodes, pad, meta={"rollout_rank": [rank] * len(episodes)})
+    return batch, metrics
+
+
+def annotate_episodes(batch: Batch, prompts: PromptBatch, n: int) -> tuple[Batch, dict[str, float]]:
+    """Add the prompts' per-sample metadata; ``response_text`` is each episode's last model
+    turn and ``data_meta["episode"]`` its record. Returns the batch and the step's agent
+    metrics (:func:`geartrain.agents.episode_metrics`)."""
+    for key, values in prompts.sample_meta(n).items():
+        batch[key] = values
+    records = batch["episode"]
+    batch["response_text"] = [_final_text(r) for r in records]
+    batch["data_meta"] = [{**dict(m or {}), "episode": r} for m, r in zip(batch["data_meta"], records, strict=True)]
+    return batch, episode_metrics(records)
+
+
+def generate_episodes(actor: WorkerGroup, config: TrainConfig, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+    """The RL step's rollout when ``rollout.agent`` is set: ``sampling.n`` episodes of each
+    of ``prompts`` on the actor group's ranks (``Dispatch.DP``), annotated, with the
+    rollout's and the episodes' metrics."""
+    assert config.rollout.agent is not None
+    batch, metrics = actor.call(
+        "run_episodes", episode_prompt_batch(prompts), sampling, config.rollout.agent, config.base_dir, dispatch=Dispatch.DP
+    )
+    batch, agent_metrics = annotate_episodes(batch, prompts, sampling.n)
+    return batch, {**metrics, **agent_metrics}
+
+
+class EpisodeGeneration(Generation):
+    """:class:`~geartrain.trainer.generation.Generation` whose rollout batches are
+    episodes (:func:`generate_episodes`): training, validation, baselines and dynamic
+    sampling all go through :meth:`generate`."""
+
+    def generate(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+        return generate_episodes(self.actor, self.config, prompts, sampling)
+
+
+def _final_text(record: dict[str, Any]) -> str:
+    return next((t["text"] for t in reversed(record["turns"]) if t["role"] == "model"), "")
+
+
+def render_sample(batch: Batch, row: int = 0) -> str:
+    """One episode of ``batch`` as text: its task, then each model turn and observation on
+    a line of its own, marked ``[model]`` / ``[obs]``, and how it ended."""
+    record = batch["episode"][row]
+    lines = [f"[task] {batch['prompt'][row]!r}  (ground truth {batch['ground_truth'][row]!r})"]
+    for turn in record["turns"]:
+        lines.append(f"[{'model' if turn['role'] == 'model' else 'obs'}] {turn['text']!r}")
+    lines.append(f"[end] {record['finish']}{' (truncated)' if record['truncated'] else ''}")
+    return "\n".join(lines)
+
+
+def log_sample(batch: Batch, output_dir: str | Path, step: int, rows: Sequence[int] = (0,)) -> str:
+    """Append rendered episodes of ``batch`` to ``<output_dir>/episodes.log`` under a
+    header naming ``step``, log them (``geartrain.agents``, INFO), and return the text."""
+    text = f"--- step {step}: sample episode(s) ---\n" + "\n\n".join(render_sample(batch, r) for r in rows if r < len(batch)) + "\n"
+    path = Path(output_dir) / "episodes.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(text + "\n")
+    logger.info("%s", text)
+    return text
