@@ -2,6 +2,8 @@
 #
 #   make train   the main job: installs .venv (core + FSDP engine) if needed, then trains
 #                (replacing a previous outputs/arithmetic_grpo: --overwrite)
+#   make train-agent  the agentic main job (examples/calculator): SFT on tool-use traces, GRPO on
+#                multi-turn episodes with a calculator tool, then the control (same SFT start, no tool)
 #   make test    every test suite, each in an environment holding only what it needs
 #
 # Environments (all gitignored):
@@ -29,11 +31,19 @@ CUDA_LEFTOVERS := torchvision torchaudio torchcodec triton
 PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
+AGENT_CONFIG ?= examples/calculator/grpo.toml
+AGENT_OUT    ?= outputs/calculator_grpo
 
-.PHONY: train envs test test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
+.PHONY: train train-agent envs test test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
 
 train: .venv/.base
 	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
+
+train-agent: .venv/.base
+	.venv/bin/geartrain train $(AGENT_CONFIG) trainer.output_dir=$(AGENT_OUT) --overwrite
+	@echo "--- control: the same SFT start, GRPO without the tool ---"
+	.venv/bin/geartrain train $(AGENT_CONFIG) sft.enabled=false model.path=$(CURDIR)/$(AGENT_OUT)/sft_model \
+		rollout.agent.environment_kwargs.enabled=false trainer.output_dir=$(AGENT_OUT)_no_tool --overwrite
 
 dev: .venv/.full
 
