@@ -1,12 +1,14 @@
-"""The ``geartrain`` command: ``plugins``, ``check``, ``config``, ``train``, ``bench``."""
+"""The geartrain command: plugins, check, config, train, export, bench."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from geartrain.errors import GeartrainError
 
@@ -18,24 +20,24 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([i.as_dict() for i in infos], indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="geartrain plugins")
-    for col in ("name", "kind", "distribution", "version", "hooks", "capabilities", "status"):
-        table.add_column(col, overflow="fold")
-    for i in infos:
-        table.add_row(
-            i.name,
-            i.kind,
-            i.distribution or i.source,
-            i.version or "",
-            ", ".join(i.hooks),
-            ", ".join(i.capabilities),
-            "ok" if i.error is None else f"[red]{i.error}[/red]",
-        )
-    Console().print(table)
+    print(plugins_text(infos))
     return 0
+
+
+def plugins_text(infos: Sequence[Any], width: int = 80) -> str:
+    """The installed plugins, one block each, every line within ``width`` columns."""
+    import textwrap
+
+    blocks = []
+    for i in infos:
+        status = "ok" if i.error is None else f"error: {i.error}"
+        head = f"{i.name} ({i.kind}) from {i.distribution or i.source} {i.version or ''}".rstrip()
+        lines = textwrap.wrap(head, width, subsequent_indent="    ")
+        for label, text in (("status", status), ("capabilities", ", ".join(i.capabilities) or "-"),
+                            ("hooks", ", ".join(i.hooks))):
+            lines += textwrap.wrap(f"{label}: {text}", width, initial_indent="  ", subsequent_indent="    ")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) if blocks else "no plugins installed"
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -75,17 +77,62 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    """``geartrain config --schema``: every field of a job file, with its default and
-    description (``--json``: the JSON schema)."""
+    """``geartrain config [JOB] [overrides]``: the effective config (every value the job
+    runs with, defaults included) as TOML; ``--schema``: every field with its default and
+    description (``--json``: the JSON schema / the config as JSON)."""
     from geartrain.config import describe_fields
-    from geartrain.trainer.config import TrainConfig
+    from geartrain.trainer.config import TrainConfig, load_train_config
 
-    if args.json:
-        print(json.dumps(TrainConfig.model_json_schema(), indent=2))
+    if args.schema:
+        if args.json:
+            print(json.dumps(TrainConfig.model_json_schema(), indent=2))
+            return 0
+        for row in describe_fields(TrainConfig):
+            print(f"{row.path} ({row.type}, default {row.default})\n    {plain(row.description)}")
         return 0
-    for row in describe_fields(TrainConfig):
-        print(f"{row.path} ({row.type}, default {row.default})\n    {row.description}")
+    config = load_train_config(args.config, args.overrides, check_plugins=False)
+    data = config.model_dump(mode="json", exclude={"base_dir"})
+    print(json.dumps(data, indent=2) if args.json else to_toml(data))
     return 0
+
+
+def plain(text: str) -> str:
+    """Docstring text for a terminal: reStructuredText roles and literals as plain words
+    (``x`` -> x, :func:`a.b` -> a.b)."""
+    import re
+
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """``data`` (a config dump) as TOML: tables for sections, ``# key = null`` for unset values."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items() if x is not None) + " }"
+        return repr(v)
+
+    out: list[str] = []
+
+    def table(prefix: str, node: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in node.items() if not isinstance(v, dict) or not v or k == "config_overrides"}
+        if prefix and scalars:
+            out.append(f"\n[{prefix}]")
+        for k, v in scalars.items():
+            out.append(f"# {k} = null" if v is None else f"{k} = {value(v)}")
+        for k, v in node.items():
+            if k not in scalars:
+                table(f"{prefix}.{k}" if prefix else k, v)
+
+    table("", data)
+    return "\n".join(out).lstrip("\n") + "\n"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -101,7 +148,10 @@ def _cmd_bench_memory(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from geartrain import __version__
+
     parser = argparse.ArgumentParser(prog="geartrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"geartrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="list installed plugins (engines, rollouts, extensions)")
@@ -122,9 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--overwrite", action="store_true", help="check it as 'train --overwrite' would run it")
     p.set_defaults(func=_cmd_check)
 
-    p = sub.add_parser("config", help="describe the job configuration: every field, its default and meaning")
-    p.add_argument("--schema", action="store_true", required=True, help="print every field with its default and description")
-    p.add_argument("--json", action="store_true", help="print the JSON schema instead")
+    p = sub.add_parser("config", help="print a job's effective configuration (defaults included), or with --schema "
+                       "every field, its default and meaning")
+    p.add_argument("config", nargs="?", help="the job file (none: the defaults)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    p.add_argument("--schema", action="store_true", help="print every field with its default and description")
+    p.add_argument("--json", action="store_true", help="print JSON (the config, or with --schema the JSON schema)")
     p.set_defaults(func=_cmd_config)
 
     p = sub.add_parser("train", help="run a training job from a config file")
@@ -149,6 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return rc
+    except BrokenPipeError:  # `geartrain plugins | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # overrides may follow options (``check job.toml --no-plugins a.b=1``)

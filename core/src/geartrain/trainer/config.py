@@ -223,6 +223,9 @@ class SamplingConfig(Section):
     """Top-k sampling (``-1``: off)."""
     max_tokens: int = Field(64, ge=1)
     """Most response tokens per sample."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end a sample (kept at its end), besides EOS; each is matched as the
+    token sequence the tokenizer gives it alone (every rollout backend supports this)."""
 
 
 class RewardFunctionConfig(Section):
@@ -348,6 +351,10 @@ class TrainerConfig(Section):
     """Write TensorBoard logs."""
     plot: bool = True
     """Write the PNG of curves at the end."""
+    log_completions: int = Field(0, ge=0)
+    """Write this many sampled episodes of every step (prompt, response, reward, each reward
+    function's value, advantage), and every greedy validation output, to
+    ``<output_dir>/completions.jsonl`` and a TensorBoard text table; ``0``: none."""
     export_hf: bool = True
     """Write the final policy as a Hugging Face directory (``<output_dir>/hf``)."""
     free_memory: bool = False

@@ -34,6 +34,8 @@ class Generation:
         self.tokenizer = tokenizer
         self.loader = loader
         self.stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        # sampling.stop strings, as token sequences (the contract's stop_sequences)
+        self.stop_sequences = [list(tokenizer.encode(text, add_special_tokens=False)) for text in config.sampling.stop]
         # async rollout: prompts of the steps generated ahead, with the loader's state
         # before each (a checkpoint must resume at the first step not trained yet)
         self.ahead: deque[tuple[PromptBatch, dict[str, Any]]] = deque()
@@ -54,6 +56,7 @@ class Generation:
             top_k=s.top_k,
             max_tokens=s.max_tokens,
             stop_token_ids=self.stop_ids,
+            stop_sequences=self.stop_sequences,
             # round 0 keeps the seed it always had; dynamic sampling's extra rounds differ
             seed=step_seed(self.config.trainer.seed, step, salt=100 + round_ if round_ else 0),
         )
@@ -61,7 +64,8 @@ class Generation:
     def greedy(self, max_tokens: int | None = None) -> SamplingParams:
         """One greedy response per prompt (validation, ReMax's baseline)."""
         max_tokens = max_tokens or self.config.sampling.max_tokens
-        return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=self.stop_ids, seed=0)
+        return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=self.stop_ids,
+                              stop_sequences=self.stop_sequences, seed=0)
 
     def generate(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
         """``sampling.n`` samples of each of ``prompts``, prompt-major, annotated; with the

@@ -93,6 +93,8 @@ class RLTrainer:
         ``acc`` where it gives one, else ``score > 0``."""
         scores, metrics, acc = self.roles.reward.call("score", batch, dispatch=Dispatch.DP)
         correct = [float(a) if a is not None else float(s > 0) for a, s in zip(acc, scores.tolist(), strict=True)]
+        terms = {k.removeprefix("samples/reward/"): metrics.pop(k) for k in list(metrics) if k.startswith("samples/reward/")}
+        batch["reward_terms"] = [{name: values[i] for name, values in terms.items()} for i in range(len(batch))]
         return scores, metrics, torch.tensor(correct)
 
     def _shaped_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
@@ -150,6 +152,8 @@ class RLTrainer:
         self.validations += 1
         if "episode" in batch:  # one rendered episode per validation, in <output_dir>/episodes.log
             log_sample(batch, self.config.trainer.output_dir, self.validations)
+        batch["score"] = scores.tolist()
+        self.last_validation: Batch | None = batch  # its greedy outputs, for completions.jsonl
         return {
             "val/accuracy": float(correct.mean()),
             "val/reward_mean": float(scores.mean()),
@@ -187,6 +191,7 @@ class RLTrainer:
             metrics.update(off_policy_metrics(batch, self.is_cap))
         step_s = time.perf_counter() - started
         metrics.update(response_metrics(batch, step_s=step_s, generate_s=metrics["timing/generate_s"]))
+        self.last_batch: Batch | None = batch  # the step's samples, for completions.jsonl
         return metrics
 
     def advantages(self, batch: Batch) -> dict[str, float]:

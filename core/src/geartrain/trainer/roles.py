@@ -352,7 +352,10 @@ class RewardWorker:
                 prompts=batch["prompt"],
                 metas=batch["data_meta"],
             )
-            return result.scores, result.metrics, result.extras.get("acc", [None] * len(batch))
+            # each term's own score per sample rides along for completions.jsonl (the
+            # trainer takes these keys out of the metrics)
+            terms = {f"samples/reward/{name}": values for name, values in result.term_scores.items()}
+            return result.scores, {**result.metrics, **terms}, result.extras.get("acc", [None] * len(batch))
         assert self.engine is not None
         values = self.engine.compute_log_probs(batch).outputs["values"]
         scores = sequence_scores_from_values(values, batch["response_mask"])

@@ -27,6 +27,7 @@ from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.trainer.config import TrainConfig, load_train_config
+from geartrain.trainer.completions import CompletionsLogger
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
 from geartrain.trainer.interrupt import EXIT_INTERRUPTED, RunPosition, interrupted_message
@@ -352,6 +353,12 @@ class Job:
         jsonl = JsonlLogger(self.out / "metrics.jsonl", resume_step=resume_step)
         tb = TensorBoardLogger(self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None) if cfg.trainer.tensorboard else None
 
+        completions = (
+            CompletionsLogger(self.out / "completions.jsonl", cfg.trainer.log_completions, seed=cfg.trainer.seed,
+                              resume_step=resume_step, tensorboard=tb.writer if tb is not None else None)
+            if cfg.trainer.log_completions else None
+        )
+
         loader, val = self._data(pre)
         if cfg.sft.enabled:
             policy = self._sft(pre, jsonl, tb) if latest is None else self._sft_model()
@@ -372,6 +379,8 @@ class Job:
         else:
             start = 0
             val0 = trainer.validate()
+            if completions is not None and val0:
+                completions.validation(0, trainer.last_validation)
             accuracy_before = val0.get("val/accuracy")
             log({"phase": "rl", "step": 0, **val0, "data/prompts": float(len(loader.dataset)), "data/filtered": float(loader.dataset.num_filtered)})
             if cfg.trainer.save_every > 0:
@@ -384,8 +393,13 @@ class Job:
         for step in range(start + 1, total + 1):
             self.position.step = step
             metrics = trainer.step(step)
+            if completions is not None:
+                completions.train(step, trainer.last_batch)
             if _due(step, cfg.validation.every_n_steps, total):
-                metrics.update(trainer.validate())
+                val_metrics = trainer.validate()
+                metrics.update(val_metrics)
+                if completions is not None and val_metrics:
+                    completions.validation(step, trainer.last_validation)
                 accuracy_after = metrics.get("val/accuracy", accuracy_after)
             log({"phase": "rl", "step": step, **metrics})
             try:
@@ -405,6 +419,8 @@ class Job:
             accuracy_after = trainer.validate().get("val/accuracy")
 
         jsonl.close()
+        if completions is not None:
+            completions.close()
         if tb is not None:
             tb.close()
         if cfg.trainer.export_hf:

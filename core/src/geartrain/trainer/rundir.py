@@ -27,6 +27,7 @@ from geartrain.trainer.runlock import RunLock, probe
 RUN_ENTRIES: dict[str, str] = {
     "config.json": "file",
     "metrics.jsonl": "file",
+    "completions.jsonl": "file",
     "curves.png": "file",
     "checkpoints": "dir",
     "tensorboard": "dir",

@@ -1,0 +1,97 @@
+"""Completions you can read: ``<output_dir>/completions.jsonl``, a few sampled episodes of
+every step and the greedy outputs of every validation, with their rewards.
+
+Each line is one episode::
+
+    {"phase": "rl", "kind": "train", "step": 7, "prompt": "...", "response": "...",
+     "reward": 0.9, "rewards": {"correct": 1.0, "short": -0.1}, "advantage": 1.2,
+     "ground_truth": "...", "uid": "0:13"}
+
+``kind`` is ``train`` (``trainer.log_completions`` samples of the step, drawn from the step's
+seed) or ``validation`` (every greedy output, ``advantage`` absent). On resume the lines past
+the checkpoint's step are dropped, as in ``metrics.jsonl``. The same rows go to TensorBoard as
+a text table (``completions/train``, ``completions/validation``).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from geartrain.batch import Batch
+from geartrain.trainer.metrics import JsonlLogger
+
+
+def episodes(batch: Batch, indices: list[int], *, step: int, kind: str) -> list[dict[str, Any]]:
+    """The rows ``indices`` of a rewarded ``batch`` as completion records."""
+    mask = batch["response_mask"].bool()
+    advantages = batch["advantages"] if "advantages" in batch else None
+    out = []
+    for i in indices:
+        record: dict[str, Any] = {
+            "phase": "rl",
+            "kind": kind,
+            "step": step,
+            "prompt": batch["prompt"][i],
+            "response": batch["response_text"][i],
+            "reward": float(batch["score"][i]),
+            "rewards": dict(batch["reward_terms"][i]) if "reward_terms" in batch else {},
+            "ground_truth": batch["ground_truth"][i],
+            "uid": batch["uid"][i],
+        }
+        if advantages is not None and kind == "train":
+            row = advantages[i][mask[i]]
+            record["advantage"] = float(row.mean()) if row.numel() else 0.0
+        out.append(record)
+    return out
+
+
+class CompletionsLogger:
+    """Writes ``per_step`` episodes of each step (and every validation output) to
+    ``path``; ``tensorboard`` (a ``SummaryWriter``) also gets them as a text table."""
+
+    def __init__(self, path: str | Path, per_step: int, *, seed: int, resume_step: int | None = None,
+                 tensorboard: Any | None = None) -> None:
+        self.jsonl = JsonlLogger(path, resume_step=resume_step)
+        self.per_step = per_step
+        self.seed = seed
+        self.tensorboard = tensorboard
+
+    def train(self, step: int, batch: Batch) -> None:
+        """``per_step`` of the step's samples, drawn with the step's own seed."""
+        n = len(batch)
+        picked = sorted(random.Random(self.seed * 1_000_003 + step).sample(range(n), min(self.per_step, n)))
+        self._write(episodes(batch, picked, step=step, kind="train"), step, "train")
+
+    def validation(self, step: int, batch: Batch) -> None:
+        """Every greedy validation output."""
+        self._write(episodes(batch, list(range(len(batch))), step=step, kind="validation"), step, "validation")
+
+    def _write(self, records: list[dict[str, Any]], step: int, kind: str) -> None:
+        for record in records:
+            self.jsonl.write(record)
+        if self.tensorboard is not None and records:
+            self.tensorboard.add_text(f"completions/{kind}", markdown_table(records), step)
+
+    def close(self) -> None:
+        self.jsonl.close()
+
+
+def markdown_table(records: list[dict[str, Any]]) -> str:
+    """The records as a Markdown table (TensorBoard renders it in its Text tab)."""
+
+    def cell(value: Any) -> str:
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|").replace("\n", "⏎")[:300]
+
+    terms = sorted({k for r in records for k in r["rewards"]})
+    head = ["prompt", "response", "reward", *terms, "advantage"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        row = [r["prompt"], r["response"], r["reward"], *(r["rewards"].get(t, "") for t in terms), r.get("advantage", "")]
+        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["CompletionsLogger", "episodes", "markdown_table"]
