@@ -18,6 +18,7 @@ from geartrain.data import DataConfig, PromptDataset, PromptLoader
 from geartrain.modeling import tiny_tokenizer
 from geartrain.testing.fakes import FakeBackends, GroupCall, RecordingWorkerGroup
 from geartrain.trainer.config import (
+    ActorConfig,
     AlgorithmConfig,
     CriticConfig,
     RewardConfig,
@@ -32,7 +33,7 @@ from geartrain.trainer.run import Job
 PROMPTS, N, MAX_TOKENS = 2, 3, 3
 # what the rollout returns, then what the trainer adds before anyone computes on it
 ROLLOUT_KEYS = {"input_ids", "attention_mask", "response_mask", "rollout_log_probs", "prompt_index", "finish_reason"}
-SCORED_KEYS = ROLLOUT_KEYS | {"rollout_rank", "prompt", "ground_truth", "data_meta", "uid", "response_text", "loss_mask", "score", "correct"}
+SCORED_KEYS = ROLLOUT_KEYS | {"rollout_rank", "prompt", "ground_truth", "data_meta", "uid", "response_text", "loss_mask", "score", "correct", "reward_terms"}
 ADVANTAGE_KEYS = {"advantages", "returns"}
 
 
@@ -60,7 +61,7 @@ def fake_engine(lr: float) -> RoleEngine:
 def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool, reuse: bool = True) -> tuple[RLTrainer, list[GroupCall]]:
     config = TrainConfig(
         algorithm=algorithm,
-        actor=fake_engine(0.1),
+        actor=ActorConfig(engine=fake_engine(0.1).engine),
         reference=fake_engine(0.0),
         critic=CriticConfig(engine=EngineConfig(backend="fake", optim=OptimConfig(lr=0.2, weight_decay=0.0))),
         rollout=RolloutConfig(backend="fake", max_model_len=64),
