@@ -91,3 +91,12 @@ def test_a_ranks_share_of_tasks_becomes_episode_rows_with_the_whole_episode_for_
         assert "[task] '2*3='" in render_sample(annotated, 0)
     finally:
         rollout.shutdown()
+
+
+def test_length_normalised_losses_use_the_episode_budget() -> None:
+    from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
+
+    plain = TrainConfig.model_validate({"sampling": {"max_tokens": 16}})
+    agent = TrainConfig.model_validate({"sampling": {"max_tokens": 16}, "rollout": {"agent": {"environment": "tools", "max_episode_tokens": 48}}})
+    assert actor_loss_config(plain).norm_length == 16
+    assert actor_loss_config(agent).norm_length == 48 and critic_loss_config(agent).norm_length == 48

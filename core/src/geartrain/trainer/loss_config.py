@@ -34,10 +34,20 @@ def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
         tis_cap=algo.tis_cap if algo.tis_cap is not None or not trainer.async_rollout else trainer.async_tis_cap,
         # seq-mean-token-sum-norm divides by the padded response length; batches are [B, T]
         # with the prompt in front, so the constant is the response budget, not T.
-        norm_length=config.sampling.max_tokens,
+        norm_length=response_budget(config),
     )
 
 
 def critic_loss_config(config: TrainConfig) -> CriticLossConfig:
     """The critic's value loss: clipped at ``algorithm.value_clip``."""
-    return CriticLossConfig(clip_range=config.algorithm.value_clip, norm_length=config.sampling.max_tokens)
+    return CriticLossConfig(clip_range=config.algorithm.value_clip, norm_length=response_budget(config))
+
+
+def response_budget(config: TrainConfig) -> int:
+    """The longest response region a row can have: ``sampling.max_tokens``, or for
+    multi-turn episodes (``rollout.agent``) the episode's token budget (model and
+    observation tokens after the task prompt)."""
+    agent = config.rollout.agent
+    if agent is None:
+        return config.sampling.max_tokens
+    return agent.max_episode_tokens or config.rollout.max_model_len
