@@ -79,3 +79,13 @@ def test_packaged_recipes_validate(name: str) -> None:
     config = load_train_config(str(files("geartrain") / "recipes" / f"{name}.toml"), ["data.path=x.jsonl"])
     assert config.algorithm.name == name.split("_")[0]
     assert config.actor.engine.backend == "fsdp" and config.rollout.backend == "torch"
+
+
+def test_agent_job_config_checks_and_a_missing_environment_is_named(tmp_path) -> None:  # noqa: ANN001
+    config = ROOT / "examples" / "calculator" / "grpo.toml"
+    proc = run_geartrain("check", str(config), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok (grpo with actor engine 'fsdp' and rollout 'torch')" in proc.stdout
+    proc = run_geartrain("check", str(config), "rollout.agent.environment=missing.py:Calculator", timeout=120)
+    assert proc.returncode != 0
+    assert "rollout.agent.environment" in proc.stderr and "missing.py" in proc.stderr
