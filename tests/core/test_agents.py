@@ -328,3 +328,15 @@ def test_load_environment_from_a_file_relative_to_the_job(tmp_path: Any) -> None
     with pytest.raises(GeartrainError, match="not a built-in environment"):
         load_environment("calculator")
     assert isinstance(load_environment("tools", kwargs={"call_format": "compact"})(), ToolEnvironment)
+
+
+def test_chat_template_observations_are_the_bridge_tokens_all_masked(rollout: Rollout, tok: Any) -> None:
+    episodes, _, _ = run(rollout, tok, n=2, chat_template=True, observation_role="tool")
+    for ep in episodes:
+        observations = [s for s in ep.segments if s.kind == "observation"]
+        assert [s.ids for s in observations] == [tok.encode(f"\ntool:  obs{k};\nassistant: ", add_special_tokens=False) for k in (1, 2)]
+    batch = episode_batch(episodes, tok.pad_token_id)
+    width = batch.info["prompt_length"]
+    for row, ep in enumerate(episodes):
+        assert batch["response_mask"][row, width : width + ep.used].tolist() == ep.response_mask()
+        assert sum(ep.response_mask()) == sum(len(s.ids) for s in ep.segments if s.kind == "model")
