@@ -1,53 +1,39 @@
-"""Shared pieces of the megatron engine tests: batches, the loss, plain transformers
-references, and a spawner for real multi-process gloo runs."""
+"""Shared pieces of the megatron engine tests: engines, the tiny model, a receiver and
+the plain transformers reference run. Batches, the token-mean loss, the reference forward
+and the multi-process spawner are the core's (:mod:`geartrain.testing.reference`,
+:mod:`geartrain.testing.spawn`), shared with the FSDP engine's tests."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
-import traceback
-from collections.abc import Callable
-from pathlib import Path
+import functools
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from geartrain.batch import Batch
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig
 from geartrain.engine import Engine
 from geartrain.modeling import build_hf_model
-from geartrain.testing.reference import reference_token_outputs
-from geartrain.types import EngineContext, LossContext
+from geartrain.testing.reference import (
+    random_batch,
+    reference_logits,
+    reference_token_outputs,
+    token_outputs_from_logits,
+)
+from geartrain.testing.reference import token_mean_nll_loss as token_mean_loss
+from geartrain.testing.spawn import run_ranks
+from geartrain.types import EngineContext
+
+__all__ = ["OVERRIDES", "STEPS", "Receiver", "make_batch", "make_engine", "model_config", "rank_context", "reference",
+           "reference_token_outputs_grad", "run_ranks", "token_mean_loss"]
 
 #: the tiny model of the multi-rank tests: 4 layers so that pp=2 x vpp=2 has one per stage
 OVERRIDES = {"num_hidden_layers": 4}
 STEPS = 2
 
 
-def make_batch(seed: int = 0, rows: int = 5, prompt_max: int = 6, response_max: int = 8, vocab: int = 128) -> Batch:
-    """Rows of ``[left pad | prompt | response | right pad]`` with random lengths."""
-    g = torch.Generator().manual_seed(seed)
-    width = prompt_max + response_max
-    ids = torch.zeros(rows, width, dtype=torch.long)
-    mask = torch.zeros(rows, width, dtype=torch.long)
-    loss_mask = torch.zeros(rows, width, dtype=torch.long)
-    for r in range(rows):
-        p = int(torch.randint(1, prompt_max + 1, (1,), generator=g))
-        a = int(torch.randint(1, response_max + 1, (1,), generator=g))
-        ids[r, prompt_max - p : prompt_max + a] = torch.randint(4, vocab, (p + a,), generator=g)
-        mask[r, prompt_max - p : prompt_max + a] = 1
-        loss_mask[r, prompt_max : prompt_max + a] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}, info={"prompt_length": prompt_max})
-
-
-def token_mean_loss(
-    outputs: dict[str, torch.Tensor], mb: Batch, ctx: LossContext
-) -> tuple[torch.Tensor, dict[str, float]]:
-    mask = mb["loss_mask"].to(outputs["log_probs"].dtype)
-    share = -(outputs["log_probs"] * mask).sum() / ctx.global_tokens
-    return share, {"loss": float(share.detach())}
+#: this suite's batches: 5 rows, prompts up to 6 tokens, responses up to 8
+make_batch = functools.partial(random_batch, rows=5, prompt_max=6, response_max=8)
 
 
 def model_config(family: str, **kw: Any) -> ModelConfig:
@@ -110,53 +96,6 @@ def reference(family: str) -> dict[str, Any]:
 
 
 def reference_token_outputs_grad(hf: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    pos = (mask.cumsum(1) - 1).clamp(min=0)
-    logits = hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
-    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
-    keep = (mask[:, 1:] * mask[:, :-1]).bool()
-    return torch.cat([torch.zeros(ids.shape[0], 1), torch.where(keep, lp, 0.0)], 1)
-
-
-# ----------------------------------------------------------------------------- spawning
-
-
-def _entry(rank: int, world: int, store_path: str, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    store = dist.FileStore(store_path, world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    try:
-        result = fn(rank, world, *args)
-        torch.save({"ok": True, "result": result}, Path(out_dir) / f"rank{rank}.pt")
-    except BaseException:
-        torch.save({"ok": False, "error": traceback.format_exc()}, Path(out_dir) / f"rank{rank}.pt")
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned gloo processes; return each
-    rank's result (``fn`` must be a module-level function)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(
-            _entry,
-            args=(world, os.path.join(tmp, "store"), tmp, fn, args),
-            nprocs=world,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + timeout
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{fn.__name__} on {world} ranks did not finish in {timeout} s")
-        except Exception:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            errors = [torch.load(f, weights_only=False) for f in sorted(Path(tmp).glob("rank*.pt"))]
-            details = "\n".join(e["error"] for e in errors if not e["ok"])
-            raise RuntimeError(f"{fn.__name__} failed:\n{details}") from None
-        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)["result"] for r in range(world)]
+    """Per-token log-probs ``[B, T]`` of a plain transformers forward, with autograd."""
+    outputs = token_outputs_from_logits(reference_logits(hf, batch), batch["input_ids"], batch["attention_mask"])
+    return outputs["log_probs"]

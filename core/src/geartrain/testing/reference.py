@@ -51,6 +51,27 @@ def make_batch(
     )
 
 
+def random_batch(
+    seed: int = 0, rows: int = 6, prompt_max: int = 7, response_max: int = 9, vocab: int = 128
+) -> Batch:
+    """``rows`` rows of ``[left pad | prompt | response | right pad]`` with random prompt
+    (``1..prompt_max``) and response (``1..response_max``) lengths and token ids in
+    ``[4, vocab)``: ``input_ids``, ``attention_mask``, ``loss_mask`` (the response) and
+    ``info["prompt_length"] = prompt_max``. The same ``seed`` gives the same batch."""
+    g = torch.Generator().manual_seed(seed)
+    width = prompt_max + response_max
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    loss_mask = torch.zeros(rows, width, dtype=torch.long)
+    for r in range(rows):
+        p = int(torch.randint(1, prompt_max + 1, (1,), generator=g))
+        a = int(torch.randint(1, response_max + 1, (1,), generator=g))
+        ids[r, prompt_max - p : prompt_max + a] = torch.randint(4, vocab, (p + a,), generator=g)
+        mask[r, prompt_max - p : prompt_max + a] = 1
+        loss_mask[r, prompt_max : prompt_max + a] = 1
+    return Batch({"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}, info={"prompt_length": prompt_max})
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counting from 0 at each row's first real token (0 on left padding)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
