@@ -87,3 +87,20 @@ def test_per_prompt_budgets_and_stop_sequences_are_checked():
         check_generate_inputs("torch", prompts, SamplingParams(max_tokens_per_prompt=[3, 0]), max_model_len=16)
     with pytest.raises(GeartrainError, match=r"stop_sequences\[0\] is empty"):
         check_generate_inputs("torch", prompts, SamplingParams(stop_sequences=[[]]), max_model_len=16)
+
+
+def test_engine_samples_are_cut_at_a_stop_sequence_and_laid_out_as_the_rollout_batch() -> None:
+    """The vLLM and SGLang rollouts convert their outputs through these (one place)."""
+    from geartrain.layout import Sample, samples_batch
+
+    sampling = SamplingParams(n=1, max_tokens=5, stop_sequences=[[7, 8]])
+    cut = Sample.generated(1, [3, 4], [5, 7, 8, 9], [-0.1, -0.2, -0.3, -0.4], "length", sampling)
+    assert (cut.tokens, cut.log_probs, cut.finish_reason) == ([5, 7, 8], [-0.1, -0.2, -0.3], "stop")
+    whole = Sample.generated(0, [2], [6, 6], [-1.0, -2.0], "length", sampling)
+    assert (whole.tokens, whole.finish_reason) == ([6, 6], "length")
+    batch = samples_batch([whole, cut], pad_token_id=0)
+    assert batch["input_ids"].tolist() == [[0, 2, 6, 6, 0], [3, 4, 5, 7, 8]]
+    assert batch["response_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
+    expected = torch.tensor([[0, 0, -1.0, -2.0, 0], [0, 0, -0.1, -0.2, -0.3]])
+    torch.testing.assert_close(batch["rollout_log_probs"].float(), expected)
+    assert batch["prompt_index"] == [0, 1] and batch["finish_reason"] == ["length", "stop"]

@@ -9,7 +9,9 @@ tokens only; a per-response-token value (the sampled token's log-prob) sits in t
 of its token, 0 elsewhere, i.e. aligned to ``input_ids`` as the contract requires.
 
 * :func:`sequence_batch` — any prompt/response pairs (SFT names the mask ``loss_mask``);
-* :func:`rollout_batch` — what the ``generate`` hook returns;
+* :func:`rollout_batch` — what the ``generate`` hook returns; :class:`Sample` and
+  :func:`samples_batch` — the same from an inference engine's per-sample outputs (what the
+  vLLM and SGLang rollouts convert theirs to);
 * :func:`check_generate_inputs` — refuse bad prompts or sampling settings with an error that
   names the backend, the prompt and the limit, before anything reaches an engine.
 """
@@ -17,6 +19,7 @@ of its token, 0 elsewhere, i.e. aligned to ``input_ids`` as the contract require
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,11 +29,13 @@ from geartrain.errors import GeartrainError
 from geartrain.types import SamplingParams
 
 __all__ = [
+    "Sample",
     "check_generate_inputs",
     "cut_at_stop",
     "max_tokens_of",
     "native_stop_token_ids",
     "rollout_batch",
+    "samples_batch",
     "sequence_batch",
     "stop_after_generation",
 ]
@@ -187,3 +192,44 @@ def stop_after_generation(
     if cut is None:
         return list(tokens), list(log_probs), finish_reason
     return list(tokens[:cut]), list(log_probs[:cut]), "stop"
+
+
+@dataclass(slots=True)
+class Sample:
+    """One generated response as an inference engine reports it: the index of its prompt
+    in the ``generate`` call, the prompt's tokens, the response tokens, the log-prob of
+    each, and why it ended (``"stop"`` or ``"length"``)."""
+
+    prompt_index: int
+    prompt: Sequence[int]
+    tokens: Sequence[int]
+    log_probs: Sequence[float]
+    finish_reason: str
+
+    @classmethod
+    def generated(
+        cls,
+        prompt_index: int,
+        prompt: Sequence[int],
+        tokens: Sequence[int],
+        log_probs: Sequence[float],
+        finish_reason: str,
+        sampling: SamplingParams,
+    ) -> Sample:
+        """A sample of a backend that stops on single tokens only, cut after its first
+        multi-token stop sequence (:func:`stop_after_generation`)."""
+        tokens, log_probs, finish_reason = stop_after_generation(tokens, log_probs, finish_reason, sampling)
+        return cls(prompt_index=prompt_index, prompt=prompt, tokens=tokens, log_probs=log_probs, finish_reason=finish_reason)
+
+
+def samples_batch(samples: Sequence[Sample], pad_token_id: int) -> Batch:
+    """Lay ``samples`` out as the rollout batch the ``generate`` hook specifies
+    (:func:`rollout_batch`), in their order."""
+    return rollout_batch(
+        [s.prompt for s in samples],
+        [s.tokens for s in samples],
+        [s.log_probs for s in samples],
+        prompt_index=[s.prompt_index for s in samples],
+        finish_reason=[s.finish_reason for s in samples],
+        pad_token_id=pad_token_id,
+    )

@@ -1,25 +1,13 @@
-"""Turning SGLang's generate outputs into the core's rollout :class:`~geartrain.batch.Batch`."""
+"""Turning SGLang's generate outputs into the core's samples (:class:`geartrain.layout.Sample`,
+laid out as the rollout batch by :func:`geartrain.layout.samples_batch`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from geartrain.batch import Batch
-from geartrain.layout import rollout_batch, stop_after_generation
+from geartrain.layout import Sample
 from geartrain.types import SamplingParams
-
-
-@dataclass(slots=True)
-class Sample:
-    """One generated response: its prompt, tokens, per-token log-probs, why it ended."""
-
-    prompt_index: int
-    prompt: Sequence[int]
-    tokens: Sequence[int]
-    log_probs: Sequence[float]
-    finish_reason: str
 
 
 def finish_reason(meta: dict[str, Any]) -> str:
@@ -53,25 +41,6 @@ def samples_from_outputs(
     for index, out in zip(owners, outputs, strict=True):
         tokens = [int(t) for t in out["output_ids"]]
         meta = out["meta_info"]
-        tokens, log_probs, reason = stop_after_generation(
-            tokens, sampled_log_probs(tokens, meta), finish_reason(meta), sampling
-        )
-        samples.append(
-            Sample(
-                prompt_index=index, prompt=prompts[index], tokens=tokens, log_probs=log_probs, finish_reason=reason
-            )
-        )
+        log_probs = sampled_log_probs(tokens, meta)
+        samples.append(Sample.generated(index, prompts[index], tokens, log_probs, finish_reason(meta), sampling))
     return samples
-
-
-def to_batch(samples: Sequence[Sample], pad_token_id: int) -> Batch:
-    """Lay ``samples`` out as the rollout batch the ``generate`` hook specifies
-    (:func:`geartrain.layout.rollout_batch`, the layout every rollout shares)."""
-    return rollout_batch(
-        [s.prompt for s in samples],
-        [s.tokens for s in samples],
-        [s.log_probs for s in samples],
-        prompt_index=[s.prompt_index for s in samples],
-        finish_reason=[s.finish_reason for s in samples],
-        pad_token_id=pad_token_id,
-    )

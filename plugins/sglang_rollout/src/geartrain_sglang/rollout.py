@@ -14,7 +14,7 @@ import torch
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
-from geartrain.layout import check_generate_inputs
+from geartrain.layout import check_generate_inputs, samples_batch
 from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams, SyncStats
 from geartrain.weights import (
@@ -29,7 +29,7 @@ from geartrain.weights import (
 
 from geartrain_sglang import engine, weights
 from geartrain_sglang.options import SglangOptions
-from geartrain_sglang.outputs import samples_from_outputs, to_batch
+from geartrain_sglang.outputs import samples_from_outputs
 from geartrain_sglang.requests import build_requests
 
 
@@ -110,7 +110,7 @@ class SglangRollout:
         outputs = self.engine.generate(
             input_ids=requests.input_ids, sampling_params=requests.params, return_logprob=True, lora_path=lora
         )
-        return to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
+        return samples_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:

@@ -13,7 +13,7 @@ import torch
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
-from geartrain.layout import check_generate_inputs
+from geartrain.layout import check_generate_inputs, samples_batch
 from geartrain.memory import collect_garbage, current_memory_bytes
 from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
@@ -21,7 +21,7 @@ from geartrain.weights import UnknownTensorError, WeightCopy, bucketed, checked,
 
 from geartrain_vllm import adapters, engine, weights
 from geartrain_vllm.options import VllmOptions
-from geartrain_vllm.outputs import samples_from_outputs, to_batch
+from geartrain_vllm.outputs import samples_from_outputs
 from geartrain_vllm.requests import build_requests
 
 
@@ -77,7 +77,7 @@ class VllmRollout:
         )
         requests = build_requests(prompts, sampling)
         outputs = self.llm.generate(requests.prompts, requests.params, use_tqdm=False, lora_request=self.adapter.request)
-        return to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
+        return samples_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> weights.SyncCounter:
