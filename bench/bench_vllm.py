@@ -26,49 +26,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import torch
-from geartrain.config import ModelConfig, RolloutConfig
-from geartrain.rollout import Rollout
+from geartrain.config import RolloutConfig
+from geartrain.layout import samples_batch
 from geartrain.modeling import tiny_model
+from geartrain.rollout import Rollout
 from geartrain.types import EngineContext, SamplingParams
-from geartrain_vllm.outputs import samples_from_outputs, to_batch
+from geartrain_vllm.outputs import samples_from_outputs
 from geartrain_vllm.requests import build_requests
-
-
-def bench_model(args: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
-    overrides = dict(
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=max(1, args.hidden // 128),
-        max_position_embeddings=args.max_model_len,
-    )
-    return ModelConfig(tiny="qwen2", seed=0, config_overrides=overrides), overrides
-
-
-def make_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    prompts = []
-    for i in range(count):
-        n = max(4, length - (i % 8))  # a few different lengths
-        prompts.append([1] + torch.randint(4, 128, (n - 1,), generator=gen).tolist())
-    return prompts
-
-
-def generated_tokens(batch) -> int:  # noqa: ANN001
-    return int(batch["response_mask"].sum())
-
-
-class Clock:
-    """Wall time and this process's CPU time (all threads; vLLM runs in-process). On a
-    shared machine the CPU time is the stable measure of the work done."""
-
-    def __init__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def stop(self) -> tuple[float, float]:
-        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+from rollout_bench import Clock, bench_model, generated_tokens, make_prompts, median_rate, pair_ratios
 
 
 def time_plugin(rollout: Rollout, prompts: list[list[int]], sampling: SamplingParams) -> tuple[float, float, int]:
@@ -98,7 +63,7 @@ def plugin_overhead(llm: Any, prompts: list[list[int]], sampling: SamplingParams
         outputs = llm.generate(requests.prompts, requests.params, use_tqdm=False)
         engine_s.append(clock.stop()[0])
         clock = Clock()
-        to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), 0)
+        samples_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), 0)
         own_s.append(build + clock.stop()[0])
     engine, own = statistics.median(engine_s), statistics.median(own_s)
     return {
@@ -106,17 +71,6 @@ def plugin_overhead(llm: Any, prompts: list[list[int]], sampling: SamplingParams
         "plugin_own_s": round(own, 4),
         "plugin_over_raw_estimate": round(engine / (engine + own), 4),
     }
-
-
-def median_rate(runs: list[tuple[float, float, int]], cpu: bool = False) -> float:
-    """Median tokens per wall second (or per CPU second)."""
-    return statistics.median(tokens / (cpu_s if cpu else wall_s) for wall_s, cpu_s, tokens in runs)
-
-
-def pair_ratios(plugin: list[tuple[float, float, int]], raw: list[tuple[float, float, int]], cpu: bool) -> list[float]:
-    """Plugin rate over raw rate for each back-to-back pair of runs."""
-    k = 1 if cpu else 0
-    return [(p[2] / p[k]) / (r[2] / r[k]) for p, r in zip(plugin, raw, strict=True)]
 
 
 def main() -> None:
