@@ -150,3 +150,24 @@ def test_a_job_with_its_own_data_must_name_its_model_and_reward(geartrain, tmp_p
     assert "model.path" not in proc.stderr
     # a config without data of its own keeps the try-the-pipeline defaults
     assert load_train_config(None, [], check_plugins=False).model.tiny == "qwen2"
+
+
+def test_a_trl_function_gets_the_answer_column_by_its_own_name(geartrain, tmp_path: Path) -> None:
+    (tmp_path / "words.jsonl").write_text('{"prompt": "abc->", "answer": "cba", "level": 2}\n' * 4)
+    (tmp_path / "reward.py").write_text(
+        "def reversed_word(completions, answer, level, **kwargs):\n"
+        "    assert level == [2] * len(completions)\n"
+        "    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]\n"
+    )
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\ntiny = "qwen2"\n[reward]\nfunction = "reward.py:reversed_word"\n'
+                   '[data]\npath = "words.jsonl"\nanswer_key = "answer"\nbatch_size = 2\napply_chat_template = false\n'
+                   f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n')
+    proc = geartrain("check", str(job), "--no-plugins")
+    assert proc.returncode == 0, proc.stderr
+    from geartrain.trainer.preflight import preflight
+
+    pre = preflight(load_train_config(job, check_plugins=False))
+    assert pre.reward is not None
+    out = RewardScorer(pre.reward).score(["cba", "abc"], ["cba", "cba"], metas=[{"level": 2}, {"level": 2}])
+    assert out.scores.tolist() == [1.0, 0.0]

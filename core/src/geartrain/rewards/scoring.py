@@ -102,7 +102,7 @@ class RewardScorer:
         term, i = self.terms[unit[0]], unit[1]
         try:
             if i is None:
-                outs = call_batched(term.fn, list(prompts), list(responses), truths, metas)
+                outs = call_batched(term.fn, list(prompts), list(responses), truths, metas, term.truth_column)
                 parsed: list[Any] = []
                 for out in outs:
                     try:
@@ -264,7 +264,7 @@ def probe_term(term: RewardTerm, responses: list[str], truths: list[str], prompt
     dict with a numeric ``score``. ``where`` names each sample's data row."""
     if term.batched:
         try:
-            outs = call_batched(term.fn, prompts, responses, truths, metas)
+            outs = call_batched(term.fn, prompts, responses, truths, metas, term.truth_column)
         except Exception as exc:
             return f"raised {type(exc).__name__}: {exc} (called on {len(responses)} rows from {where[0]})"
     else:

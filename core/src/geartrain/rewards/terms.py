@@ -97,9 +97,13 @@ class RewardTerm:
     fn: Callable[..., Any]
     weight: float = 1.0
     batched: bool = False
+    truth_column: str = "ground_truth"
+    """The data's ground-truth column (``data.ground_truth_key``): a batched function gets
+    the ground truths under this name too, as TRL passes every column by its own name."""
 
 
-def make_term(spec: Any, *, name: str | None = None, weight: float = 1.0, batched: bool | None = None) -> RewardTerm:
+def make_term(spec: Any, *, name: str | None = None, weight: float = 1.0, batched: bool | None = None,
+              truth_column: str = "ground_truth") -> RewardTerm:
     """A :class:`RewardTerm` from anything :func:`~geartrain.rewards.get_reward` accepts
     (a batched function is taken as it is). Raises :class:`GeartrainError` naming the spec
     when it cannot be resolved or its signature does not fit its convention."""
@@ -113,7 +117,7 @@ def make_term(spec: Any, *, name: str | None = None, weight: float = 1.0, batche
     if problem:
         raise GeartrainError(f"reward function '{label}': {problem}")
     fn = raw if is_batched else get_reward(raw)
-    return RewardTerm(name=str(label), fn=fn, weight=float(weight), batched=is_batched)
+    return RewardTerm(name=str(label), fn=fn, weight=float(weight), batched=is_batched, truth_column=truth_column)
 
 
 def as_terms(spec: Any) -> list[RewardTerm]:
@@ -124,10 +128,11 @@ def as_terms(spec: Any) -> list[RewardTerm]:
 
 
 def call_batched(fn: Callable[..., Any], prompts: list[str], completions: list[str], truths: list[str],
-                 metas: list[dict[str, Any]]) -> list[Any]:
+                 metas: list[dict[str, Any]], truth_column: str = "ground_truth") -> list[Any]:
     """Call a batched ``fn`` with the keywords it accepts: ``prompts``, ``completions``,
-    ``ground_truth`` and each data column (lists, one entry per response)."""
-    columns: dict[str, list[Any]] = {"ground_truth": list(truths)}
+    ``ground_truth`` (also as ``truth_column``, the data's own name for it) and each data
+    column (lists, one entry per response)."""
+    columns: dict[str, list[Any]] = {"ground_truth": list(truths), truth_column: list(truths)}
     for key in dict.fromkeys(k for m in metas for k in m):
         columns.setdefault(key, [m.get(key) for m in metas])
     kwargs: dict[str, Any] = {"prompts": list(prompts), "completions": list(completions), **columns}

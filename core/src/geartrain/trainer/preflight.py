@@ -65,6 +65,7 @@ def _resolve_reward(config: TrainConfig, reward_fn: Any | None, problems: list[t
     for key, spec, how in specs:
         try:
             how.setdefault("name", spec if isinstance(spec, str) else None)
+            how["truth_column"] = config.data.ground_truth_key
             terms.append(make_term(resolve_reward(spec, config.base_dir), **how))
         except GeartrainError as exc:
             problems.append((key, str(exc)))
