@@ -44,8 +44,12 @@ def test_gradient_checkpointing_gives_the_same_gradients(fsdp: bool, share: bool
             release_single_rank_group(group)
 
 
-def test_cpu_offload_on_one_rank_without_a_group_is_refused() -> None:
-    from geartrain.errors import ConfigError
+def test_cpu_offload_on_one_rank_shards_with_fsdp2_from_a_hand_built_context() -> None:
+    # the core supplies a size-1 group to EngineContext(role=...); cpu_offload must not be a no-op there
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
-    with pytest.raises(ConfigError, match="options.cpu_offload.*process group"):
-        Engine(engine_config(options={"cpu_offload": True}), ModelConfig(tiny="qwen2"), EngineContext(role="actor"))
+    cfg = engine_config(options={"cpu_offload": True})
+    engine = Engine(cfg, ModelConfig(tiny="qwen2"), EngineContext(role="actor"))
+    assert engine.handle.meshes.distributed
+    state = engine.handle.module._get_fsdp_state()
+    assert isinstance(state._fsdp_param_group.offload_policy, CPUOffloadPolicy)

@@ -108,10 +108,11 @@ class PhasePeaks:
         return [head, *rows]
 
 
-def _model_config(name: str, seed: int = 0):  # noqa: ANN202 - ModelConfig
+def _model_config(name: str, overrides: dict | None = None):  # noqa: ANN202 - ModelConfig
     from geartrain.config import ModelConfig
 
-    return ModelConfig(tiny="qwen2", seed=seed) if name == "tiny" else ModelConfig(preset=name, seed=seed)
+    extra = dict(config_overrides=overrides or {})
+    return ModelConfig(tiny="qwen2", **extra) if name == "tiny" else ModelConfig(preset=name, **extra)
 
 
 def measure(
@@ -127,11 +128,13 @@ def measure(
     gradient_checkpointing: bool = False,
     micro_batch_tokens: int = 16384,
     phases: Sequence[str] = PHASES,
+    config_overrides: dict | None = None,
 ) -> PhasePeaks:
     """One GRPO-shaped step on model ``name`` (``rows`` responses: ``rows / samples``
     prompts of ``prompt_tokens`` random tokens, ``samples`` responses of exactly
     ``response_tokens`` each), peak memory per phase. ``param_dtype`` defaults to
-    ``bfloat16`` on CUDA and ``float32`` on CPU."""
+    ``bfloat16`` on CUDA and ``float32`` on CPU; ``config_overrides`` change the model's
+    shape (``model.config_overrides``)."""
     import torch
 
     from geartrain.cluster.process_group import acquire_single_rank_group, release_single_rank_group
@@ -146,7 +149,7 @@ def measure(
     dtype = param_dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     meter = PeakMeter(device)
     group = acquire_single_rank_group(device)
-    model = _model_config(name)
+    model = _model_config(name, config_overrides)
     engine = Engine(
         EngineConfig(
             backend="fsdp",
