@@ -163,5 +163,8 @@ def test_weight_copy_merges_syncs_and_survives_a_spill(tmp_path: Path) -> None:
     list(copy.tee(iter([("a", torch.full((2,), 5.0))])))
     assert not copy.spilled and not (tmp_path / "w.safetensors").exists()
     assert [(n, t.tolist()) for n, t in copy.items()] == [("b", [2.0, 2.0, 2.0]), ("a", [5.0, 5.0])]
+    # what the vLLM and SGLang rollouts report and do on a CPU release (kept, or spilled)
+    assert copy.released(spill=False) == {"weight_copy_bytes": 5 * 4} and not copy.spilled
+    assert copy.released(spill=True) == {"weight_copy_bytes": 5 * 4} and copy.spilled and copy.nbytes == 0
     copy.clear()
     assert len(copy) == 0 and list(copy.items()) == []

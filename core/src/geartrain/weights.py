@@ -318,6 +318,15 @@ class WeightCopy:
             for name in self._names:
                 yield name, f.get_tensor(name)
 
+    def released(self, spill: bool) -> dict[str, int]:
+        """The engine it backs was shut down (``release``): spill the copy to disk when
+        ``spill``; returns the ``MemoryStats.detail`` entry (``weight_copy_bytes``: what the
+        copy held in memory before)."""
+        detail = {"weight_copy_bytes": self.nbytes}
+        if spill:
+            self.spill()
+        return detail
+
     def spill(self) -> None:
         """Write the held tensors to disk and drop them from memory."""
         if self._spilled or not self._tensors:

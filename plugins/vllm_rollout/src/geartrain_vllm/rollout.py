@@ -153,9 +153,7 @@ class VllmRollout:
             engine.stop_engine(llm, keep_default_group=True)
             del llm
             if self.weight_copy is not None:
-                detail["weight_copy_bytes"] = self.weight_copy.nbytes
-                if self.options.spill_weights_to_disk:
-                    self.weight_copy.spill()
+                detail.update(self.weight_copy.released(spill=self.options.spill_weights_to_disk))
         else:
             self.llm.sleep(level=self.options.sleep_level)
         collect_garbage(self.device)
