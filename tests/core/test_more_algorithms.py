@@ -138,3 +138,52 @@ def test_docs_table_lists_every_registered_algorithm():
     names = [*ADVANTAGES.names(), *POLICY_LOSSES.names(), *AGG_MODES, "k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", "abs+"]
     missing = [name for name in names if f"| `{name}`" not in doc]
     assert not missing, f"docs/algorithms.md has no row for {missing}"
+
+
+def _whiten_by_hand(per_row: list[float], lengths: list[int]) -> list[float]:
+    """Token-weighted mean and unbiased variance over the response tokens (verl's masked_whiten)."""
+    tokens = [v for v, n in zip(per_row, lengths, strict=True) for _ in range(n)]
+    mean = sum(tokens) / len(tokens)
+    var = sum((t - mean) ** 2 for t in tokens) / (len(tokens) - 1)
+    return [(v - mean) / math.sqrt(var + 1e-8) for v in per_row]
+
+
+def test_gdpo_normalises_each_reward_component_in_its_group_then_whitens_the_weighted_sum():
+    lengths = [1, 2, 1, 2]
+    rewards, mask = outcome([0.0] * 4, lengths)  # the components carry the reward
+    components = torch.tensor([[1.0, 0.0], [0.0, 10.0], [1.0, 4.0], [1.0, 0.0]], dtype=F64)
+    groups = ["a", "a", "b", "b"]
+    adv, returns = compute_advantages(
+        "gdpo", rewards, mask, group_ids=groups, components=components, config=AdvantageConfig(gdpo_weights=(1.0, 2.0))
+    )
+    eps = 1e-6
+    # component 1: group a (1, 0): mean 0.5, unbiased std sqrt(0.5); group b (1, 1): all equal -> 0
+    c1 = [0.5 / (math.sqrt(0.5) + eps), -0.5 / (math.sqrt(0.5) + eps), 0.0, 0.0]
+    # component 2: group a (0, 10): mean 5, std sqrt(50); group b (4, 0): mean 2, std sqrt(8)
+    c2 = [-5 / (math.sqrt(50) + eps), 5 / (math.sqrt(50) + eps), 2 / (math.sqrt(8) + eps), -2 / (math.sqrt(8) + eps)]
+    total = [x + 2.0 * y for x, y in zip(c1, c2, strict=True)]
+    assert per_row(adv, mask) == pytest.approx(_whiten_by_hand(total, lengths), rel=1e-9)
+    assert torch.equal(adv, returns) and float(adv[mask == 0].abs().sum()) == 0.0
+    # one component, the score itself: GRPO's advantage, whitened over the tokens
+    scores, _ = outcome([1.0, 0.0, 1.0, 3.0], lengths)
+    single, _ = compute_advantages("gdpo", scores, mask, group_ids=groups)
+    grpo_adv = [0.5 / (math.sqrt(0.5) + eps), -0.5 / (math.sqrt(0.5) + eps), -1 / (math.sqrt(2) + eps), 1 / (math.sqrt(2) + eps)]
+    assert per_row(single, mask) == pytest.approx(_whiten_by_hand(grpo_adv, lengths), rel=1e-9)
+    with pytest.raises(ValueError, match="1 weights for 2 reward components"):
+        compute_advantages("gdpo", rewards, mask, group_ids=groups, components=components,
+                           config=AdvantageConfig(gdpo_weights=(1.0,)))
+
+
+def test_gdpo_reads_the_reward_terms_the_config_names():
+    from geartrain.batch import Batch
+    from geartrain.errors import GeartrainError
+    from geartrain.trainer.config import AlgorithmConfig
+    from geartrain.trainer.rl import reward_components
+
+    batch = Batch(meta={"reward_terms": [{"fmt": 1.0, "acc": 0.0}, {"fmt": 0.5, "acc": 1.0}]}, batch_size=2)
+    assert reward_components(batch, ["acc", "fmt"]).tolist() == [[0.0, 1.0], [1.0, 0.5]]
+    assert reward_components(batch, None).tolist() == [[1.0, 0.0], [0.5, 1.0]]  # every term, in order
+    with pytest.raises(GeartrainError, match=r"no score from reward term\(s\) \['len'\].*\['fmt', 'acc'\]"):
+        reward_components(batch, ["len"])
+    with pytest.raises(ValueError, match="gdpo_reward_weights needs gdpo_reward_keys, one weight per key"):
+        AlgorithmConfig(advantage="gdpo", gdpo_reward_keys=["acc"], gdpo_reward_weights=[1.0, 2.0])

@@ -23,7 +23,9 @@ the sum of a row's token rewards under the mask, and return ``returns == advanta
 
 An estimator that needs ``baselines`` (ReMax: the reward of a greedy response) says so
 with a ``needs_baselines = True`` attribute; the trainer then generates and scores one
-greedy response per prompt and passes its reward.
+greedy response per prompt and passes its reward. One that needs the reward's components
+(GDPO: one per reward term) declares ``needs_reward_components = True`` and receives them
+as ``components=`` ``[B, K]``.
 
 Add your own with :func:`register_advantage`::
 
@@ -63,6 +65,8 @@ class AdvantageConfig:
     """GAE: whiten advantages over the batch (returns are taken before whitening)."""
     gpg_f_norm: float = 1.0
     """GPG: the advantage is divided by this (verl's ``f_norm``, default 1)."""
+    gdpo_weights: tuple[float, ...] | None = None
+    """GDPO: the weight of each reward component (``None``: 1 each)."""
     unbiased_var: bool = True
     """Whitening (GAE, REINFORCE++ and its baseline variant): the variance's ``N - 1``
     divisor (verl's default); ``False``: the biased ``/N`` variance."""
@@ -105,8 +109,12 @@ def compute_advantages(
     group_ids: GroupIds | None = None,
     values: torch.Tensor | None = None,
     baselines: torch.Tensor | None = None,
+    components: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Look up ``name`` and call it; ``config`` defaults to :class:`AdvantageConfig()`."""
+    """Look up ``name`` and call it; ``config`` defaults to :class:`AdvantageConfig()`.
+    ``components`` (``[B, K]``, the reward's components per sample) reach only estimators
+    that declare ``needs_reward_components``."""
+    extra = {"components": components} if components is not None else {}
     return get_advantage(name)(
         token_rewards,
         mask,
@@ -114,6 +122,7 @@ def compute_advantages(
         values=values,
         baselines=baselines,
         config=config or AdvantageConfig(),
+        **extra,
     )
 
 
@@ -463,3 +472,46 @@ def gpg(
     alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
     adv = (alpha * (scores - mean) / config.gpg_f_norm).unsqueeze(-1) * mask.to(scores.dtype)
     return adv, adv
+
+
+@register_advantage("gdpo")
+@torch.no_grad()
+def gdpo(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    group_ids: GroupIds | None = None,
+    values: torch.Tensor | None = None,
+    baselines: torch.Tensor | None = None,
+    components: torch.Tensor | None = None,
+    config: AdvantageConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO, group reward-decoupled normalisation (arXiv:2601.05242; verl's ``gdpo``): each
+    reward component ``k`` (``components[:, k]``, e.g. one per reward term) is normalised
+    within its group as GRPO does, ``(r_k - mean_G) / (std_G + epsilon)`` (undivided without
+    ``norm_by_std``), the results are summed with ``config.gdpo_weights`` (1 each by
+    default), broadcast over the response and whitened over the batch's response tokens
+    (masked mean and unbiased variance, ``rsqrt(var + 1e-8)``), 0 outside the mask. So a
+    component of large variance does not drown the others, as it would in their sum.
+    Without ``components`` the sequence score is the only one."""
+    _require("group_ids", group_ids, "gdpo")
+    assert group_ids is not None
+    dtype = _float(token_rewards).dtype
+    m = mask.to(dtype)
+    parts = components if components is not None else sequence_scores(_float(token_rewards), mask).unsqueeze(-1)
+    parts = parts.to(dtype)
+    weights = config.gdpo_weights or (1.0,) * parts.shape[1]
+    if len(weights) != parts.shape[1]:
+        raise ValueError(f"gdpo: {len(weights)} weights for {parts.shape[1]} reward components")
+    total = torch.zeros(parts.shape[0], dtype=m.dtype)
+    for k, weight in enumerate(weights):
+        mean, std, _ = group_stats(parts[:, k], group_ids)
+        adv = parts[:, k] - mean
+        if config.norm_by_std:
+            adv = adv / (std + config.epsilon)
+        total = total + weight * adv
+    adv = masked_whiten(total.unsqueeze(-1) * m, m, unbiased=True) * m
+    return adv, adv
+
+
+gdpo.needs_reward_components = True  # type: ignore[attr-defined]

@@ -143,6 +143,12 @@ class AlgorithmConfig(Section):
         "policy_loss = 'dro'."
     )
     gpg_f_norm: float = Field(1.0, gt=0, description="GPG estimator: the advantage is divided by this (verl's f_norm).")
+    gdpo_reward_keys: list[str] | None = Field(
+        None, description="GDPO estimator: the reward terms (reward.terms names) normalised one by one; null: every term."
+    )
+    gdpo_reward_weights: list[float] | None = Field(
+        None, description="GDPO estimator: one weight per entry of gdpo_reward_keys (null: 1 each)."
+    )
     value_clip: float | None = Field(
         0.5,
         gt=0,
@@ -167,6 +173,10 @@ class AlgorithmConfig(Section):
         for key in ("kl_loss_kind", "kl_kind"):
             if getattr(self, key) not in KL_KINDS:
                 problems.append(f"{key} '{getattr(self, key)}' is not a KL estimator ({', '.join(KL_KINDS)})")
+        if self.gdpo_reward_weights is not None and (
+            self.gdpo_reward_keys is None or len(self.gdpo_reward_weights) != len(self.gdpo_reward_keys)
+        ):
+            problems.append("gdpo_reward_weights needs gdpo_reward_keys, one weight per key")
         if self.policy_loss == "dro" and self.dro_beta is None:
             problems.append("policy_loss 'dro' needs dro_beta (the weight of its quadratic penalty, e.g. 0.1)")
         if self.estimator == "gae" and self.name != "ppo":

@@ -29,6 +29,7 @@ from geartrain.algorithms.dapo import overlong_penalty
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.data import PromptBatch, PromptLoader, PromptRow
+from geartrain.errors import GeartrainError
 from geartrain.rewards import token_level_scores
 from geartrain.seeding import step_seed
 from geartrain.trainer.config import TrainConfig
@@ -39,6 +40,21 @@ from geartrain.trainer.loss_config import actor_loss_config
 from geartrain.trainer.roles import plan_mini_batches
 from geartrain.trainer.sampling import collect_informative
 from geartrain.trainer.step_metrics import off_policy_metrics, response_metrics, reward_metrics, timed
+
+
+def reward_components(batch: Batch, keys: list[str] | None) -> torch.Tensor:
+    """``[B, K]``: each sample's score from the reward terms ``keys`` (``None``: every term,
+    in the reward's order), read from the batch's ``reward_terms``."""
+    terms = batch["reward_terms"]
+    known = list(terms[0]) if terms else []
+    keys = keys or known
+    missing = sorted({k for k in keys for row in terms if row.get(k) is None})
+    if missing:
+        raise GeartrainError(
+            f"algorithm.gdpo_reward_keys: no score from reward term(s) {missing} for some samples "
+            f"(the reward's terms: {known}); name terms of reward.terms"
+        )
+    return torch.tensor([[float(row[k]) for k in keys] for row in terms], dtype=torch.float32)
 
 
 @dataclass
@@ -82,6 +98,8 @@ class RLTrainer:
         self.is_cap = actor_loss_config(config).tis_cap
         # ReMax-style estimators subtract the reward of a greedy response to each prompt
         self.needs_baselines = bool(getattr(get_advantage(algo.estimator), "needs_baselines", False))
+        # GDPO-style estimators normalise each reward term on its own
+        self.needs_components = bool(getattr(get_advantage(algo.estimator), "needs_reward_components", False))
 
     def loader_state(self) -> dict[str, Any]:
         """The data loader's position for a checkpoint (see :meth:`Generation.loader_state`)."""
@@ -216,10 +234,12 @@ class RLTrainer:
             config=AdvantageConfig(
                 gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std, unbiased_var=algo.unbiased_var,
                 gpg_f_norm=algo.gpg_f_norm,
+                gdpo_weights=tuple(algo.gdpo_reward_weights) if algo.gdpo_reward_weights else None,
             ),
             group_ids=batch["uid"],
             values=batch.get("old_values"),
             baselines=torch.tensor(batch["reward_baseline"]) if self.needs_baselines else None,
+            components=reward_components(batch, algo.gdpo_reward_keys) if self.needs_components else None,
         )
         # 0: no learning signal (the watchdog stops the run)
         metrics["advantages/abs_mean"] = float(masked_mean(batch["advantages"].abs(), mask))
