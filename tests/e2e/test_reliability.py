@@ -243,3 +243,44 @@ def test_a_swapped_sft_model_is_refused_on_resume(sft_runs: tuple[Path, Path], t
     shutil.rmtree(out / "sft_model")
     shutil.copytree(sft_runs[0] / "sft_model", out / "sft_model")
     assert run_job(_config(out, *SFT, "trainer.total_steps=2"), resume=True).steps == 2
+
+
+def test_overwrite_into_a_live_run_is_refused_and_the_run_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # issue 24 item 1's probe: `make train`'s --overwrite into out/x while a run trains there
+    # deleted that run's files and both ran on, mixing their files
+    import os
+    import re
+    import signal
+    import subprocess
+
+    from e2e_helpers import ROOT, geartrain_cmd
+
+    out = tmp_path / "run"
+    reward = tmp_path / "slow.py"
+    reward.write_text("import time\ndef score(response, ground_truth):\n    time.sleep(0.02)\n    return float(len(response))\n")
+    live_args = [*TINY, "trainer.total_steps=200", f"reward.function={reward}:score", f"trainer.output_dir={out}"]
+    live = subprocess.Popen(geartrain_cmd("train", str(MAIN_CONFIG), *live_args), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((out / "metrics.jsonl").exists() and len(rl_records(out / "metrics.jsonl")) >= 2):
+            assert live.poll() is None and time.monotonic() < deadline, "the live run did not get going"
+            time.sleep(0.2)
+        rc = main(["train", str(MAIN_CONFIG), *TINY, f"trainer.output_dir={out}", "--overwrite"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1, err
+        assert re.search(rf"'{re.escape(str(out))}' is in use by a live run \(pid {live.pid} on host \S+, started .*"
+                         r"geartrain.* train .*\); nothing was changed", err), err
+        assert (out / "checkpoints").is_dir() and live.poll() is None, "the live run lost its files or stopped"
+        live.send_signal(signal.SIGKILL)  # the owner dies: its lock is stale now
+        live.wait()
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.wait()
+    said: list[str] = []
+    from geartrain.trainer.run import Job
+
+    Job(_config(out, "trainer.total_steps=3"), resume=True, echo=said.append).run()
+    assert any(f"took over the lock of {out} left by a run that is gone (pid {live.pid} on host" in s for s in said), said
+    assert (out / ".geartrain.lock").read_text() == "" and os.path.exists(out / "metrics.jsonl")
