@@ -126,6 +126,9 @@ def test_choose_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
         ak.choose_kernel("flash", cpu)
     monkeypatch.setattr(ak, "_flash_function", lambda: ("fa2", ak.varlen_reference))
     assert ak.choose_kernel("auto", cuda) == "flash"
+    assert ak.choose_kernel("auto", cuda, torch.float32) == "flex"  # flash-attn has no fp32 kernels
+    with pytest.raises(ValueError, match="param_dtype = 'bfloat16'"):
+        ak.choose_kernel("flash", cuda, torch.float32)
 
 
 @pytest.mark.parametrize("share", [False, True])
@@ -142,13 +145,14 @@ def test_engine_with_flex_kernel_gives_the_sdpa_log_probs(share: bool) -> None:
 @pytest.mark.parametrize("share", [False, True])
 def test_engine_through_the_flash_layout_trains_like_sdpa(share: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # flash-attn's kernel replaced by its SDPA reference: the engine's plumbing (layout per
-    # forward, [N, H, d] views, gathered prompt keys) forward and backward
+    # forward, [N, H, d] views, gathered prompt keys) forward and backward, in fp32 so it is
+    # compared tightly (the real kernels are bf16/fp16 only, so the kernel is set by hand)
     monkeypatch.setattr(ak, "_flash_function", lambda: ("fa2", ak.varlen_reference))
     batch = group_batch(seed=2)
     opts = {"share_prompt_prefix": share}
     ref_engine = make_engine(budget=10_000, options=opts)
-    flash_engine = make_engine(budget=10_000, options={**opts, "attention": "flash"})
-    assert flash_engine.handle.attention_kernel == "flash"
+    flash_engine = make_engine(budget=10_000, options=opts)
+    flash_engine.handle.attention_kernel = "flash"
     a = flash_engine.forward_backward(batch, token_mean_loss)
     b = ref_engine.forward_backward(batch, token_mean_loss)
     torch.testing.assert_close(a.outputs["log_probs"], b.outputs["log_probs"], atol=1e-5, rtol=0)

@@ -58,18 +58,27 @@ def flash_available() -> bool:
     return _flash_function() is not None
 
 
-def choose_kernel(choice: KernelChoice, device: torch.device) -> AttentionKernel:
-    """The kernel for ``options.attention = choice`` on ``device``: ``auto`` is flash-attn on
-    CUDA when installed, else flex_attention on CUDA, else SDPA (CPU). An explicit ``flash``
-    without the package is an error that says how to install it."""
+def choose_kernel(
+    choice: KernelChoice, device: torch.device, compute_dtype: torch.dtype = torch.bfloat16
+) -> AttentionKernel:
+    """The kernel for ``options.attention = choice`` on ``device`` computing in
+    ``compute_dtype``: ``auto`` is flash-attn on CUDA when installed and the compute is
+    bf16/fp16 (its only dtypes), else flex_attention on CUDA, else SDPA (CPU). An explicit
+    ``flash`` without the package, or in fp32, is an error that says what to change."""
+    half = compute_dtype in (torch.bfloat16, torch.float16)
     if choice == "auto":
         if device.type != "cuda":
             return "sdpa"
-        return "flash" if flash_available() else "flex"
+        return "flash" if half and flash_available() else "flex"
     if choice == "flash" and not flash_available():
         raise ValueError(
             "options.attention = 'flash' needs flash-attn: pip install './plugins/fsdp_engine[flash-attn]' "
             "(or set attention = 'flex' / 'auto')"
+        )
+    if choice == "flash" and not half:
+        raise ValueError(
+            f"options.attention = 'flash' computes in bfloat16/float16 only, the engine in {compute_dtype}: "
+            "set param_dtype = 'bfloat16' (or attention = 'flex' / 'auto')"
         )
     return choice
 

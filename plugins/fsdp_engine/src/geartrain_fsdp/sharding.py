@@ -82,7 +82,7 @@ def shard_model(
     if config.parallel.sp > 1 and not options.remove_padding:
         raise ConfigError([("options.remove_padding", "sequence parallel (parallel.sp > 1) needs remove_padding = true")])
     try:
-        kernel = choose_kernel(options.attention, meshes.device)
+        kernel = choose_kernel(options.attention, meshes.device, torch_dtype(config.param_dtype))
     except ValueError as exc:
         raise ConfigError([("options.attention", str(exc))]) from None
     peft_model = base_hash = None
