@@ -4,8 +4,11 @@
    trivial method (``Dispatch.ALL``) and for a main-job-sized rollout batch split and
    gathered (``Dispatch.DP``: 128 rows x 21 tokens, the per-token tensors of one step).
 2. The main job's GRPO step (no SFT, from the tiny model; the same config otherwise) inline
-   vs 2 Ray ranks (FSDP dp=2, colocated torch rollouts): wall time per step, and CPU time per
-   step summed over the driver and every rank.
+   vs 2 Ray ranks (FSDP dp=2, colocated torch rollouts): wall time per step, CPU time per
+   step summed over the driver and every rank, and on Ray the dispatch overhead of the step's
+   calls (each call's wall on the driver minus the slowest rank's time inside the method,
+   :class:`geartrain.cluster.ray_placement.DispatchStats`) as seconds and as a share of the
+   steps' wall time.
 
     .venv/bin/python bench/bench_ray.py [--steps 30] [--calls 200]
 
@@ -91,8 +94,9 @@ def step_times(ray: bool, steps: int) -> dict[str, float]:
 
     RayPlacement.close = close  # type: ignore[method-assign]
     cpu = time.process_time()
+    job = Job(config, echo=lambda _: None)
     try:
-        Job(config, echo=lambda _: None).run()
+        job.run()
     finally:
         RayPlacement.close = original_close  # type: ignore[method-assign]
     driver_cpu = time.process_time() - cpu
@@ -100,7 +104,14 @@ def step_times(ray: bool, steps: int) -> dict[str, float]:
 
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     walls = [r["timing/step_s"] for r in records if r.get("step", 0) >= 3 and "timing/step_s" in r]
-    return {"step_wall_s": statistics.median(walls), "cpu_s_per_step": (driver_cpu + sum(rank_cpu)) / steps}
+    out = {"step_wall_s": statistics.median(walls), "cpu_s_per_step": (driver_cpu + sum(rank_cpu)) / steps}
+    groups = getattr(job.placement, "groups", [])
+    if groups:  # every call of the run (checkpoints included): wall minus the slowest rank's work
+        overhead = sum(g.stats.overhead_s for g in groups)
+        out["dispatch_s_per_step"] = overhead / steps
+        out["dispatch_share_of_step"] = overhead / sum(r["timing/step_s"] for r in records if "timing/step_s" in r)
+        out["calls_per_step"] = sum(g.stats.calls for g in groups) / steps
+    return out
 
 
 def main() -> None:

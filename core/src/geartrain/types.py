@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import torch
 
+from geartrain.tensor_pickle import arrays_to_tensors, plain_cpu, tensors_to_arrays
+
 if TYPE_CHECKING:
     from geartrain.batch import Batch
 
@@ -133,6 +135,20 @@ class StepOutput:
     then sums every key over the data-parallel ranks (:mod:`geartrain.cluster.reduce`), so
     what :meth:`geartrain.Engine.forward_backward` returns, and the trainer logs, is global
     and the same on every rank. An engine never reduces metrics itself."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Plain CPU tensors travel as numpy arrays (:mod:`geartrain.tensor_pickle`)."""
+        if not plain_cpu(self.outputs):
+            return (_step_output, (self.outputs, self.metrics))
+        return (_step_output_from_arrays, (tensors_to_arrays(self.outputs), self.metrics))
+
+
+def _step_output(outputs: dict[str, torch.Tensor], metrics: dict[str, float]) -> StepOutput:
+    return StepOutput(outputs=outputs, metrics=metrics)
+
+
+def _step_output_from_arrays(arrays: dict[str, tuple[Any, str]], metrics: dict[str, float]) -> StepOutput:
+    return StepOutput(outputs=arrays_to_tensors(arrays), metrics=metrics)
 
 
 @dataclass(kw_only=True, slots=True)

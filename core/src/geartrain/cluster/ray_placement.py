@@ -31,10 +31,10 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from geartrain.cluster.dispatch import dp_rows, gather, reduce_metrics, shard_value
-from geartrain.cluster.worker_group import Dispatch, Placement, WorkerGroup, _is_dp_argument
+from geartrain.cluster.worker_group import Dispatch, PendingCall, Placement, WorkerGroup, _is_dp_argument
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.types import DataParallelCoordinates, EngineContext
 
@@ -61,6 +61,13 @@ def ray_environment() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "geartrain-ray"))
     Path(os.environ["RAY_TMPDIR"]).mkdir(parents=True, exist_ok=True)
+
+
+class Timed(NamedTuple):
+    """A rank's result and the seconds its method ran."""
+
+    value: Any
+    seconds: float
 
 
 # ----------------------------------------------------------------------------- in the actor
@@ -134,19 +141,23 @@ class RankHost:
             coords = DataParallelCoordinates(rank=self.rank, size=self.world_size)
         return coords.rank, coords.size
 
-    def call(self, role: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(self, role: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Timed:
+        """``method``'s result with the seconds it ran here (the driver subtracts them from
+        the call's wall time to know what the dispatch cost)."""
         self._log(f"{role}.{method}")
-        return getattr(self.workers[role], method)(*args, **kwargs)
+        start = time.perf_counter()
+        value = getattr(self.workers[role], method)(*args, **kwargs)
+        return Timed(value, time.perf_counter() - start)
 
     # Ray resolves object refs passed as top-level arguments: arguments shared by every
-    # rank travel through the object store once, as one ``(args, kwargs)`` pair.
+    # rank travel as one ``(args, kwargs)`` pair (through the object store once when large).
     def add_shared(self, role: str, worker_cls: type, shared: tuple[tuple[Any, ...], dict[str, Any]], seed: int) -> tuple[int, int]:
         return self.add(role, worker_cls, shared[0], shared[1], seed)
 
-    def call_shared(self, role: str, method: str, shared: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+    def call_shared(self, role: str, method: str, shared: tuple[tuple[Any, ...], dict[str, Any]]) -> Timed:
         return self.call(role, method, shared[0], shared[1])
 
-    def call_share(self, role: str, method: str, share: Any, rest: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+    def call_share(self, role: str, method: str, share: Any, rest: tuple[tuple[Any, ...], dict[str, Any]]) -> Timed:
         """``method(share, *rest_args, **rest_kwargs)``: ``share`` is this rank's slice."""
         return self.call(role, method, (share, *rest[0]), rest[1])
 
@@ -172,14 +183,14 @@ class RankHost:
 class RankPool:
     """``size`` ranks reserved together; see the module docstring."""
 
-    def __init__(self, name: str, size: int, cluster: Any, log_dir: Path) -> None:
+    def __init__(self, name: str, size: int, cluster: Any, log_dir: Path, resources: Any = None) -> None:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name, self.size = name, size
         self.timeout_s = cluster.startup_timeout_s
-        res = cluster.resources_per_rank
+        res = resources if resources is not None else cluster.resources_per_rank
         bundle = {"CPU": res.cpus, **({"GPU": res.gpus} if res.gpus else {})}
         need = {k: v * size for k, v in bundle.items()}
         total = ray.cluster_resources()
@@ -291,6 +302,22 @@ def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(f"  | {line}" for line in text[-lines:]) or "  (empty)"
 
 
+class DispatchStats:
+    """What a group's calls cost beyond the work itself: each call's wall time on the
+    driver minus the slowest rank's time inside the method (argument transfer, result
+    transfer, splitting and gathering, Ray's scheduling)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.wall_s = 0.0
+        self.overhead_s = 0.0
+
+    def record(self, wall_s: float, work_s: float) -> None:
+        self.calls += 1
+        self.wall_s += wall_s
+        self.overhead_s += max(wall_s - work_s, 0.0)
+
+
 class RayWorkerGroup(WorkerGroup):
     """One role's worker on each rank of a :class:`RankPool`."""
 
@@ -304,30 +331,82 @@ class RayWorkerGroup(WorkerGroup):
         self.dp_size = coords[0][1]
         self.leaders = [self.dp_of.index(d) for d in range(self.dp_size)]
         self.closed = False
+        self.stats = DispatchStats()
 
     def call(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> Any:
-        import ray
+        return self._submit(method, args, kwargs, dispatch, measure=True).result()
 
+    def submit(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> PendingCall:
+        """Send the call to every rank now (Ray runs an actor's calls in the order they
+        were sent); ``result()`` waits for the ranks and combines their results. (Only
+        :meth:`call` counts in :attr:`stats`: a submitted call's wall includes its wait.)"""
+        return self._submit(method, args, kwargs, dispatch, measure=False)
+
+    def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], dispatch: Dispatch, *, measure: bool) -> PendingCall:
+        start = time.perf_counter()
         hosts = self.pool.hosts
         if dispatch is Dispatch.ALL:
-            shared = ray.put((args, kwargs))
-            results = self.pool.get([h.call_shared.remote(self.role, method, shared) for h in hosts], self.role, method)
-            return _merge_metrics(results[0], results)
-        if not _is_dp_argument(args):
-            raise TypeError(f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument")
-        rows = dp_rows(args[0], self.dp_size, balance=self.balance)
-        shares = [shard_value(args[0], rows[d]) for d in range(self.dp_size)]
-        rest = ray.put((args[1:], kwargs))
-        refs = [h.call_share.remote(self.role, method, shares[self.dp_of[r]], rest) for r, h in enumerate(hosts)]
-        results = self.pool.get(refs, self.role, method)
-        total = len(args[0]) if not isinstance(args[0], list) else len(args[0][0])
-        merged = gather([results[r] for r in self.leaders], [rows[d][0] for d in range(self.dp_size)], total)
-        return _merge_metrics(merged, results)
+            shared = _by_store((args, kwargs))
+            refs = [h.call_shared.remote(self.role, method, shared) for h in hosts]
+
+            def combine(results: list[Any]) -> Any:
+                return _merge_metrics(results[0], results)
+        else:
+            if not _is_dp_argument(args):
+                raise TypeError(f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument")
+            rows = dp_rows(args[0], self.dp_size, balance=self.balance)
+            shares = [shard_value(args[0], rows[d]) for d in range(self.dp_size)]
+            rest = _by_store((args[1:], kwargs))
+            refs = [h.call_share.remote(self.role, method, shares[self.dp_of[r]], rest) for r, h in enumerate(hosts)]
+            total = len(args[0]) if not isinstance(args[0], list) else len(args[0][0])
+
+            def combine(results: list[Any]) -> Any:
+                merged = gather([results[r] for r in self.leaders], [rows[d][0] for d in range(self.dp_size)], total)
+                return _merge_metrics(merged, results)
+
+        def wait() -> Any:
+            timed = self.pool.get(refs, self.role, method)
+            value = combine([t.value for t in timed])
+            if measure:
+                self.stats.record(time.perf_counter() - start, max(t.seconds for t in timed))
+            return value
+
+        return PendingCall(wait=wait)
 
     def shutdown(self) -> None:
         if not self.closed:
             self.closed = True
             self.pool.get([h.remove.remote(self.role) for h in self.pool.hosts], self.role, "shutdown")
+
+
+#: Arguments with more tensor bytes than this travel through Ray's object store once for
+#: every rank; smaller ones ride inside each call (a put and a fetch per rank cost more
+#: round trips than copying a few kilobytes).
+INLINE_ARGUMENT_BYTES = 64 << 10
+
+
+def _tensor_bytes(value: Any, depth: int = 0) -> int:
+    """Bytes of the tensors in ``value`` (tensors, batches, and containers of them)."""
+    import torch
+
+    from geartrain.batch import Batch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Batch):
+        return sum(t.numel() * t.element_size() for t in value.tensors.values())
+    if depth < 4 and isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v, depth + 1) for v in value)
+    if depth < 4 and isinstance(value, dict):
+        return sum(_tensor_bytes(v, depth + 1) for v in value.values())
+    return 0
+
+
+def _by_store(value: Any) -> Any:
+    """``value`` itself, or an object-store reference to it when it is large."""
+    import ray
+
+    return ray.put(value) if _tensor_bytes(value) > INLINE_ARGUMENT_BYTES else value
 
 
 def _merge_metrics(value: Any, per_rank: list[Any]) -> Any:
@@ -364,12 +443,13 @@ class RayPlacement(Placement):
         self.groups: list[RayWorkerGroup] = []
 
     def group(
-        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0, **kwargs: Any
+        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0,
+        resources: Any = None, **kwargs: Any,
     ) -> WorkerGroup:
         name = pool or role
         rank_pool = self.pools.get(name)
         if rank_pool is None:
-            rank_pool = self.pools[name] = RankPool(name, world_size, self.cluster, self.log_dir)
+            rank_pool = self.pools[name] = RankPool(name, world_size, self.cluster, self.log_dir, resources)
         elif rank_pool.size != world_size:
             raise ConfigError([(f"{role}.engine.parallel", f"'{role}' needs {world_size} ranks but shares the {rank_pool.size} ranks of pool '{name}'")])
         group = RayWorkerGroup(rank_pool, role, worker_cls, args, kwargs, seed=seed, balance=self.cluster.balance_tokens)

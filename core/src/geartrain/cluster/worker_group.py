@@ -47,8 +47,36 @@ class WorkerGroup(ABC):
         """Call ``worker.<method>(*args, **kwargs)`` on every rank (see the module
         docstring for ``dispatch``) and return the combined result."""
 
+    def submit(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> PendingCall:
+        """Start :meth:`call` and return without waiting for it: calls submitted to one
+        group run on its ranks in submission order; ``result()`` waits and combines. This
+        default runs the call at once (a placement whose ranks are other processes
+        overrides it)."""
+        try:
+            return PendingCall(value=self.call(method, *args, dispatch=dispatch, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - raised again by result()
+            return PendingCall(error=exc)
+
     def shutdown(self) -> None:
         """Stop the ranks and free what they hold."""
+
+
+class PendingCall:
+    """A submitted call (:meth:`WorkerGroup.submit`): ``result()`` waits for it once."""
+
+    def __init__(self, *, value: Any = None, error: BaseException | None = None, wait: Any = None) -> None:
+        self._value, self._error, self._wait = value, error, wait
+
+    def result(self) -> Any:
+        if self._wait is not None:
+            wait, self._wait = self._wait, None
+            try:
+                self._value = wait()
+            except BaseException as exc:
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class InlineWorkerGroup(WorkerGroup):
@@ -115,11 +143,14 @@ class Placement(ABC):
 
     @abstractmethod
     def group(
-        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0, **kwargs: Any
+        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0,
+        resources: Any = None, **kwargs: Any,
     ) -> WorkerGroup:
         """A group of ``world_size`` ranks each running ``worker_cls(*args, ctx=..., **kwargs)``.
         Roles given the same ``pool`` name live in the same processes (colocation); ``None``
-        gives the role processes of its own."""
+        gives the role processes of its own. ``resources`` (a
+        :class:`~geartrain.trainer.config.RankResources`) is what each rank of a new pool
+        reserves where the placement reserves anything (default: ``cluster.resources_per_rank``)."""
 
     def close(self, graceful: bool = True) -> None:
         """Stop every rank this placement started (``graceful``: let each rank close its
@@ -136,7 +167,8 @@ class InlinePlacement(Placement):
     """Every role is one rank in the driver's process."""
 
     def group(
-        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0, **kwargs: Any
+        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0,
+        resources: Any = None, **kwargs: Any,
     ) -> WorkerGroup:
         if world_size != 1:
             raise ConfigError([(f"{role}.engine.parallel", f"the inline placement runs 1 rank, not {world_size}; set cluster.placement = \"ray\"")])
