@@ -21,7 +21,7 @@ from geartrain.algorithms.advantages import (
     sequence_scores,
 )
 from geartrain.algorithms.aggregation import AGG_MODES, AggMode, aggregate
-from geartrain.algorithms.correction import mismatch_metrics, truncated_is_weights
+from geartrain.algorithms.correction import masked_is_weights, mismatch_metrics, truncated_is_weights
 from geartrain.algorithms.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -109,5 +109,6 @@ __all__ = [
     "register_policy_loss",
     "sequence_scores",
     "truncated_is_weights",
+    "masked_is_weights",
     "value_loss",
 ]

@@ -4,7 +4,8 @@ The rollout engine samples with ``rollout_log_probs``; the trainer recomputes
 ``old_log_probs`` for the same tokens with the same weights. Kernels, precision and
 batching make them differ. The token-level weight ``exp(old - rollout)``, truncated at
 ``cap`` and detached, multiplies the policy loss (``is_weights=`` of the policy losses) so
-the update stays on-policy for the trainer's distribution (truncated IS).
+the update stays on-policy for the trainer's distribution (truncated IS). The masked
+variant (IcePop) drops the tokens whose weight leaves ``[low, high]`` instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ def truncated_is_weights(
         log_w = torch.clamp(old_log_probs - rollout_log_probs, -20.0, 20.0)
         w = torch.clamp(torch.exp(log_w), max=cap)
         return torch.where(mask.bool(), w, torch.zeros_like(w))
+
+
+def masked_is_weights(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor, *, low: float = 0.5, high: float = 2.0
+) -> torch.Tensor:
+    """IcePop-style masked importance sampling: ``exp(old - rollout)`` per token ``[B, T]``
+    where it lies in ``[low, high]``, 0 elsewhere (such tokens leave the gradient instead of
+    being capped) and outside ``mask``; detached. The log-difference is clamped to ``±20``."""
+    with torch.no_grad():
+        w = torch.exp(torch.clamp(old_log_probs - rollout_log_probs, -20.0, 20.0))
+        keep = mask.bool() & (w >= low) & (w <= high)
+        return torch.where(keep, w, torch.zeros_like(w))
 
 
 def mismatch_metrics(

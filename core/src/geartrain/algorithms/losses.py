@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from geartrain.algorithms.aggregation import AggMode, aggregate
-from geartrain.algorithms.correction import truncated_is_weights
+from geartrain.algorithms.correction import masked_is_weights, truncated_is_weights
 from geartrain.algorithms.kl import kl_estimate
 from geartrain.algorithms.masked import finite_inputs, zero_outside
 from geartrain.algorithms.policy_losses import PolicyLossConfig, get_policy_loss
@@ -76,6 +76,10 @@ class ActorLossConfig:
     kl_loss_kind: str = "k3"
     tis_cap: float | None = None
     """Truncated IS against the rollout's log-probs, weights capped here; ``None``: off."""
+    is_correction: str = "truncate"
+    """With ``tis_cap``: ``truncate`` caps each token's weight at ``tis_cap``; ``mask``
+    (IcePop) drops the tokens whose weight lies outside ``[is_mask_low, tis_cap]``."""
+    is_mask_low: float = 0.5
 
 
 def make_actor_loss(config: ActorLossConfig | None = None) -> LossFn:
@@ -103,7 +107,9 @@ def make_actor_loss(config: ActorLossConfig | None = None) -> LossFn:
             )
 
         weights = None
-        if cfg.tis_cap is not None:
+        if cfg.tis_cap is not None and cfg.is_correction == "mask":
+            weights = masked_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, low=cfg.is_mask_low, high=cfg.tis_cap)
+        elif cfg.tis_cap is not None:
             weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=cfg.tis_cap)
         out = policy_loss(
             log_probs,
