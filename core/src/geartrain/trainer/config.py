@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
 from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section
@@ -85,6 +85,18 @@ class AlgorithmConfig(Section):
     """Adaptive controller: its horizon in samples."""
     tis_cap: float | None = Field(None, gt=0)
     """Truncated importance sampling against the rollout's log-probs; ``None``: off."""
+    off_policy_correction: Literal["truncate", "mask"] = "truncate"
+    """How IS against the rollout's log-probs corrects each token (with ``tis_cap`` set, or
+    off-policy samples): ``truncate`` caps the weight at the cap; ``mask`` (IcePop) drops
+    the tokens whose weight lies outside ``[is_mask_low, cap]`` from the gradient."""
+    is_mask_low: float = Field(0.5, gt=0)
+    """``off_policy_correction = "mask"``: the lowest weight a token keeps."""
+    max_staleness: int = Field(0, ge=0)
+    """``rollout.placement = "separate"``: how many policy updates the weights that
+    generated a sample may lag behind the policy that trains on it. 0: synchronous (each
+    step's samples come from the weights of the step before, as colocated). k > 0: the
+    replicas generate up to k steps ahead while the trainer trains; the gap is corrected
+    with truncated IS (``tis_cap``, default ``trainer.async_tis_cap``)."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each step's samples (each pass runs ``mini_batches`` optimizer steps)."""
     mini_batches: int = Field(1, ge=1)
@@ -423,6 +435,22 @@ class ClusterConfig(Section):
     """``ray``: how long the ranks may take to be scheduled and rendezvous."""
 
 
+class RolloutSection(RolloutConfig):
+    """The rollout of a training job: the inference engine (:class:`RolloutConfig`) and
+    where its replicas run."""
+
+    placement: Literal["colocated", "separate"] = "colocated"
+    """``colocated``: a replica in each actor rank (the hybrid engine: weights synced inside
+    the process). ``separate`` (needs ``cluster.placement = "ray"``): ``replicas`` Ray
+    actors of their own, each a whole inference engine; the trainer ranks hold none, and
+    new weights reach the replicas by a bucketed broadcast after each update
+    (:mod:`geartrain.trainer.separate`)."""
+    replicas: int = Field(1, ge=1)
+    """``separate``: rollout replicas; each generates its share of every step's prompts."""
+    resources_per_replica: RankResources | None = None
+    """``separate``: what each replica reserves (``None``: ``cluster.resources_per_rank``)."""
+
+
 def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
     """What ``config``'s placement cannot run: with ``inline`` a role on more than one rank;
     with ``ray`` a colocated role whose parallel sizes do not multiply to the ranks it gets
@@ -448,6 +476,25 @@ def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
             problems.append((key, f"{sizes}, but '{role}' is colocated with the actor (cluster.colocate) and gets "
                              f"its {actor_ranks} ranks; make the product {actor_ranks}, or remove '{role}' from "
                              "cluster.colocate to give it ranks of its own"))
+    if config.rollout.placement == "separate":
+        if cluster.placement != "ray":
+            problems.append(("rollout.placement", "'separate' runs the replicas as Ray actors of their own; "
+                             "set cluster.placement = \"ray\" (the override cluster.placement=ray)"))
+        if config.trainer.async_rollout:
+            problems.append(("trainer.async_rollout", "the separate rollout overlaps generation itself "
+                             "(algorithm.max_staleness); set trainer.async_rollout = false"))
+        if config.trainer.free_memory:
+            problems.append(("trainer.free_memory", "the separate rollout shares no memory with the trainer; "
+                             "set trainer.free_memory = false"))
+        if config.rollout.agent is not None:
+            problems.append(("rollout.agent", "multi-turn episodes run in the colocated rollout only for now; "
+                             "use rollout.placement = \"colocated\" with rollout.agent"))
+        if config.actor.lora is not None:
+            problems.append(("actor.lora", "the separate rollout receives merged full weights only for now; "
+                             "drop actor.lora or use rollout.placement = \"colocated\""))
+    elif config.algorithm.max_staleness > 0:
+        problems.append(("algorithm.max_staleness", "bounds the staleness of the separate rollout; set "
+                         "rollout.placement = \"separate\", or trainer.async_rollout for the colocated one"))
     if cluster.placement == "ray" and config.trainer.async_rollout:
         problems.append(("trainer.async_rollout", "the async rollout runs on one rank only for now; "
                          "set trainer.async_rollout = false with cluster.placement = \"ray\""))
@@ -467,7 +514,7 @@ class TrainConfig(Section):
     actor: ActorConfig = Field(default_factory=ActorConfig)
     reference: RoleEngine = Field(default_factory=lambda: RoleEngine(engine=EngineConfig(optim=OptimConfig(lr=0.0))))
     critic: CriticConfig = Field(default_factory=CriticConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -562,6 +609,15 @@ class TrainConfig(Section):
         if problems:  # one "key.path: message" line each (see validation_problems)
             raise ValueError("\n".join(problems))
         return self
+
+    @field_validator("rollout", mode="before")
+    @classmethod
+    def _rollout_section(cls, value: Any) -> Any:
+        """A plain :class:`RolloutConfig` (as the engine tests and Python users build it) is
+        the colocated rollout's section."""
+        if isinstance(value, RolloutConfig) and not isinstance(value, RolloutSection):
+            return RolloutSection(**dict(value))
+        return value
 
     @model_validator(mode="after")
     def _no_silent_defaults(self) -> TrainConfig:

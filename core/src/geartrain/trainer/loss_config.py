@@ -8,8 +8,8 @@ from geartrain.trainer.config import TrainConfig
 
 def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
     """The actor's loss: ``algorithm.*`` (policy loss, clipping, aggregation, entropy and
-    KL terms) and the truncated IS cap (``algorithm.tis_cap``, or under async rollout
-    ``trainer.async_tis_cap``)."""
+    KL terms) and the truncated IS cap (``algorithm.tis_cap``, or when samples may be
+    off-policy (:func:`off_policy`) ``trainer.async_tis_cap``)."""
     algo, trainer = config.algorithm, config.trainer
     return ActorLossConfig(
         policy_loss=algo.policy_loss,
@@ -31,11 +31,20 @@ def actor_loss_config(config: TrainConfig) -> ActorLossConfig:
         entropy_coef=algo.entropy_coef,
         kl_loss_coef=algo.kl_loss_coef if algo.use_kl_loss else 0.0,
         kl_loss_kind=algo.kl_loss_kind,
-        tis_cap=algo.tis_cap if algo.tis_cap is not None or not trainer.async_rollout else trainer.async_tis_cap,
+        tis_cap=algo.tis_cap if algo.tis_cap is not None or not off_policy(config) else trainer.async_tis_cap,
+        is_correction=algo.off_policy_correction,
+        is_mask_low=algo.is_mask_low,
         # seq-mean-token-sum-norm divides by the padded response length; batches are [B, T]
         # with the prompt in front, so the constant is the response budget, not T.
         norm_length=response_budget(config),
     )
+
+
+def off_policy(config: TrainConfig) -> bool:
+    """Whether samples may come from weights older than the policy trained on them: the
+    async rollout, or the separate rollout with ``algorithm.max_staleness > 0``."""
+    separate = config.rollout.placement == "separate" and config.algorithm.max_staleness > 0
+    return config.trainer.async_rollout or separate
 
 
 def critic_loss_config(config: TrainConfig) -> CriticLossConfig:

@@ -66,6 +66,9 @@ class RLRoles:
     """The reference group's method for reference log-probs (``compute_ref_log_probs`` when
     the reference is the LoRA actor's base: ``reference`` is then the actor's group)."""
     critic: WorkerGroup | None = None
+    rollout: WorkerGroup | None = None
+    """``rollout.placement = "separate"``: the replicas' group (then ``actor`` holds no
+    rollout and :class:`~geartrain.trainer.separate.SeparateGeneration` generates)."""
 
 
 class RLTrainer:
@@ -88,6 +91,11 @@ class RLTrainer:
         # multi-turn episodes (rollout.agent) or one response per prompt
         generation = EpisodeGeneration if config.rollout.agent is not None else Generation
         self.generation = generation(config, roles.actor, tokenizer, loader)
+        if roles.rollout is not None:  # rollout.placement = "separate": the replicas generate
+            from geartrain.trainer.separate import SeparateGeneration, VersionedGroup
+
+            assert isinstance(roles.actor, VersionedGroup), "the separate rollout needs the actor's VersionedGroup"
+            self.generation = SeparateGeneration(config, roles.actor, roles.rollout, tokenizer, loader)
         self.validations = 0
         algo = config.algorithm
         self.kl_ctrl = (

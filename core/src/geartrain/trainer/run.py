@@ -35,6 +35,7 @@ from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, 
 from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
 from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
 from geartrain.trainer.rl import RLRoles, RLTrainer
+from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
 from geartrain.trainer.rundir import RunDirectory
 from geartrain.trainer.sft import run_sft
@@ -88,7 +89,7 @@ def _seed_everything(seed: int) -> None:
 
 def _shutdown(roles: RLRoles) -> None:
     done: list[WorkerGroup] = []
-    for group in (roles.actor, roles.reference, roles.critic, roles.reward):
+    for group in (roles.actor, roles.reference, roles.critic, roles.reward, roles.rollout):
         if group is not None and not any(group is d for d in done):  # LoRA: the reference may be the actor's group
             group.shutdown()
             done.append(group)
@@ -231,11 +232,17 @@ class Job:
         def pool(role: str) -> str | None:  # colocated roles live in the actor's ranks
             return "actor" if role in cfg.cluster.colocate else None
 
-        actor = placement.group(
-            "actor", ActorRolloutWorker, cfg.actor.engine, policy, cfg.rollout, actor_loss_config(cfg),
-            free_memory=cfg.trainer.free_memory, async_rollout=cfg.trainer.async_rollout,
+        separate = cfg.rollout.placement == "separate"
+        actor: WorkerGroup = placement.group(
+            "actor", TrainerWorker if separate else ActorRolloutWorker, cfg.actor.engine, policy, cfg.rollout,
+            actor_loss_config(cfg), free_memory=cfg.trainer.free_memory, async_rollout=cfg.trainer.async_rollout,
             world_size=cfg.actor.engine.parallel.world_size, pool="actor", seed=seed,
         )
+        rollout = None
+        if separate:  # the replicas: processes of their own, each a whole inference engine
+            actor = VersionedGroup(actor)
+            rollout = placement.group("rollout", RolloutReplica, cfg.rollout, policy, world_size=cfg.rollout.replicas,
+                                      pool="rollout", seed=seed, resources=cfg.rollout.resources_per_replica)
         reference, reference_call = None, "compute_log_probs"
         if cfg.builds_reference and cfg.actor.lora is not None:
             # the reference equals the initial policy = the actor's base with its adapters off
@@ -262,7 +269,8 @@ class Job:
                 "reward", RewardWorker, None, cfg.reward.engine, cfg.reward.model, timeout_s=cfg.reward.timeout_s,
                 world_size=cfg.reward.engine.parallel.world_size, pool=pool("reward"), seed=seed,
             )
-        return RLRoles(actor=actor, reward=reward, reference=reference, critic=critic, reference_call=reference_call)
+        return RLRoles(actor=actor, reward=reward, reference=reference, critic=critic, reference_call=reference_call,
+                       rollout=rollout)
 
     def _data(self, pre: Preflight) -> tuple[PromptLoader, PromptDataset | None]:
         return PromptLoader.from_config(pre.datasets["data.path"]), pre.datasets.get("validation.path")
@@ -376,6 +384,9 @@ class Job:
             start, accuracy_before = self._load(roles, trainer, latest)
             self.position.step = self.position.checkpoint = start
             self.echo(f"resumed from {latest} (step {start})")
+            if cfg.rollout.placement == "separate" and cfg.algorithm.max_staleness > 0:
+                self.echo(f"separate rollout: the samples in flight at the checkpoint were not saved; they are discarded, "
+                          f"and steps {start + 1}.. generate theirs again from the checkpoint's weights")
         else:
             start = 0
             val0 = trainer.validate()
