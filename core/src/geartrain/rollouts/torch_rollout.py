@@ -68,6 +68,16 @@ class TorchRolloutOptions(BaseModel):
     """Decode with a static KV cache and fixed shapes, the decode step captured in CUDA
     graphs on CUDA (:mod:`geartrain.rollouts.static_decode`). Default: on for CUDA, off
     elsewhere (on a CPU the shrinking dynamic batch is faster)."""
+    simulated_token_s: float = Field(0.0, ge=0)
+    """Benchmarks only: after each ``generate``, sleep as if every sample had decoded a
+    heavy-tailed number of tokens at this many seconds each (the rows of a call decode
+    together, so the call sleeps for its longest sample). 0: off. The tokens returned are
+    the real ones; only the time is simulated, so long-tail effects show on a small CPU."""
+    simulated_tail_alpha: float = Field(1.2, gt=0)
+    """Pareto shape of the simulated lengths (smaller: heavier tail); lengths are
+    ``floor(U ** (-1 / alpha))`` tokens, ``U`` uniform from the sample's seed."""
+    simulated_max_tokens: int = Field(256, ge=1)
+    """Cap of a simulated length."""
 
 
 @dataclass(kw_only=True)
@@ -303,6 +313,8 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
     responses: list[list[int]] = []
     log_probs: list[list[float]] = []
     reasons: list[str] = []
+    if rollout.options.simulated_token_s > 0:
+        simulate_latency(rollout.options, [sample_seed(base_seed, global_index[i], j) for i, j in rows])
     for start in range(0, len(rows), chunk):
         part = rows[start : start + chunk]
         out = _decode_chunk(
@@ -325,6 +337,22 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
         finish_reason=reasons,
         pad_token_id=rollout.pad_token_id,
     )
+
+
+def simulated_lengths(options: TorchRolloutOptions, seeds: list[int]) -> list[int]:
+    """Each sample's simulated length (see ``TorchRolloutOptions.simulated_token_s``): Pareto
+    with shape ``simulated_tail_alpha`` from the sample's own seed, so a sample's length is
+    the same whichever replica or batch generates it."""
+    lengths = []
+    for seed in seeds:
+        u = float(torch.rand((), generator=torch.Generator().manual_seed(seed % (2**63)), dtype=torch.float64))
+        lengths.append(min(options.simulated_max_tokens, int(max(u, 1e-12) ** (-1.0 / options.simulated_tail_alpha))))
+    return lengths
+
+
+def simulate_latency(options: TorchRolloutOptions, seeds: list[int]) -> None:
+    """Sleep for the call's longest simulated sample."""
+    time.sleep(options.simulated_token_s * max(simulated_lengths(options, seeds), default=0))
 
 
 def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> int:
