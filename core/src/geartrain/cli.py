@@ -135,6 +135,14 @@ def to_toml(data: dict[str, Any]) -> str:
     return "\n".join(out).lstrip("\n") + "\n"
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from geartrain.trainer.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out_dir)
+    print(f"exported {args.checkpoint} to {out}")
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from geartrain.trainer.run import train_from_cli
 
@@ -179,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", action="store_true", help="print every field with its default and description")
     p.add_argument("--json", action="store_true", help="print JSON (the config, or with --schema the JSON schema)")
     p.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("export", help="write a checkpoint (or a run's newest) as a Hugging Face model directory")
+    p.add_argument("checkpoint", help="<output_dir>/checkpoints/actor/step_N, or a run's output_dir")
+    p.add_argument("out_dir", help="the directory to write (config, weights, tokenizer, model card)")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("train", help="run a training job from a config file")
     p.add_argument("config")

@@ -25,6 +25,7 @@ from geartrain.config import ModelConfig
 from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, GeartrainError
+from geartrain.export import ModelCard, base_model_name, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.completions import CompletionsLogger
@@ -380,6 +381,7 @@ class Job:
             if tb is not None:
                 tb.write(record)
 
+        last_validation: dict[str, Any] = {}
         if latest is not None:
             start, accuracy_before = self._load(roles, trainer, latest)
             self.position.step = self.position.checkpoint = start
@@ -390,6 +392,7 @@ class Job:
         else:
             start = 0
             val0 = trainer.validate()
+            last_validation = dict(val0)
             if completions is not None and val0:
                 completions.validation(0, trainer.last_validation)
             accuracy_before = val0.get("val/accuracy")
@@ -408,6 +411,7 @@ class Job:
                 completions.train(step, trainer.last_batch)
             if _due(step, cfg.validation.every_n_steps, total):
                 val_metrics = trainer.validate()
+                last_validation = dict(val_metrics)
                 metrics.update(val_metrics)
                 if completions is not None and val_metrics:
                     completions.validation(step, trainer.last_validation)
@@ -427,7 +431,8 @@ class Job:
                 self._save(roles, trainer, step, accuracy_before)
         progress.close()
         if accuracy_after is None and start >= total:  # resumed a finished run
-            accuracy_after = trainer.validate().get("val/accuracy")
+            last_validation = trainer.validate()
+            accuracy_after = last_validation.get("val/accuracy")
 
         jsonl.close()
         if completions is not None:
@@ -435,7 +440,11 @@ class Job:
         if tb is not None:
             tb.close()
         if cfg.trainer.export_hf:
-            path = roles.actor.call("export_hf", str(self.out / "hf"), tokenizer)
+            path = Path(roles.actor.call("export_hf", str(self.out / "hf"), tokenizer))
+            if (path / "config.json").is_file():  # a LoRA export is an adapter directory
+                final = {k: v for k, v in last_validation.items() if k.startswith("val/")}
+                card = ModelCard(base_model=base_model_name(cfg.model), algorithm=self.algo_label, steps=total, metrics=final)
+                finish_hf_export(path, card, tokenizer)
             self.echo(f"exported the policy to {path}")
         if cfg.trainer.plot:
             png = plot_curves(read_jsonl(self.out / "metrics.jsonl"), self.out / "curves.png", title=f"{self.algo_label} ({self.out.name})")

@@ -1,0 +1,122 @@
+"""A complete Hugging Face directory from an engine's export: what ``from_pretrained``,
+``pipeline("text-generation")`` and vLLM need, and a model card.
+
+An engine's ``export_hf`` hook writes the weights, ``config.json`` and the tokenizer;
+:func:`finish_hf_export` then makes sure ``config.json`` names its ``architectures`` (the
+causal-LM class, which vLLM resolves the model by), writes ``generation_config.json`` when
+the engine did not, writes a ``README.md`` model card, and makes every file readable by the
+group and others (a checkpoint's private temp files can be 0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(kw_only=True)
+class ModelCard:
+    """What the card says about the run that made the model."""
+
+    base_model: str
+    """Where training started (a hub id, a directory, or ``tiny qwen2``)."""
+    algorithm: str
+    steps: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Final validation metrics (``val/accuracy``...)."""
+    source: str = ""
+    """The checkpoint or run it was exported from."""
+
+
+def finish_hf_export(path: str | Path, card: ModelCard, tokenizer: Any | None = None) -> Path:
+    """Complete the exported directory ``path`` (see the module docstring); returns it."""
+    path = Path(path)
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    if not config.get("architectures"):
+        config["architectures"] = [causal_lm_class(config)]
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if not (path / "generation_config.json").exists():
+        _write_generation_config(path, config, tokenizer)
+    (path / "README.md").write_text(model_card(card, config), encoding="utf-8")
+    _readable(path)
+    return path
+
+
+def causal_lm_class(config: Mapping[str, Any]) -> str:
+    """The transformers causal-LM class name of a config's ``model_type``."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type or "")
+    if name is None:
+        from geartrain.errors import GeartrainError
+
+        raise GeartrainError(f"no causal-LM class is known for model_type '{model_type}'; set 'architectures' in config.json")
+    return name
+
+
+def _write_generation_config(path: Path, config: Mapping[str, Any], tokenizer: Any | None) -> None:
+    from transformers import GenerationConfig
+
+    fields = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+    if tokenizer is not None:
+        for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
+            value = getattr(tokenizer, key, None)
+            if value is not None:
+                fields.setdefault(key, value)
+    GenerationConfig(**fields).save_pretrained(path)
+
+
+def model_card(card: ModelCard, config: Mapping[str, Any]) -> str:
+    """The README.md of an exported model."""
+    from geartrain import __version__
+
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags: [geartrain, reinforcement-learning]",
+        *([f"base_model: {card.base_model}"] if "/" in card.base_model and not card.base_model.startswith("/") else []),
+        "---",
+        "",
+        f"# {config.get('architectures', ['model'])[0]} trained with geartrain",
+        "",
+        f"- base model: {card.base_model}",
+        f"- algorithm: {card.algorithm}",
+        f"- steps: {card.steps}",
+        f"- geartrain version: {__version__}",
+    ]
+    if card.source:
+        lines.append(f"- exported from: {card.source}")
+    if card.metrics:
+        lines += ["", "## Final validation", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4g} |" for k, v in sorted(card.metrics.items())]
+    lines += ["", "## Use", "", "```python", "from transformers import pipeline", "",
+              'generate = pipeline("text-generation", model="path/to/this/directory")', "```", ""]
+    return "\n".join(lines)
+
+
+def _readable(path: Path) -> None:
+    """Group and others may read every file and enter every directory under ``path``."""
+    for root, dirs, files in os.walk(path):
+        for d in dirs:
+            p = Path(root) / d
+            p.chmod(p.stat().st_mode | 0o055)
+        for f in files:
+            p = Path(root) / f
+            p.chmod(p.stat().st_mode | 0o044)
+    path.chmod(path.stat().st_mode | 0o055)
+
+
+def base_model_name(model: Any) -> str:
+    """How the card names a :class:`~geartrain.config.ModelConfig`'s model."""
+    if getattr(model, "path", None):
+        return str(model.path)
+    if getattr(model, "preset", None):
+        return f"preset {model.preset} (random weights)"
+    return f"tiny {model.tiny} (random weights)"
