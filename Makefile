@@ -57,7 +57,7 @@ endef
 
 .venv/.base: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
 	$(call new_venv,.venv)
-	.venv/bin/pip install $(PIPOPTS) -e 'core[testing,ray]' -e plugins/fsdp_engine
+	.venv/bin/pip install $(PIPOPTS) -e 'core[testing,ray,wandb,mlflow]' -e plugins/fsdp_engine
 	touch $@
 
 .venv/.full: .venv/.base plugins/vllm_rollout/pyproject.toml plugins/megatron_engine/pyproject.toml

@@ -370,7 +370,19 @@ class TrainerConfig(Section):
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool = True
-    """Write TensorBoard logs."""
+    """Write TensorBoard logs (when ``loggers`` names ``tensorboard``)."""
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["tensorboard"])
+    """Where metrics go besides ``metrics.jsonl``: ``tensorboard``, ``wandb`` (Weights & Biases,
+    the ``wandb`` extra), ``mlflow`` (the ``mlflow`` extra)."""
+    project: str = "geartrain"
+    """W&B project / MLflow experiment name."""
+    run_name: str | None = None
+    """W&B / MLflow run name; default: the output directory's name."""
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None
+    """W&B mode; ``offline`` needs no network (``wandb sync`` uploads later); ``None``:
+    W&B's own default (``WANDB_MODE``)."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking server or store; default: ``<output_dir>/mlruns`` (local, no network)."""
     plot: bool = True
     """Write the PNG of curves at the end."""
     log_completions: int = Field(0, ge=0)

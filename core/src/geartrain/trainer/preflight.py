@@ -85,6 +85,17 @@ def _probe_rewards(config: TrainConfig, terms: list[RewardTerm], dataset: Prompt
             problems.append((key, f"'{term.name}' {problem}"))
 
 
+def _loggers_installed(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
+    """Each optional logger's library can be imported (before anything is claimed)."""
+    import importlib.util
+
+    from geartrain.trainer.loggers import INSTALL
+
+    for name in config.trainer.loggers:
+        if name in INSTALL and importlib.util.find_spec(name) is None:
+            problems.append(("trainer.loggers", f"'{name}' is not installed; install it: {INSTALL[name]}"))
+
+
 def _positions_fit(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
     """``rollout.max_model_len`` within the model's ``max_position_embeddings`` (past it the
     positions are ones the model never saw: sampling goes on, quietly wrong)."""
@@ -135,6 +146,7 @@ def preflight(
         raise ConfigError([("model", f"cannot load the tokenizer: {exc}")]) from None
     result = Preflight(tokenizer=tokenizer)
     _positions_fit(config, problems)
+    _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems)
     data_given = data is not None or "data" in config.model_fields_set
     problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)

@@ -32,6 +32,7 @@ from geartrain.trainer.completions import CompletionsLogger
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
 from geartrain.trainer.interrupt import EXIT_INTERRUPTED, RunPosition, interrupted_message
+from geartrain.trainer.loggers import Fanout, MlflowLogger, WandbLogger
 from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, plot_curves, read_jsonl
 from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
 from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
@@ -173,7 +174,7 @@ class Job:
             self.echo(f"--resume: {saved} is missing, so the config cannot be compared with the run's")
         return latest
 
-    def _sft(self, pre: Preflight, jsonl: JsonlLogger, tb: TensorBoardLogger | None) -> ModelConfig:
+    def _sft(self, pre: Preflight, jsonl: JsonlLogger, tb: Fanout | None) -> ModelConfig:
         cfg = self.config
         tokenizer = pre.tokenizer
         sft_dir = self.out / "sft_model"
@@ -207,6 +208,18 @@ class Job:
         dev_note = f", dev accuracy {100 * last['sft/dev_accuracy']:.1f}%" if "sft/dev_accuracy" in last else ""
         self.echo(f"SFT warm start: {steps} steps in {time.perf_counter() - start:.1f}s{dev_note} -> {sft_dir}")
         return self._sft_model()
+
+    def _trackers(self, resume: bool) -> list[Any]:
+        """The W&B and MLflow loggers ``trainer.loggers`` names."""
+        t = self.config.trainer
+        name = t.run_name or self.out.resolve().name
+        config = self.config.model_dump(mode="json")
+        out: list[Any] = []
+        if "wandb" in t.loggers:
+            out.append(WandbLogger(self.out, project=t.project, name=name, config=config, mode=t.wandb_mode, resume=resume))
+        if "mlflow" in t.loggers:
+            out.append(MlflowLogger(self.out, project=t.project, name=name, config=config, tracking_uri=t.mlflow_tracking_uri))
+        return out
 
     def _sft_model(self) -> ModelConfig:
         """The SFT warm start as the policy (and reference) to build, once its files match
@@ -360,7 +373,11 @@ class Job:
         self._placement()  # ranks start once every check passed (a local Ray instance takes seconds)
         resume_step = CheckpointManager.step_of(latest) if latest is not None else None
         jsonl = JsonlLogger(self.out / "metrics.jsonl", resume_step=resume_step)
-        tb = TensorBoardLogger(self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None) if cfg.trainer.tensorboard else None
+        tb = (
+            TensorBoardLogger(self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None)
+            if cfg.trainer.tensorboard and "tensorboard" in cfg.trainer.loggers else None
+        )
+        sinks = Fanout([x for x in (tb, *self._trackers(resume_step is not None)) if x is not None])
 
         completions = (
             CompletionsLogger(self.out / "completions.jsonl", cfg.trainer.log_completions, seed=cfg.trainer.seed,
@@ -370,7 +387,7 @@ class Job:
 
         loader, val = self._data(pre)
         if cfg.sft.enabled:
-            policy = self._sft(pre, jsonl, tb) if latest is None else self._sft_model()
+            policy = self._sft(pre, jsonl, sinks) if latest is None else self._sft_model()
         else:
             policy = cfg.model
         roles = self.build_roles(policy)
@@ -378,8 +395,7 @@ class Job:
 
         def log(record: dict[str, Any]) -> None:
             jsonl.write(record)
-            if tb is not None:
-                tb.write(record)
+            sinks.write(record)
 
         last_validation: dict[str, Any] = {}
         if latest is not None:
@@ -422,8 +438,7 @@ class Job:
             except TrainingStalledError:
                 progress.close()
                 jsonl.close()
-                if tb is not None:
-                    tb.close()
+                sinks.close()
                 _shutdown(roles)
                 raise
             progress.update(reward=metrics.get("reward/mean", 0.0), acc=metrics.get("val/accuracy", metrics.get("reward/accuracy", 0.0)))
@@ -437,8 +452,7 @@ class Job:
         jsonl.close()
         if completions is not None:
             completions.close()
-        if tb is not None:
-            tb.close()
+        sinks.close()
         if cfg.trainer.export_hf:
             path = Path(roles.actor.call("export_hf", str(self.out / "hf"), tokenizer))
             if (path / "config.json").is_file():  # a LoRA export is an adapter directory

@@ -33,6 +33,8 @@ RUN_ENTRIES: dict[str, str] = {
     "tensorboard": "dir",
     "sft_model": "dir",
     "hf": "dir",
+    "wandb": "dir",
+    "mlruns": "dir",
 }
 #: The entries whose presence means the directory holds a run.
 _RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "sft_model", "hf")
