@@ -45,6 +45,8 @@ def test_completions_jsonl_with_each_reward_and_stop_strings(tmp_path: Path) -> 
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("reward/exact/mean" in m and "reward/short/mean" in m for m in metrics if m["step"] >= 1)
     assert not any(k.startswith("samples/reward") for m in metrics for k in m)
+    # one accuracy per step, reward/accuracy (the function's acc extra is not repeated as reward/acc)
+    assert all("reward/accuracy" in m and "reward/acc" not in m for m in metrics if m["step"] >= 1)
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

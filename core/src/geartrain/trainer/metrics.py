@@ -8,6 +8,7 @@ so the file never repeats or skips a step.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -83,10 +84,30 @@ class TensorBoardLogger:
             if key in ("step", "phase") or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             if math.isfinite(float(value)):
-                self.writer.add_scalar(f"{phase}/{key}" if phase == "sft" else key, float(value), step)
+                self.writer.add_scalar(tag(phase, key), float(value), step)
 
     def close(self) -> None:
         self.writer.close()
+
+
+def tag(phase: str, key: str) -> str:
+    """The TensorBoard tag of a metric: RL metrics by their name, SFT ones under ``sft/``
+    (once: ``sft/loss`` stays ``sft/loss``)."""
+    return key if phase != "sft" or key.startswith("sft/") else f"sft/{key}"
+
+
+class TqdmLoggingHandler(logging.Handler):
+    """Writes log records through ``tqdm.write``: a warning while a progress bar is drawn
+    gets a line of its own and the bar is redrawn below it, instead of being glued onto
+    the bar's line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # a handler must never raise (logging's own contract)
+            self.handleError(record)
 
 
 class Progress:
@@ -120,6 +141,18 @@ PLOTS: list[tuple[str, list[str]]] = [
 ]
 
 
+def plotted(records: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The panels of :data:`PLOTS` to draw for the RL ``records``, each with the series that
+    carry information: a series missing from every record, or 0 in every record (e.g.
+    ``actor/kl_loss`` without a KL loss), is left out, and so is a panel left empty."""
+    panels = []
+    for title, keys in PLOTS:
+        shown = [k for k in keys if any(r.get(k) not in (None, 0, 0.0) for r in records)]
+        if shown:
+            panels.append((title, shown))
+    return panels
+
+
 def plot_curves(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
     """Write a PNG of the RL curves (and the SFT loss) in ``records``."""
     import matplotlib
@@ -129,7 +162,7 @@ def plot_curves(records: list[dict[str, Any]], path: str | Path, *, title: str =
 
     rl = [r for r in records if r.get("phase") == "rl"]
     sft = [r for r in records if r.get("phase") == "sft"]
-    panels = [(t, keys) for t, keys in PLOTS if any(k in r for r in rl for k in keys)]
+    panels = plotted(rl)
     if sft:
         panels.insert(0, ("SFT loss", ["sft/loss"]))
     cols = 3

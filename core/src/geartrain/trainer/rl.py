@@ -120,6 +120,7 @@ class RLTrainer:
         scores, metrics, acc = self.roles.reward.call("score", batch, dispatch=Dispatch.DP)
         correct = [float(a) if a is not None else float(s > 0) for a, s in zip(acc, scores.tolist(), strict=True)]
         terms = {k.removeprefix("samples/reward/"): metrics.pop(k) for k in list(metrics) if k.startswith("samples/reward/")}
+        metrics.pop("reward/acc", None)  # the step's reward/accuracy is this (or score > 0 where acc is absent)
         batch["reward_terms"] = [{name: values[i] for name, values in terms.items()} for i in range(len(batch))]
         return scores, metrics, torch.tensor(correct)
 

@@ -33,7 +33,7 @@ from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
 from geartrain.trainer.interrupt import EXIT_INTERRUPTED, RunPosition, interrupted_message
 from geartrain.trainer.loggers import Fanout, MlflowLogger, WandbLogger
-from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, plot_curves, read_jsonl
+from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, TqdmLoggingHandler, plot_curves, read_jsonl
 from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
 from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
 from geartrain.trainer.rl import RLRoles, RLTrainer
@@ -441,7 +441,10 @@ class Job:
                 sinks.close()
                 _shutdown(roles)
                 raise
-            progress.update(reward=metrics.get("reward/mean", 0.0), acc=metrics.get("val/accuracy", metrics.get("reward/accuracy", 0.0)))
+            shown = {"reward": metrics.get("reward/mean", 0.0), "train_acc": metrics.get("reward/accuracy", 0.0)}
+            if "val/accuracy" in last_validation:
+                shown["val_acc"] = last_validation["val/accuracy"]  # the latest validation's, labelled as such
+            progress.update(**shown)
             if _due(step, cfg.trainer.save_every, total):
                 self._save(roles, trainer, step, accuracy_before)
         progress.close()
@@ -490,7 +493,10 @@ def run_job(
 
 def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False, overwrite: bool = False) -> int:
     """``geartrain train CONFIG [overrides] [--resume | --overwrite]``."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = TqdmLoggingHandler()  # through tqdm: a warning never glues onto the progress bar
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.captureWarnings(True)  # warnings.warn goes the same way
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the job's own progress bar is the one to read
