@@ -340,7 +340,7 @@ class SFTConfig(Section):
     max_prompts: int | None = Field(None, ge=1)
     """Train on only the first N rows (a deliberately weak warm start)."""
     seed: int = 0
-    """Seed of the warm start's data order."""
+    """Seed of the warm start's data order (default: ``trainer.seed``)."""
     dev_path: str | None = None
     """Prompts (with ``ground_truth``) the warm start is scored on, greedily, every
     ``eval_every`` steps; a split of the *training* data, never the validation set."""
@@ -362,7 +362,9 @@ class TrainerConfig(Section):
     """Metrics (``metrics.jsonl``), TensorBoard logs, checkpoints, the curves PNG and the
     exported model go here (relative paths: to the working directory)."""
     seed: int = 0
-    """Seed of everything random in the job."""
+    """Seed of everything random in the job: the model's initialisation (tiny and preset
+    models), the data order, the SFT warm start's order and every sampling seed, unless a
+    section sets its own ``seed`` (``model.seed``, ``data.seed``, ``sft.seed``)."""
     save_every: int = Field(0, ge=0)
     """Checkpoint every N steps (0: only at the end)."""
     keep_last: int = Field(2, ge=1)
@@ -630,6 +632,18 @@ class TrainConfig(Section):
         if isinstance(value, RolloutConfig) and not isinstance(value, RolloutSection):
             return RolloutSection(**dict(value))
         return value
+
+    @model_validator(mode="after")
+    def _seeds_follow_the_trainer(self) -> TrainConfig:
+        """``trainer.seed`` seeds everything random (model initialisation, the data order, the
+        SFT warm start's order; sampling derives its seeds from it) unless a section sets its
+        own ``seed``."""
+        seed = self.trainer.seed
+        for owner, name in ((self, "model"), (self, "data"), (self, "sft"), (self.critic, "model"), (self.reward, "model")):
+            section = getattr(owner, name)
+            if section is not None and "seed" not in section.model_fields_set and section.seed != seed:
+                object.__setattr__(owner, name, section.model_copy(update={"seed": seed}))
+        return self
 
     @model_validator(mode="after")
     def _no_silent_defaults(self) -> TrainConfig:
