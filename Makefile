@@ -42,7 +42,7 @@ train: .venv/.base
 train-agent: .venv/.base
 	.venv/bin/geartrain train $(AGENT_CONFIG) trainer.output_dir=$(AGENT_OUT) --overwrite
 	@echo "--- control: the same SFT start, GRPO without the tool ---"
-	.venv/bin/geartrain train $(AGENT_CONFIG) sft.enabled=false model.path=$(CURDIR)/$(AGENT_OUT)/sft_model \
+	.venv/bin/geartrain train $(AGENT_CONFIG) sft.enabled=false model.tiny=null model.path=$(CURDIR)/$(AGENT_OUT)/sft_model \
 		rollout.agent.environment_kwargs.enabled=false trainer.output_dir=$(AGENT_OUT)_no_tool --overwrite
 
 dev: .venv/.full

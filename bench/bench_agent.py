@@ -10,7 +10,9 @@ calls concurrently, wait for the *slowest*, repeat. The asynchronous runner
 (:class:`geartrain.agents.EpisodeRunner`) generates for whichever episodes are ready and
 runs the tools while the model generates.
 
-    .venv/bin/python bench/bench_agent.py [--episodes 32] [--turns 3] [--repeats 3]
+    .venv/bin/python bench/bench_agent.py [--episodes 128] [--turns 4] [--repeats 3]
+
+The default is a main-job-sized step: 16 tasks x 8 episodes, 4 tool calls each.
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ def asynchronous(rollout: Rollout, tok: Any, prompts: list[list[int]], turns: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--episodes", type=int, default=128)
+    parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latencies-ms", type=str, default="0,50,500")
     parser.add_argument("--threads", type=int, default=1)

@@ -34,6 +34,8 @@ __all__ = ["TURN_STRIDE", "EpisodeRunner", "RunnerLimits", "episode_metrics"]
 
 #: Sampling streams per episode: turn k of episode e uses key e * TURN_STRIDE + k.
 TURN_STRIDE = 1024
+#: The least "typical duration" the batching window is a share of (before anything is measured).
+MIN_TYPICAL_S = 0.01
 
 Generate = Callable[[list[list[int]], SamplingParams], Batch]
 
@@ -76,7 +78,7 @@ class EpisodeRunner:
         self.workers = workers
         self.batch_wait = batch_wait
         """After the first step of a wait finishes, wait this share of the mean generation
-        time for more before generating (0: generate at once)."""
+        or step time (whichever is longer) for more before generating (0: generate at once)."""
         probe = factory()
         texts = list(stop_texts) + list(getattr(probe, "stop_texts", None) or [])
         _close(probe)
@@ -153,19 +155,26 @@ class EpisodeRunner:
             ep.env = self._new_env()
             return ep.env.reset(ep.task)
 
+        submitted: dict[Future[Any], float] = {}
+        step_s, steps = 0.0, 0
         for ep in episodes:
-            pending[pool.submit(reset, ep)] = (ep, "reset")
+            fut = pool.submit(reset, ep)
+            pending[fut], submitted[fut] = (ep, "reset"), time.perf_counter()
         try:
             while pending:
                 done, rest = wait(list(pending), return_when=FIRST_COMPLETED)
                 if rest:
-                    # steps that finish within a sliver of a generation's time join this
-                    # call rather than the next (fast tools would otherwise split it)
-                    grace = self.batch_wait * (generate_s / max(calls, 1))
-                    more, _ = wait(rest, timeout=grace, return_when=ALL_COMPLETED)
+                    # steps finishing within a sliver of a generation's (or a step's) mean
+                    # time join this call rather than the next, so near-simultaneous tools
+                    # do not split it into many small calls
+                    typical = max(generate_s / max(calls, 1), step_s / max(steps, 1), MIN_TYPICAL_S)
+                    more, _ = wait(rest, timeout=self.batch_wait * typical, return_when=ALL_COMPLETED)
                     done = set(done) | set(more)
+                now = time.perf_counter()
                 for fut in done:
                     ep, what = pending.pop(fut)
+                    step_s += now - submitted.pop(fut)
+                    steps += 1
                     if self._settle(ep, what, fut):
                         ready.append(ep)
                 if not ready:
@@ -183,7 +192,8 @@ class EpisodeRunner:
                     if reason == "length" and self._room(ep) <= 0:
                         self._finish(ep, "truncated", truncated=True)
                         continue
-                    pending[pool.submit(ep.env.step, text)] = (ep, "step")
+                    fut = pool.submit(ep.env.step, text)
+                    pending[fut], submitted[fut] = (ep, "step"), time.perf_counter()
         finally:
             for ep in episodes:
                 if ep.env is not None:
