@@ -144,6 +144,10 @@ def test_config_diff_verdicts() -> None:
         "data.batch_size": "refused",
         "sampling.temperature": "applied",
         "trainer.seed": "refused",
+        # the seeds that follow trainer.seed change with it (issue 19 item 7)
+        "model.seed": "refused",
+        "data.seed": "refused",
+        "sft.seed": "refused",
         "validation.every_n_steps": "applied",
     }
     assert diff_configs(saved, saved) == []
