@@ -18,6 +18,8 @@ its task.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,7 +69,7 @@ def run_episode_share(
     """``sampling.n`` episodes of each task in ``prompts`` (a share of
     :func:`episode_prompt_batch`), prompt-major, generated with ``generate``."""
     n = sampling.n
-    factory = load_environment(agent.environment, kwargs=agent.environment_kwargs, base_dir=base_dir)
+    factory = _factory(agent.environment, json.dumps(agent.environment_kwargs, sort_keys=True, default=str), base_dir)
     limits = RunnerLimits(
         max_turns=agent.max_turns,
         max_tokens_per_turn=agent.max_tokens_per_turn or sampling.max_tokens,
@@ -90,6 +92,13 @@ def run_episode_share(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = episode_batch(episodes, pad, meta={"rollout_rank": [rank] * len(episodes)})
     return batch, metrics
+
+
+@functools.lru_cache(maxsize=8)
+def _factory(environment: str, kwargs_json: str, base_dir: str | None) -> Any:
+    """The environment factory, resolved once per rank (a ``file.py`` is imported once, not
+    every step)."""
+    return load_environment(environment, kwargs=json.loads(kwargs_json), base_dir=base_dir)
 
 
 def annotate_episodes(batch: Batch, prompts: PromptBatch, n: int) -> tuple[Batch, dict[str, float]]:
