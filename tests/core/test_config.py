@@ -106,7 +106,7 @@ def test_a_missing_backend_is_a_problem_at_its_path(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(Job, write(tmp_path, "m.toml", "[actor]\nbackend = 'megatron'\n"))
     problems = dict(err.value.problems)
-    assert "pip install geartrain-megatron" in problems["actor.backend"]
+    assert "pip install ./plugins/megatron_engine   (the geartrain-megatron package, from the root of a geartrain checkout)" in problems["actor.backend"]
 
 
 def test_dotted_overrides(tmp_path: Path) -> None:

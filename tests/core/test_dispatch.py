@@ -80,7 +80,7 @@ def test_prompt_batch_and_mini_batch_lists_split() -> None:
 
 def test_ray_placement_without_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # as in the core-only environment
-    with pytest.raises(GeartrainError, match=r"pip install 'geartrain\[ray\]'"):
+    with pytest.raises(GeartrainError, match=r"pip install './core\[ray\]'  \(from the root of a geartrain checkout"):
         make_placement(ClusterConfig(placement="ray"))
 
 

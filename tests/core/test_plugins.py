@@ -129,7 +129,7 @@ def test_asking_for_a_missing_backend_lists_the_installed_ones_and_the_pip_comma
     text = str(err.value)
     assert "no engine named 'megatron'" in text
     assert "alpha (gtfake-alpha 1.2.3)" in text
-    assert "pip install geartrain-megatron" in text
+    assert "Install it with: pip install ./plugins/megatron_engine" in text
     with pytest.raises(PluginNotFoundError, match="register it in code with geartrain.register_engine"):
         plugins.create_manager("engine", "nobody-publishes-this")
 

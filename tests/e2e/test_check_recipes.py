@@ -55,7 +55,7 @@ def test_gsm8k_vllm_recipe_checks_without_its_plugins() -> None:
 def test_gsm8k_vllm_recipe_names_the_missing_plugin() -> None:
     proc = run_geartrain("check", str(GSM8K), timeout=120)
     assert proc.returncode == 2
-    assert "rollout.backend" in proc.stderr and "pip install geartrain-vllm" in proc.stderr
+    assert "rollout.backend" in proc.stderr and "pip install './plugins/vllm_rollout[cpu]'" in proc.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is None, reason="needs the vllm plugin")

@@ -48,6 +48,23 @@ REQUIRED_HOOKS: dict[PluginKind, tuple[str, ...]] = {
 }
 
 #: Backends geartrain publishes itself, so a missing one can be named with its pip command.
+#: How each of geartrain's own distributions is installed from a checkout of the repository
+#: (they are not on PyPI yet): the command an error message names.
+CHECKOUT_INSTALL: dict[str, str] = {
+    "geartrain": "pip install ./core",
+    "geartrain-fsdp": "pip install ./plugins/fsdp_engine",
+    "geartrain-megatron": "pip install ./plugins/megatron_engine",
+    "geartrain-vllm": "pip install './plugins/vllm_rollout[cpu]'  (on GPUs: [gpu])",
+    "geartrain-sglang": "pip install './plugins/sglang_rollout[gpu]'  (CPU: plugins/sglang_rollout/README.md)",
+}
+
+
+def install_hint(distribution: str) -> str:
+    """The command that installs one of geartrain's distributions, from the repository root."""
+    command = CHECKOUT_INSTALL.get(distribution, f"pip install {distribution}")
+    return f"{command}   (the {distribution} package, from the root of a geartrain checkout)"
+
+
 KNOWN_DISTRIBUTIONS: dict[tuple[PluginKind, str], str] = {
     ("engine", "fsdp"): "geartrain-fsdp",
     ("engine", "megatron"): "geartrain-megatron",
@@ -340,7 +357,7 @@ def _not_found_message(kind: PluginKind, name: str, candidates: dict[str, _Candi
         lines.append(f"{ALLOW_LIST_ENV}={os.environ.get(ALLOW_LIST_ENV)!r} does not allow it: add '{name}' to it.")
     dist = KNOWN_DISTRIBUTIONS.get((kind, name))
     if dist:
-        lines.append(f"Install it with: pip install {dist}")
+        lines.append(f"Install it with: {install_hint(dist)}")
     else:
         lines.append(
             f"Install the package that provides the '{name}' {kind} (entry-point group "

@@ -1,4 +1,4 @@
-"""The ``ray`` placement: every rank is a Ray actor (needs ``pip install 'geartrain[ray]'``).
+"""The ``ray`` placement: every rank is a Ray actor (needs ``pip install './core[ray]'`` from a checkout).
 
 * A **rank pool** is ``world_size`` Ray actors (:class:`RankHost`) reserved together in a
   placement group (bundles of ``cluster.resources_per_rank``, ``PACK``: a pool's ranks fill
@@ -38,7 +38,7 @@ from geartrain.cluster.worker_group import Dispatch, PendingCall, Placement, Wor
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.types import DataParallelCoordinates, EngineContext
 
-INSTALL_HINT = "pip install 'geartrain[ray]'"
+INSTALL_HINT = "pip install './core[ray]'  (from the root of a geartrain checkout; or: pip install ray numpy)"
 LOG_TAIL_LINES = 20
 
 

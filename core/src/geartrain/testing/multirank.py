@@ -18,7 +18,7 @@ does it, so the test bodies — which compare against a plain transformers model
 process — hold unchanged: a multi-rank engine must give the one-rank numbers. Weight syncs
 stream into a receiver on every rank; rank 0's tensors are handed to the test's receiver.
 
-Needs ``pip install 'geartrain[ray]'`` and ``parallel`` ranks' worth of CPUs (fractions are
+Needs ``pip install './core[ray]'`` (from the checkout) and ``parallel`` ranks' worth of CPUs (fractions are
 fine: ``multirank_cpus_per_rank``).
 """
 

@@ -51,7 +51,7 @@ class SglangRollout:
         self.device = "cuda" if ctx.device.startswith("cuda") else "cpu"
         if importlib.util.find_spec("sglang") is None:
             raise GeartrainError(
-                "sglang rollout: SGLang is not installed here; on GPUs `pip install geartrain-sglang[gpu]`, "
+                "sglang rollout: SGLang is not installed here; on GPUs `pip install './plugins/sglang_rollout[gpu]'` from the checkout, "
                 "on CPU follow the recipe in the plugin's README (plugins/sglang_rollout/README.md)"
             )
         self._owns_work_dir = options.work_dir is None
