@@ -198,3 +198,12 @@ def test_importing_the_plugin_does_not_import_vllm() -> None:
     code = "import sys, geartrain_vllm.plugin as p; p.capabilities(); p.config_schema(); print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_min_p_and_repetition_penalty_reach_vllm() -> None:
+    from geartrain import SamplingParams
+    from geartrain_vllm.requests import build_requests
+
+    assert {"min_p", "repetition_penalty"} <= set(plugins.backend_info("rollout", "vllm").capabilities)
+    params = build_requests([[1, 2, 3]], SamplingParams(n=2, min_p=0.05, repetition_penalty=1.2)).params
+    assert (params.min_p, params.repetition_penalty) == (0.05, 1.2)

@@ -262,6 +262,13 @@ class SamplingParams:
     """A response budget per prompt (``len(prompts)`` entries, each ``>= 1``), replacing
     ``max_tokens`` for that prompt's samples: a multi-turn episode's next turn may only use
     what is left of the episode's token budget. ``None``: ``max_tokens`` for every prompt."""
+    repetition_penalty: float = 1.0
+    """Penalty on tokens already in the prompt or the response (vLLM's / HF's: logits of
+    those tokens divided by it when positive, multiplied when negative); ``1.0``: off. Only
+    rollouts that declare the ``repetition_penalty`` capability take another value."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below ``min_p`` times the most likely token's;
+    ``0.0``: off. Only rollouts that declare the ``min_p`` capability take another value."""
     seed: int | None = None
     """With a seed, the same prompts, weights and settings give the same samples: sample
     ``j`` of prompt ``i`` draws from its own stream seeded with
@@ -288,6 +295,8 @@ class Capability:
     VALUE_HEAD = "value_head"
     HF_EXPORT = "hf_export"
     RELEASE_MEMORY = "release_memory"
+    REPETITION_PENALTY = "repetition_penalty"
+    MIN_P = "min_p"
 
 
 ADAPTERS_OFF = "adapters_off"

@@ -71,6 +71,14 @@ def validate_backend_sections(config: BaseModel) -> list[tuple[str, str]]:
             problems.append((f"{path}.backend", str(exc)))
             continue
         problems += [(f"{path}.{p}", m) for p, m in capability_problems(section, set(info.capabilities))]
+        needs = getattr(config, "rollout_needs", None)
+        if kind == "rollout" and callable(needs):
+            for key, cap in needs():
+                if cap not in info.capabilities:
+                    able = sorted(i.name for i in plugins.list_plugins() if i.kind == "rollout" and cap in i.capabilities)
+                    where = f"rollouts that have it: {', '.join(able)}" if able else "vllm's rollout has it (geartrain-vllm)"
+                    problems.append((key, f"the '{section.backend}' rollout has no {cap} (it does not declare "
+                                          f"'{cap}'); {where}; or leave {key} at its default"))
         schema = pm.hook.config_schema()
         raw = section.options
         if isinstance(raw, BaseModel):

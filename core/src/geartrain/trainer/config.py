@@ -245,6 +245,12 @@ class SamplingConfig(Section):
     """Top-k sampling (``-1``: off)."""
     max_tokens: int = Field(64, ge=1)
     """Most response tokens per sample."""
+    repetition_penalty: float = Field(1.0, gt=0)
+    """Penalty on tokens already in the prompt or response (``1.0``: off); only rollouts that
+    have it (``vllm``) take another value, the others refuse it by name."""
+    min_p: float = Field(0.0, ge=0, le=1)
+    """Drop tokens below ``min_p`` x the top token's probability (``0``: off); only rollouts
+    that have it (``vllm``) take another value."""
     stop: list[str] = Field(default_factory=list)
     """Strings that end a sample (kept at its end), besides EOS; each is matched as the
     token sequence the tokenizer gives it alone (every rollout backend supports this)."""
@@ -563,6 +569,16 @@ class TrainConfig(Section):
             yield "critic.engine", self.critic.engine
         if self.reward.model is not None:
             yield "reward.engine", self.reward.engine
+
+    def rollout_needs(self) -> list[tuple[str, str]]:
+        """``(key, capability)`` for each sampling option this job sets that the rollout must
+        declare (checked with the backend sections)."""
+        needs = []
+        if self.sampling.repetition_penalty != 1.0:
+            needs.append(("sampling.repetition_penalty", "repetition_penalty"))
+        if self.sampling.min_p > 0:
+            needs.append(("sampling.min_p", "min_p"))
+        return needs
 
     def optimizer_steps(self) -> dict[str, tuple[OptimConfig, int, str]]:
         """Each trained optimizer's section (by path) with the number of optimizer steps the

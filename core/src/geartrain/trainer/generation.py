@@ -57,6 +57,8 @@ class Generation:
             max_tokens=s.max_tokens,
             stop_token_ids=self.stop_ids,
             stop_sequences=self.stop_sequences,
+            repetition_penalty=s.repetition_penalty,
+            min_p=s.min_p,
             # round 0 keeps the seed it always had; dynamic sampling's extra rounds differ
             seed=step_seed(self.config.trainer.seed, step, salt=100 + round_ if round_ else 0),
         )

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 @hookimpl
 def capabilities() -> list[str]:
-    return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY, Capability.LORA]
+    return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY, Capability.LORA,
+            Capability.REPETITION_PENALTY, Capability.MIN_P]
 
 
 @hookimpl

@@ -59,6 +59,8 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
             max_tokens=max_tokens,
             stop_token_ids=stop_token_ids,
             seed=seed,
