@@ -7,6 +7,9 @@ Each line is one episode::
      "reward": 0.9, "rewards": {"correct": 1.0, "short": -0.1}, "advantage": 1.2,
      "ground_truth": "...", "uid": "0:13"}
 
+A multi-turn episode (``rollout.agent``) adds ``"turns"``: each model turn and observation
+as ``{"role": "model" | "observation", "text": ...}``; ``response`` is its last model turn.
+
 ``kind`` is ``train`` (``trainer.log_completions`` samples of the step, drawn from the step's
 seed) or ``validation`` (every greedy output, ``advantage`` absent). On resume the lines past
 the checkpoint's step are dropped, as in ``metrics.jsonl``. The same rows go to TensorBoard as
@@ -40,6 +43,8 @@ def episodes(batch: Batch, indices: list[int], *, step: int, kind: str) -> list[
             "ground_truth": batch["ground_truth"][i],
             "uid": batch["uid"][i],
         }
+        if "episode" in batch.meta:  # a multi-turn episode: every turn, not only the last
+            record["turns"] = batch["episode"][i]["turns"]
         if advantages is not None and kind == "train":
             row = advantages[i][mask[i]]
             record["advantage"] = float(row.mean()) if row.numel() else 0.0
