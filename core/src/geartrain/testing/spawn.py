@@ -3,11 +3,13 @@ processes that form one gloo world (a ``FileStore`` in a temporary directory) an
 what ``fn(rank, world, *args)`` returned on each rank.
 
 Every rank runs with one intra-op thread (several ranks share a small machine). A rank that
-raises ends the run with its traceback; a run past ``timeout`` is killed."""
+raises ends the run with its traceback; a run past ``timeout`` is killed. Results travel
+back pickled through files in the run's own temporary directory (written by its ranks only)."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 import time
 import traceback
@@ -26,9 +28,9 @@ def _entry(rank: int, world: int, store_path: str, out_dir: str, fn: Callable[..
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)
-        torch.save({"ok": True, "result": result}, Path(out_dir) / f"rank{rank}.pt")
+        _write(Path(out_dir) / f"rank{rank}.pkl", {"ok": True, "result": result})
     except BaseException:
-        torch.save({"ok": False, "error": traceback.format_exc()}, Path(out_dir) / f"rank{rank}.pt")
+        _write(Path(out_dir) / f"rank{rank}.pkl", {"ok": False, "error": traceback.format_exc()})
         raise
     finally:
         dist.destroy_process_group()
@@ -54,13 +56,23 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 3
             raise
         except Exception:  # a rank failed: report every failed rank's traceback
             _kill(ctx)
-            records = [torch.load(f, weights_only=False) for f in sorted(Path(tmp).glob("rank*.pt"))]
+            records = [_read(f) for f in sorted(Path(tmp).glob("rank*.pkl"))]
             details = "\n".join(r["error"] for r in records if not r["ok"])
             raise RuntimeError(f"{fn.__name__} failed on {world} ranks:\n{details}") from None
-        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)["result"] for r in range(world)]
+        return [_read(Path(tmp) / f"rank{r}.pkl")["result"] for r in range(world)]
 
 
 def _kill(ctx: Any) -> None:
     for process in ctx.processes:
         if process.is_alive():
             process.kill()
+
+
+def _write(path: Path, record: dict[str, Any]) -> None:
+    with path.open("wb") as f:
+        pickle.dump(record, f)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    with path.open("rb") as f:
+        return pickle.load(f)  # noqa: S301 - written by this run's own ranks
