@@ -11,7 +11,11 @@ Measures, on one model and one set of prompts:
 * release / resume (CPU: engine shutdown and restart with the synced weights): seconds and
   resident memory of this process plus the engine's;
 * with ``--vllm-python``, the vLLM plugin on the same workload (``bench/bench_vllm.py``
-  run by that interpreter, whose environment holds vLLM), for a side-by-side table.
+  run by that interpreter, whose environment holds vLLM), for a side-by-side table;
+* with ``--contention`` (only that): seconds per ``generate`` of the main job's step (its
+  model, 16 prompts x 8 samples of <= 5 tokens) with the scheduler at each
+  ``rollout.options.cpu_threads`` (torch's default, one per core; and 1), quiet and with
+  ``--busy`` busy-looping processes competing for the cores, as a loaded machine does.
 
 Run: ``.venvs/sglang/bin/python bench/bench_sglang.py [--vllm-python .venvs/vllm/bin/python]``
 (prints a JSON summary). Plugin and raw calls alternate so background load hits both
@@ -34,60 +38,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from geartrain.config import ModelConfig, RolloutConfig
-from geartrain.layout import check_generate_inputs
+from geartrain.layout import check_generate_inputs, samples_batch
 from geartrain.rollout import Rollout
 from geartrain.testing.tiny import tiny_model
 from geartrain.types import EngineContext, SamplingParams
-from geartrain_sglang.outputs import samples_from_outputs, to_batch
+from geartrain_sglang.outputs import samples_from_outputs
 from geartrain_sglang.requests import build_requests
-
-
-def bench_model(args: argparse.Namespace) -> tuple[ModelConfig, dict[str, Any]]:
-    overrides = dict(
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=max(1, args.hidden // 128),
-        max_position_embeddings=args.max_model_len,
-    )
-    return ModelConfig(tiny="qwen2", seed=0, config_overrides=overrides), overrides
-
-
-def make_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    prompts = []
-    for i in range(count):
-        n = max(4, length - (i % 8))  # a few different lengths
-        prompts.append([1] + torch.randint(4, 128, (n - 1,), generator=gen).tolist())
-    return prompts
-
-
-class Clock:
-    """Wall time and CPU time of this process plus ``pids`` (the engine's processes)."""
-
-    def __init__(self, pids: set[int]) -> None:
-        self.procs = [psutil.Process()] + [psutil.Process(p) for p in pids]
-        self.wall, self.cpu = time.perf_counter(), self._cpu()
-
-    def _cpu(self) -> float:
-        total = 0.0
-        for proc in self.procs:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        return total
-
-    def stop(self) -> tuple[float, float]:
-        return time.perf_counter() - self.wall, self._cpu() - self.cpu
+from rollout_bench import Clock, bench_model, generated_tokens, make_prompts, median_rate, pair_ratios
 
 
 def time_plugin(rollout: Rollout, prompts: list[list[int]], sampling: SamplingParams) -> tuple[float, float, int]:
     clock = Clock(rollout.handle._pids)
     batch = rollout.generate(prompts, sampling)
-    return (*clock.stop(), int(batch["response_mask"].sum()))
+    return (*clock.stop(), generated_tokens(batch))
 
 
 def time_raw(rollout: Rollout, prompts: list[list[int]], sampling: SamplingParams) -> tuple[float, float, int]:
@@ -122,7 +87,7 @@ def plugin_overhead(
         outputs = eng.generate(input_ids=requests.input_ids, sampling_params=requests.params, return_logprob=True)
         engine_s.append(time.perf_counter() - start)
         start = time.perf_counter()
-        to_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), 0)
+        samples_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), 0)
         own_s.append(build + time.perf_counter() - start)
     engine, own = statistics.median(engine_s), statistics.median(own_s)
     return {
@@ -130,15 +95,6 @@ def plugin_overhead(
         "plugin_own_s": round(own, 4),
         "plugin_over_raw_estimate": round(engine / (engine + own), 4),
     }
-
-
-def median_rate(runs: list[tuple[float, float, int]], cpu: bool = False) -> float:
-    return statistics.median(tokens / (cpu_s if cpu else wall_s) for wall_s, cpu_s, tokens in runs)
-
-
-def pair_ratios(plugin: list[tuple[float, float, int]], raw: list[tuple[float, float, int]], cpu: bool) -> list[float]:
-    k = 1 if cpu else 0
-    return [(p[2] / p[k]) / (r[2] / r[k]) for p, r in zip(plugin, raw, strict=True)]
 
 
 def weight_sync(rollout: Rollout, reference: torch.nn.Module, transport: str, syncs: int) -> dict[str, float]:
@@ -156,6 +112,47 @@ def weight_sync(rollout: Rollout, reference: torch.nn.Module, transport: str, sy
         "seconds_median": round(seconds, 4),
         "mb_per_s": round(mb / seconds, 1),
     }
+
+
+def contention(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-call generate seconds of the main job's step, quiet and under ``args.busy``
+    busy loops, for each scheduler thread count (see the module docstring)."""
+    model = ModelConfig(
+        tiny="qwen2",
+        seed=0,
+        config_overrides=dict(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+        ),
+    )
+    prompts = make_prompts(16, 8)
+    sampling = SamplingParams(n=8, temperature=1.0, max_tokens=5, seed=0)
+    out: dict[str, Any] = {"busy_processes": args.busy, "calls": args.repeats}
+    for threads in (None, 1):
+        config = RolloutConfig(backend="sglang", max_model_len=32, options={"cpu_threads": threads})
+        rollout = Rollout(config, model, EngineContext(role="rollout"))
+        for _ in range(2):
+            rollout.generate(prompts, sampling)  # warm-up
+        row: dict[str, Any] = {}
+        for label, busy in (("quiet", 0), ("busy", args.busy)):
+            loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+            try:
+                seconds = []
+                for _ in range(args.repeats):
+                    start = time.perf_counter()
+                    rollout.generate(prompts, sampling)
+                    seconds.append(time.perf_counter() - start)
+            finally:
+                for loop in loops:
+                    loop.kill()
+                    loop.wait()
+            row[label] = {
+                "median_s": round(statistics.median(seconds), 3),
+                "max_s": round(max(seconds), 3),
+                "load_average": round(os.getloadavg()[0], 2),
+            }
+        rollout.shutdown()
+        out["cpu_threads=" + ("default" if threads is None else str(threads))] = row
+    return out
 
 
 def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,7 +189,19 @@ def main() -> None:
     parser.add_argument("--syncs", type=int, default=5)
     parser.add_argument("--vllm-python", help="interpreter of an environment with vLLM and geartrain-vllm")
     parser.add_argument("--out", help="also write the JSON summary here")
+    parser.add_argument("--contention", action="store_true", help="only the generate-under-CPU-contention table")
+    parser.add_argument("--busy", type=int, default=os.cpu_count() or 2, help="busy loops for --contention")
     args = parser.parse_args()
+    if args.contention:
+        result = {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU",
+            "load_average_at_start": round(os.getloadavg()[0], 2),
+            "contention": contention(args),
+            "load_average_at_end": round(os.getloadavg()[0], 2),
+        }
+        print(json.dumps(result, indent=2))
+        return
 
     model, overrides = bench_model(args)
     prompts = make_prompts(args.prompts, args.prompt_len)

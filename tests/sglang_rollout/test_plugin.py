@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import struct
 import subprocess
 import sys
@@ -94,3 +95,30 @@ def test_placeholders_stand_in_only_for_missing_packages(monkeypatch: pytest.Mon
     import json
 
     assert json.dumps([1]) == "[1]"
+
+
+def test_cpu_engine_processes_start_with_the_configured_omp_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's processes inherit OMP_NUM_THREADS=cpu_threads (1 by default): SGLang's
+    scheduler otherwise runs one OpenMP thread per core and stalls at op barriers whenever
+    the machine is busy (bench/bench_sglang.py --contention)."""
+    import sglang
+    from geartrain_sglang import engine
+    from geartrain_sglang.options import SglangOptions
+
+    seen: list[str | None] = []
+
+    class RecordingEngine:
+        def __init__(self, **kwargs: object) -> None:
+            seen.append(os.environ.get("OMP_NUM_THREADS"))  # what spawned children inherit
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(sglang, "Engine", RecordingEngine)
+    assert SglangOptions().cpu_threads == 1
+    engine.start_engine({}, "cpu", SglangOptions().cpu_threads)
+    engine.start_engine({}, "cpu", 3)
+    engine.start_engine({}, "cpu", None)  # torch's default in the children
+    assert seen == ["1", "3", None]
+    assert "OMP_NUM_THREADS" not in os.environ, "this process's own setting is left as it was"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a user's own value wins
+    engine.start_engine({}, "cpu", 1)
+    assert seen[-1] == "2"

@@ -159,16 +159,22 @@ def _child_environment(extra: dict[str, str]) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def start_engine(kwargs: dict[str, Any], device: str) -> Any:
+def start_engine(kwargs: dict[str, Any], device: str, cpu_threads: int | None = 1) -> Any:
     """A new ``sglang.Engine`` (its child processes started and ready).
 
     On CPU the engine's processes run with ``TORCHDYNAMO_DISABLE=1``: SGLang compiles its
     seeded sampler with ``torch.compile(dynamic=True)``, which on CPU means minutes of C++
-    builds (and rebuilds per shape) for a few element-wise ops."""
+    builds (and rebuilds per shape) for a few element-wise ops; and with
+    ``OMP_NUM_THREADS=cpu_threads`` (see :attr:`~geartrain_sglang.options.SglangOptions.cpu_threads`)."""
     configure_environment(device)
     import sglang
 
-    with _child_environment({"TORCHDYNAMO_DISABLE": "1"} if device == "cpu" else {}):
+    child: dict[str, str] = {}
+    if device == "cpu":
+        child["TORCHDYNAMO_DISABLE"] = "1"
+        if cpu_threads is not None:
+            child["OMP_NUM_THREADS"] = str(cpu_threads)
+    with _child_environment(child):
         return sglang.Engine(**kwargs)
 
 

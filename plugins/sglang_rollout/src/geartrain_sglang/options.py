@@ -35,6 +35,12 @@ class SglangOptions(BaseModel):
     temporary directory removed at ``shutdown``."""
     pad_token_id: int | None = None
     """Id written into padding positions; default: the model config's ``pad_token_id``, else 0."""
+    cpu_threads: int | None = Field(1, ge=1)
+    """On CPU, the intra-op (OpenMP) threads of SGLang's scheduler process, where it
+    generates (``OMP_NUM_THREADS`` of its processes, unless set in the environment);
+    ``None``: torch's default, one per core. One by default: a team of several threads
+    stalls at every op's barrier whenever one of them is descheduled, as on a busy machine
+    (``bench/bench_sglang.py --contention`` measures both)."""
     log_level: str = "error"
     """SGLang's log level."""
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)

@@ -84,7 +84,7 @@ class SglangRollout:
     # ------------------------------------------------------------------ engine lifetime
     def _start(self) -> None:
         before = engine.child_pids()
-        self.engine = engine.start_engine(self.engine_kwargs, self.device)
+        self.engine = engine.start_engine(self.engine_kwargs, self.device, self.options.cpu_threads)
         self._pids = engine.child_pids() - before
 
     def _stop(self) -> None:
@@ -210,9 +210,7 @@ class SglangRollout:
         if self.device == "cpu":
             self._stop()
             if self.weight_copy is not None:
-                detail["weight_copy_bytes"] = self.weight_copy.nbytes
-                if self.options.spill_weights_to_disk:
-                    self.weight_copy.spill()
+                detail.update(self.weight_copy.released(spill=self.options.spill_weights_to_disk))
             engine.trim_heap()
         else:
             self.engine.release_memory_occupation()
