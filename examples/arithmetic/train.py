@@ -18,7 +18,7 @@ from geartrain.config import apply_overrides, validate_config
 from geartrain.validation import check_backends
 from geartrain.data import DataConfig
 from geartrain.trainer import TrainConfig, run_job
-from geartrain.trainer.config import AlgorithmConfig, RoleEngine, SamplingConfig, SFTConfig, TrainerConfig, ValidationConfig
+from geartrain.trainer.config import ActorConfig, AlgorithmConfig, SamplingConfig, SFTConfig, TrainerConfig, ValidationConfig
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -36,7 +36,7 @@ def build_config(overrides: list[str]) -> TrainConfig:
                       optim=OptimConfig(lr=1e-3, weight_decay=0.1), dev_path=str(HERE / "data/sft_dev.jsonl"),
                       eval_every=20, min_steps=100, stop_at_accuracy=0.3),
         algorithm=AlgorithmConfig(name="grpo"),
-        actor=RoleEngine(engine=EngineConfig(backend="fsdp", optim=OptimConfig(
+        actor=ActorConfig(engine=EngineConfig(backend="fsdp", optim=OptimConfig(
             lr=3e-4, weight_decay=0.0, lr_schedule="cosine", warmup_steps=50, min_lr_ratio=0.1))),
         rollout=RolloutConfig(backend="torch", max_model_len=32),
         sampling=SamplingConfig(n=8, temperature=1.0, max_tokens=5),
