@@ -84,7 +84,7 @@ def _job(tmp_path: Path, prompts: list[str], *, max_model_len: int) -> Path:
 
 
 def test_check_finds_a_missing_reward_file_and_data_before_any_training(tmp_path: Path, geartrain) -> None:
-    proc = geartrain("check", str(MAIN_CONFIG), "--no-plugins", "reward.function=rewards/missing.py:score",
+    proc = geartrain("check", str(MAIN_CONFIG), "--no-plugins", "--overwrite", "reward.function=rewards/missing.py:score",
                      f"data.path={tmp_path / 'nope.jsonl'}")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "reward.function: reward function file" in proc.stderr and "missing.py' does not exist" in proc.stderr
@@ -108,7 +108,7 @@ def test_check_notes_prompts_whose_responses_would_be_cut_short(tmp_path: Path) 
 
 
 def test_check_of_the_main_job_parses_its_data_and_resolves_its_reward(geartrain) -> None:
-    proc = geartrain("check", str(MAIN_CONFIG), "--no-plugins")
+    proc = geartrain("check", str(MAIN_CONFIG), "--no-plugins", "--overwrite")  # whatever a `make train` left in outputs/
     assert proc.returncode == 0, proc.stderr
     assert "checked: reward 'task.py:exact_match' resolves and scores the first rows; data.path 7844 rows" in proc.stdout
 
