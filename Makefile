@@ -34,15 +34,24 @@ MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 AGENT_CONFIG ?= examples/calculator/grpo.toml
 AGENT_OUT    ?= outputs/calculator_grpo
 
+# Environments are built under an exclusive lock on .venv.lock and `make train` runs under a
+# shared one, so a train never starts on (or keeps using) a .venv that `make test` is
+# rebuilding, and a rebuild waits for a running train. Without flock (macOS): no locking.
+FLOCK := $(shell command -v flock 2>/dev/null)
+ENV_LOCK := $(if $(FLOCK),$(FLOCK) $(CURDIR)/.venv.lock)
+USE_LOCK := $(if $(FLOCK),$(FLOCK) -s $(CURDIR)/.venv.lock)
+
 .PHONY: train train-agent envs test test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
 
-train: .venv/.base
-	.venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
+train:
+	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.base
+	$(USE_LOCK) .venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
 
-train-agent: .venv/.base
-	.venv/bin/geartrain train $(AGENT_CONFIG) trainer.output_dir=$(AGENT_OUT) --overwrite
+train-agent:
+	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.base
+	$(USE_LOCK) .venv/bin/geartrain train $(AGENT_CONFIG) trainer.output_dir=$(AGENT_OUT) --overwrite
 	@echo "--- control: the same SFT start, GRPO without the tool ---"
-	.venv/bin/geartrain train $(AGENT_CONFIG) sft.enabled=false model.tiny=null model.path=$(CURDIR)/$(AGENT_OUT)/sft_model \
+	$(USE_LOCK) .venv/bin/geartrain train $(AGENT_CONFIG) sft.enabled=false model.tiny=null model.path=$(CURDIR)/$(AGENT_OUT)/sft_model \
 		rollout.agent.environment_kwargs.enabled=false trainer.output_dir=$(AGENT_OUT)_no_tool --overwrite
 
 dev: .venv/.full
@@ -131,7 +140,7 @@ clean-envs:
 ENVS := .venvs/core/.ok .venvs/fsdp/.ok .venvs/vllm/.ok .venvs/megatron/.ok .venvs/sglang/.ok .venv/.full
 
 envs:
-	$(MAKE) -j3 $(ENVS)
+	$(ENV_LOCK) $(MAKE) -j3 $(ENVS)
 
 test: envs test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray
 	@echo "all geartrain test suites passed"

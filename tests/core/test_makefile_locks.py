@@ -1,0 +1,35 @@
+"""`make train` never uses a .venv that `make test` is rebuilding (issue 19, item 15): the
+environments are built under an exclusive lock on .venv.lock, a train takes the same lock
+to build what it needs and runs under a shared one. Read from `make -n` with ``echo``
+standing in for flock, so nothing runs and no lock is waited for."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCK = f"{ROOT}/.venv.lock"
+
+
+def _dry(target: str) -> list[str]:
+    if shutil.which("make") is None:
+        pytest.fail("this test needs make")
+    out = subprocess.run(["make", "-n", "--no-print-directory", target, "FLOCK=echo"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_train_builds_under_the_exclusive_lock_and_trains_under_a_shared_one() -> None:
+    lines = _dry("train")
+    assert lines[0] == f"echo {LOCK} make --no-print-directory .venv/.base"
+    train = [line for line in lines if "geartrain train" in line]
+    assert train and all(line.startswith(f"echo -s {LOCK} .venv/bin/geartrain train") for line in train)
+
+
+def test_make_test_builds_the_environments_under_the_exclusive_lock() -> None:
+    assert _dry("envs")[0].startswith(f"echo {LOCK} make -j3 ")
