@@ -96,7 +96,9 @@ def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> N
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT
     # ignored: when the suite runs in the background (`make test &`), the job would never see
     # the Ctrl-C. Give it the default disposition, as a terminal's foreground job has.
-    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", f"trainer.output_dir={out}"),
+    # a save every step, so the Ctrl-C lands in one about every other time (issue 24 item 6)
+    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", "trainer.save_every=1",
+                                f"trainer.output_dir={out}"),
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -105,6 +107,8 @@ def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> N
         ranks = [int(re.search(r"pid (\d+)", (out / "logs" / f"actor-rank{r}.log").read_text()).group(1)) for r in (0, 1)]
         raylets = [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "raylet" in " ".join(p.cmdline())]
         assert raylets, "the job started no local Ray instance"
+        log.flush()
+        before = (tmp_path / "driver.log").stat().st_size
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:
@@ -112,6 +116,79 @@ def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> N
             proc.kill()
             proc.wait()
         log.close()
-    assert proc.returncode != 0
+    assert proc.returncode == 130
+    said = (tmp_path / "driver.log").read_bytes()[before:].decode().strip().splitlines()
+    assert len(said) == 1 and re.fullmatch(r"interrupted at step \d+; the last complete checkpoint is step \d+; "
+                                           r"continue with --resume", said[-1]), said  # one line, no rank tracebacks
     _wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                               for p in ranks + raylets), 30, "the ranks and the raylet to stop")
+
+
+@pytest.mark.parametrize("stopped", [0, 1])
+def test_a_stopped_rank_ends_the_job_within_the_heartbeat_deadline_naming_it(tmp_path: Path, stopped: int) -> None:
+    # issue 24 item 3's probe: kill -STOP of one rank of a dp=2 job hung the driver (rank 0)
+    # or, after 126 s, blamed the healthy peer whose gloo wait timed out (rank 1)
+    out = tmp_path / "run"
+    log = (tmp_path / "driver.log").open("w")
+    heartbeat = 6
+    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000",
+                                f"cluster.heartbeat_timeout_s={heartbeat}", f"trainer.output_dir={out}"),
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    pid = None
+    try:
+        _wait_for(lambda: _steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
+        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        pid = int(re.search(r"pid (\d+)", (out / "logs" / f"actor-rank{stopped}.log").read_text()).group(1))
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        proc.wait(timeout=120)
+        seconds = time.monotonic() - stopped_at
+    finally:
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    text = (tmp_path / "driver.log").read_text()
+    assert proc.returncode != 0
+    # the heartbeat deadline plus a step and the look every second; far under gloo's 120 s
+    assert seconds < heartbeat + 30, f"the driver took {seconds:.0f}s to notice"
+    assert f"role 'actor' rank {stopped} of 2" in text and "did not answer" in text, text[-3000:]
+    assert f"its heartbeat stopped {heartbeat} s ago" in text, text[-3000:]
+    assert f"rank {1 - stopped} of 2" not in text, "the healthy rank was blamed"
+    assert f"actor-rank{stopped}.log" in text and re.search(r"\| \[geartrain [\d:]+\] ", text), "its last log lines are quoted"
+
+
+def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
+    # issue 24 item 7's probe: after the driver's SIGKILL two Ray agents stayed up to 3 minutes
+    import psutil
+
+    out = tmp_path / "run"
+    log = (tmp_path / "driver.log").open("w")
+    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", f"trainer.output_dir={out}"),
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        _wait_for(lambda: _steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
+        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        ray_procs = [p for p in psutil.Process(proc.pid).children(recursive=True) if "ray_reaper" not in " ".join(p.cmdline())]
+        names = {p.pid: " ".join(p.cmdline()) for p in ray_procs}
+        assert any("raylet" in n for n in names.values()) and any("gcs_server" in n for n in names.values()), names
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+    def alive() -> list[str]:
+        return [names[p.pid][:160] for p in ray_procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    deadline = time.monotonic() + 30
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive(), f"still running 30 s after the driver died: {alive()}"

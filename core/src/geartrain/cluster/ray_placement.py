@@ -10,11 +10,18 @@
   each process. A role given no pool gets one of its own.
 * **Failures**: a rank that dies or raises ends the call at once with a
   :class:`RankFailure` naming the role, rank, node and the last lines of the rank's log;
+  a rank that stops answering (stopped, stuck holding the GIL, its node unreachable) is
+  found by its **heartbeat** (a thread in each rank touches ``<pool>-rank<r>.beat`` in the
+  log directory every second; ``cluster.heartbeat_timeout_s`` without one ends the call,
+  naming it, rather than blaming the healthy peer whose collective timed out), and every
+  wait has a **deadline** by phase (``cluster.call_timeout_s``: build, step, checkpoint);
   a rank pool that cannot be scheduled (not enough CPUs/GPUs) is refused after
   ``cluster.startup_timeout_s`` with what it asked for and what the cluster has, never a
   silent pending actor.
 * ``cluster.address`` joins a running cluster; otherwise a local Ray instance is started
-  (no dashboard, no usage stats, no token auth) and stopped by :meth:`RayPlacement.close`.
+  (no dashboard, no usage stats, no token auth) and stopped by :meth:`RayPlacement.close`,
+  or, if the driver is killed, by a reaper process the moment it dies
+  (:mod:`geartrain.cluster.ray_reaper`).
 
 Each rank writes its output (stdout and stderr, C libraries included) to
 ``<log_dir>/<pool>-rank<r>.log``; on a multi-node cluster ``log_dir`` must be on a shared
@@ -40,6 +47,17 @@ from geartrain.types import DataParallelCoordinates, EngineContext
 
 INSTALL_HINT = "pip install './core[ray]'  (from the root of a geartrain checkout; or: pip install ray numpy)"
 LOG_TAIL_LINES = 20
+HEARTBEAT_EVERY_S = 1.0
+#: the default deadline of a call by phase (``cluster.call_timeout_s`` overrides)
+CALL_TIMEOUTS = {"build": 600.0, "step": 1800.0, "checkpoint": 900.0}
+_CHECKPOINT_CALLS = frozenset({"save_checkpoint", "load_checkpoint", "export_hf"})
+
+
+def call_phase(method: str) -> str:
+    """The phase whose deadline a call of ``method`` gets."""
+    if method == "build":
+        return "build"
+    return "checkpoint" if method in _CHECKPOINT_CALLS else "step"
 
 
 class RankFailure(GeartrainError):
@@ -91,10 +109,25 @@ class RankHost:
 
         torch.set_num_threads(max(1, threads))
         self.workers: dict[str, Any] = {}
+        self._beat_path = str(Path(log_path).with_suffix(".beat"))
+        import threading
+
+        threading.Thread(target=self._heartbeat, name="geartrain-heartbeat", daemon=True).start()
         import ray
 
         node = ray.get_runtime_context().get_node_id()
         self._log(f"rank {rank} of {world_size} in pool '{pool}', pid {os.getpid()}, node {socket.gethostname()} (Ray node {node})")
+
+    def _heartbeat(self) -> None:
+        """Touch the beat file every second for as long as this process runs (a stopped
+        or GIL-starved process stops touching it; see the module docstring)."""
+        while True:
+            try:
+                with open(self._beat_path, "a"):
+                    os.utime(self._beat_path)
+            except OSError:
+                pass
+            time.sleep(HEARTBEAT_EVERY_S)
 
     def _log(self, text: str) -> None:
         print(f"[geartrain {time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -190,6 +223,9 @@ class RankPool:
 
         self.name, self.size = name, size
         self.timeout_s = cluster.startup_timeout_s
+        self.heartbeat_timeout_s = float(getattr(cluster, "heartbeat_timeout_s", 30.0))
+        overrides = dict(getattr(cluster, "call_timeout_s", None) or {})
+        self.call_timeouts = {phase: float(overrides.get(phase, default)) for phase, default in CALL_TIMEOUTS.items()}
         res = resources if resources is not None else cluster.resources_per_rank
         bundle = {"CPU": res.cpus, **({"GPU": res.gpus} if res.gpus else {})}
         need = {k: v * size for k, v in bundle.items()}
@@ -205,6 +241,9 @@ class RankPool:
             short = {k: (v, available.get(k, 0.0)) for k, v in need.items()}
             raise ConfigError([("cluster.resources_per_rank", self._short_message(short, bundle, waited=self.timeout_s))])
         self.log_paths = [str(log_dir / f"{name}-rank{r}.log") for r in range(size)]
+        self.beat_paths = [str(Path(p).with_suffix(".beat")) for p in self.log_paths]
+        for beat in self.beat_paths:  # a previous run's (a resume into the same directory) is not these ranks'
+            Path(beat).unlink(missing_ok=True)
         device = "cuda" if res.gpus else "cpu"
         remote = ray.remote(RankHost)
         self.hosts = [
@@ -215,9 +254,11 @@ class RankPool:
             for r in range(size)
         ]
         self.where: list[dict[str, Any]] = [{"host": "?", "node_id": "?"} for _ in range(size)]
-        self.where = self.get([h.where.remote() for h in self.hosts], "(start-up)", "where")
-        address, port = self.get([self.hosts[0].rendezvous_address.remote()], "(start-up)", "rendezvous_address")[0]
-        self.get([h.init_distributed.remote(address, port, self.timeout_s) for h in self.hosts], "(start-up)", "init_distributed")
+        self.where = self.get([h.where.remote() for h in self.hosts], "(start-up)", "where", deadline_s=self.timeout_s)
+        address, port = self.get([self.hosts[0].rendezvous_address.remote()], "(start-up)", "rendezvous_address",
+                                 deadline_s=self.timeout_s)[0]
+        self.get([h.init_distributed.remote(address, port, self.timeout_s) for h in self.hosts], "(start-up)",
+                 "init_distributed", deadline_s=self.timeout_s)
 
     def _short_message(self, short: dict[str, tuple[float, float]], bundle: dict[str, float], waited: float | None = None) -> str:
         parts = ", ".join(f"{k} {need:g} (the cluster has {have:g}{' free' if waited else ''})" for k, (need, have) in short.items())
@@ -226,13 +267,19 @@ class RankPool:
                 "lower cluster.resources_per_rank (e.g. cpus = 0.5), fewer ranks, or add nodes")
 
     # ------------------------------------------------------------------ calls
-    def get(self, refs: Sequence[Any], role: str, method: str) -> list[Any]:
-        """Every rank's result, in rank order; the first failure ends the wait at once."""
+    def get(self, refs: Sequence[Any], role: str, method: str, *, deadline_s: float | None = None) -> list[Any]:
+        """Every rank's result, in rank order; the first failure ends the wait at once, and
+        so do a rank whose heartbeat stopped and the phase's deadline (``deadline_s``, else
+        :func:`call_phase`'s from ``cluster.call_timeout_s``), naming the ranks that did
+        not answer. ``refs[r]`` is rank ``r``'s call, or all of them are rank 0's."""
         import ray
 
         index = {ref: r for r, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pending = list(refs)
+        started = time.monotonic()
+        limit = deadline_s if deadline_s is not None else self.call_timeouts[call_phase(method)]
+        beats = _Heartbeats(self.beat_paths)
         while pending:
             # a bounded wait: control returns to Python every second, so Ctrl-C is handled
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
@@ -241,13 +288,44 @@ class RankPool:
                     results[index[ref]] = ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
                     self._fail(index[ref], exc, pending, index, role, method)
+            if not pending:
+                break
+            waiting = sorted({index[ref] for ref in pending})
+            hung = beats.silent([r for r in waiting if r < self.size], self.heartbeat_timeout_s)
+            if hung:
+                self._no_answer(hung, role, method, f"its heartbeat stopped {self.heartbeat_timeout_s:g} s ago "
+                                "(the process is stopped, stuck in native code holding the GIL, or its node is unreachable)")
+            if time.monotonic() - started > limit:
+                self._no_answer(waiting, role, method, f"it did not answer within the {limit:g} s deadline of this "
+                                f"phase (cluster.call_timeout_s.{call_phase(method)}) although its heartbeat goes on "
+                                "(a deadlock, or the phase needs longer)")
         return results
+
+    def _who(self, rank: int, role: str) -> str:
+        where = self.where[rank]
+        return (f"role '{role}' rank {rank} of {self.size} (pool '{self.name}') on node {where.get('host')} "
+                f"(Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid', '?')})")
+
+    def _no_answer(self, ranks: list[int], role: str, method: str, why: str) -> None:
+        """Raise the :class:`RankFailure` for ``ranks``, which did not answer ``method``."""
+        parts = [f"{self._who(r, role)} did not answer during {method}: {why}; last lines of its log "
+                 f"{self.log_paths[r]}:\n{_tail(self.log_paths[r])}" for r in ranks]
+        raise RankFailure("\n".join(parts))
 
     def _fail(self, rank: int, exc: Exception, pending: list[Any], index: dict[Any, int], role: str, method: str) -> None:
         import ray
 
-        # A peer of a dead rank fails too ("connection closed by peer"): give the others a
-        # moment and report a rank that died in preference to one that only lost its peer.
+        # A peer of a dead rank fails too ("connection closed by peer"), and so does the
+        # peer of a hung one once its collective times out: a rank that stopped answering
+        # is reported in preference to one that only lost its peer.
+        if pending:
+            hung = _Heartbeats(self.beat_paths).silent(sorted({index[ref] for ref in pending}), self.heartbeat_timeout_s,
+                                                       now_only=True)
+            if hung:
+                self._no_answer(hung, role, method, f"its heartbeat has stopped for over {self.heartbeat_timeout_s:g} s, "
+                                f"and rank {rank}'s error is its peer's wait on it timing out")
+        # give the others a moment and report a rank that died in preference to one that
+        # only lost its peer
         failures = {rank: exc}
         if pending:
             ready, _ = ray.wait(pending, num_returns=len(pending), timeout=3.0)
@@ -259,9 +337,7 @@ class RankPool:
         died = [r for r, e in sorted(failures.items()) if isinstance(e, ray.exceptions.RayActorError)]
         rank = died[0] if died else min(failures)
         exc = failures[rank]
-        where = self.where[rank]
-        who = (f"role '{role}' rank {rank} of {self.size} (pool '{self.name}') on node {where.get('host')} "
-               f"(Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid', '?')})")
+        who = self._who(rank, role)
         cause = getattr(exc, "cause", None)
         if isinstance(cause, GeartrainError):
             # geartrain's own errors already say what is wrong and how to fix it: keep their type
@@ -292,6 +368,44 @@ class RankPool:
             remove_placement_group(self.pg)
         except Exception:  # noqa: BLE001
             pass
+
+
+class _Heartbeats:
+    """The driver's view of the ranks' beat files: when (by the driver's clock) each was
+    last seen to change, so clocks of other nodes do not matter."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        now = time.monotonic()
+        self.seen = [(self._mtime(p), now) for p in paths]
+
+    @staticmethod
+    def _mtime(path: str) -> float | None:
+        try:
+            return os.stat(path).st_mtime
+        except OSError:
+            return None
+
+    def silent(self, ranks: list[int], timeout_s: float, *, now_only: bool = False) -> list[int]:
+        """The ranks among ``ranks`` whose beat has not changed for ``timeout_s`` (with
+        ``now_only``: whose beat file is older than that by the file's own clock, for a
+        one-off look)."""
+        now = time.monotonic()
+        silent = []
+        for r in ranks:
+            mtime = self._mtime(self.paths[r])
+            if mtime is None:  # not started yet (still scheduled or importing): the deadline covers it
+                continue
+            if now_only:
+                if time.time() - mtime > timeout_s:
+                    silent.append(r)
+                continue
+            last, since = self.seen[r]
+            if mtime != last:
+                self.seen[r] = (mtime, now)
+            elif now - since > timeout_s:
+                silent.append(r)
+        return silent
 
 
 def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -421,6 +535,20 @@ def _merge_metrics(value: Any, per_rank: list[Any]) -> Any:
     return value
 
 
+def _start_reaper() -> Any:
+    """The process that stops this driver's local Ray instance if the driver is killed
+    (:mod:`geartrain.cluster.ray_reaper`); ``None`` where the session is not known."""
+    from geartrain.cluster.ray_reaper import start_reaper
+
+    try:
+        from ray._private import worker
+
+        session_dir = worker._global_node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - a Ray without this (private) accessor: no reaper
+        return None
+    return start_reaper(session_dir)
+
+
 class RayPlacement(Placement):
     """Rank pools on a Ray cluster (joined, or a local one started here)."""
 
@@ -432,6 +560,7 @@ class RayPlacement(Placement):
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="geartrain-ranks-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.started = False
+        self._reaper: Any = None
         if not ray.is_initialized():
             if cluster.address:
                 ray.init(address=cluster.address, log_to_driver=False)
@@ -439,6 +568,7 @@ class RayPlacement(Placement):
                 # "local": always a new instance, never another job's that happens to run here
                 ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
                 self.started = True
+                self._reaper = _start_reaper()
         self.pools: dict[str, RankPool] = {}
         self.groups: list[RayWorkerGroup] = []
 
@@ -466,3 +596,8 @@ class RayPlacement(Placement):
         if self.started and ray.is_initialized():
             ray.shutdown()
             self.started = False
+        if self._reaper is not None:
+            from geartrain.cluster.ray_reaper import stop_reaper
+
+            stop_reaper(self._reaper)
+            self._reaper = None

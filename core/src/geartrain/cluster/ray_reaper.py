@@ -7,6 +7,10 @@ exits; when the driver is killed (SIGKILL, OOM) the kernel closes the pipe, the 
 EOF at once and stops every process of that Ray session — GCS, raylet, the dashboard and
 runtime-env agents, the ranks — found by the ``--session-dir`` their command lines carry
 (with their descendants): nothing is left orphaned for Ray's own minutes-long timeouts.
+While it waits it notes the session's processes every second, because GCS and raylet die
+with the driver (Ray ties them to it) and the agents they started, renamed
+``ray::DashboardAgent`` and no longer naming the session, are then orphans found only by
+that note.
 
 Run as ``python -m geartrain.cluster.ray_reaper SESSION_DIR``; imports nothing but the
 standard library (it must start in a fraction of a second).
@@ -56,10 +60,28 @@ def session_processes(session_dir: str) -> list[int]:
     return sorted(found)
 
 
-def reap(session_dir: str, grace_s: float = 3.0) -> list[int]:
-    """SIGTERM the session's processes, then SIGKILL what is left after ``grace_s``.
-    Returns the pids signalled."""
-    pids = session_processes(session_dir)
+def _started(pid: int) -> int | None:
+    """The start time of ``pid`` (clock ticks since boot), to tell it from a reused pid."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def snapshot(session_dir: str) -> dict[int, int | None]:
+    """The session's processes now, with their start times."""
+    return {pid: _started(pid) for pid in session_processes(session_dir)}
+
+
+def reap(session_dir: str, known: dict[int, int | None] | None = None, grace_s: float = 3.0) -> list[int]:
+    """SIGTERM the session's processes (those found now, and those of ``known`` that are
+    still the same processes), then SIGKILL what is left after ``grace_s``. Returns the
+    pids signalled."""
+    found = snapshot(session_dir)
+    for pid, started in (known or {}).items():
+        if started is not None and _started(pid) == started:
+            found[pid] = started
+    pids = sorted(found)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -103,10 +125,17 @@ def stop_reaper(pipe: IO[bytes]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    import select
+
     session_dir = argv[1]
-    line = sys.stdin.buffer.readline()  # blocks until the driver writes or dies
-    if line != _DONE:
-        reap(session_dir)
+    known: dict[int, int | None] = {}
+    while True:  # until the driver writes or dies, noting the session's processes every second
+        ready, _, _ = select.select([sys.stdin.buffer], [], [], 1.0)
+        if ready:
+            break
+        known.update(snapshot(session_dir))
+    if sys.stdin.buffer.readline() != _DONE:
+        reap(session_dir, known)
     return 0
 
 

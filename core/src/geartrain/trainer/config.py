@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PositiveFloat, ValidationError, field_validator, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
 from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section
@@ -453,6 +453,16 @@ class ClusterConfig(Section):
     contiguous slices."""
     startup_timeout_s: float = Field(120.0, gt=0)
     """``ray``: how long the ranks may take to be scheduled and rendezvous."""
+    heartbeat_timeout_s: float = Field(30.0, gt=0)
+    """``ray``: a rank whose heartbeat (a thread in each rank, every second) stops for this
+    long while the driver waits on it is reported as hung, by rank, with its last log lines
+    (a stopped process, one stuck holding the GIL, an unreachable node)."""
+    call_timeout_s: dict[Literal["build", "step", "checkpoint"], PositiveFloat] = Field(
+        default_factory=lambda: {"build": 600.0, "step": 1800.0, "checkpoint": 900.0}
+    )
+    """``ray``: the longest a driver waits for one call of each phase (``build``: a role's
+    workers; ``checkpoint``: save, load, export; ``step``: everything else) before it
+    reports the ranks that did not answer, even with their heartbeats going."""
 
 
 class RolloutSection(RolloutConfig):
