@@ -12,7 +12,7 @@ shows on a 2-core machine without burning its cores:
 Steps per second = steps / their summed ``timing/step_s`` (steps 3..N: start-up and the
 pipeline's fill left out).
 
-    .venv/bin/python bench/bench_separate.py [--steps 20] [--token-s 0.005] [--alpha 1.2]
+    .venv/bin/python bench/bench_separate.py [--steps 20] [--token-s 0.005] [--alpha 1.2 0.8]
 """
 
 from __future__ import annotations
@@ -59,16 +59,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--token-s", type=float, default=0.005)
-    parser.add_argument("--alpha", type=float, default=1.2)
+    parser.add_argument("--alpha", type=float, nargs="+", default=[1.2, 0.8])
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"load average at start: {os.getloadavg()}", flush=True)
-    colocated = steps_per_s([], args.steps, args.token_s, args.alpha)
-    print("colocated, synchronous:", {k: round(v, 4) for k, v in colocated.items()}, flush=True)
-    separate = steps_per_s(SEPARATE, args.steps, args.token_s, args.alpha)
-    print("separate, 2 replicas, max_staleness=1:", {k: round(v, 4) for k, v in separate.items()}, flush=True)
-    print(f"speed-up: {separate['steps_per_s'] / colocated['steps_per_s']:.2f}x; load average at end: {os.getloadavg()}")
-
+    for alpha in args.alpha:
+        colocated = steps_per_s([], args.steps, args.token_s, alpha)
+        print(f"alpha {alpha}: colocated, synchronous:", {k: round(v, 4) for k, v in colocated.items()}, flush=True)
+        separate = steps_per_s(SEPARATE, args.steps, args.token_s, alpha)
+        print(f"alpha {alpha}: separate, 2 replicas, max_staleness=1:", {k: round(v, 4) for k, v in separate.items()}, flush=True)
+        print(f"alpha {alpha}: speed-up {separate['steps_per_s'] / colocated['steps_per_s']:.2f}x; "
+              f"load average now: {os.getloadavg()}", flush=True)
 
 if __name__ == "__main__":
     main()
