@@ -128,8 +128,20 @@ def test_greedy_sampling_warns_that_nothing_is_learned(tmp_path: Path, length_re
 
 
 def test_a_reward_that_always_raises_is_logged_once_and_stops_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A reward that passes the start-up check (its first 4 calls: the check's rows) and
+    # raises on every call of the run; one that raises at once is refused before step 1
+    # (tests/core/test_reward_contract.py).
     reward = tmp_path / "broken.py"
-    reward.write_text("def score(response, ground_truth):\n    return {'points': 1}['score']\n")
+    reward.write_text(
+        "from pathlib import Path\n"
+        "CALLS = Path(__file__).with_suffix('.calls')\n"
+        "def score(response, ground_truth):\n"
+        "    calls = int(CALLS.read_text()) if CALLS.exists() else 0\n"
+        "    CALLS.write_text(str(calls + 1))\n"
+        "    if calls < 4:\n"
+        "        return 0.0\n"
+        "    return {'points': 1}['score']\n"
+    )
     config = _config(tmp_path / "run", f"reward.function={reward}:score", "trainer.total_steps=5", "watchdog.max_failed_reward_steps=2")
     with caplog.at_level(logging.WARNING), pytest.raises(TrainingStalledError, match="for 2 steps in a row"):
         run_job(config)
