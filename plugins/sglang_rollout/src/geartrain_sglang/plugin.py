@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 @hookimpl
 def capabilities() -> list[str]:
+    # not 'lora' yet: update_adapter (load_lora_adapter_from_tensors) is unverified on the CPU recipe
     return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY]
 
 
