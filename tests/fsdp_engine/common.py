@@ -13,7 +13,7 @@ from geartrain.batch import Batch
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig, ParallelConfig
 from geartrain.engine import Engine
 from geartrain.testing.reference import random_batch as make_batch
-from geartrain.testing.reference import reference_token_outputs as reference_outputs
+from geartrain.testing.reference import reference_logits, token_outputs_from_logits
 from geartrain.testing.reference import token_mean_nll_loss as token_mean_loss
 from geartrain.testing.spawn import run_ranks
 from geartrain.types import EngineContext, LossContext
@@ -22,6 +22,13 @@ __all__ = [
     "engine_config", "full_grads", "full_params", "make_batch", "make_engine", "rank_context", "reference_outputs",
     "run_ranks", "token_mean_loss", "value_loss",
 ]
+
+
+def reference_outputs(model: torch.nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+    """Per-token ``log_probs``/``entropy`` from a plain transformers forward, *with* autograd
+    (the reference training loop backpropagates through them; the core's
+    ``reference_token_outputs`` runs under ``no_grad``)."""
+    return token_outputs_from_logits(reference_logits(model, batch), batch["input_ids"], batch["attention_mask"])
 
 
 def value_loss(outputs: dict[str, torch.Tensor], mb: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
