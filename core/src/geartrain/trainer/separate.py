@@ -109,6 +109,10 @@ class RolloutReplica:
         batch.meta["weight_version"] = [self.version] * len(batch)
         return batch, {"timing/generate_s": time.perf_counter() - start}
 
+    def alive(self) -> int:
+        """Nothing: a call that fails only when this replica is gone."""
+        return self.version
+
     def check_weights(self, expected: dict[str, str]) -> int:
         """Raise unless the engine's weights are bitwise ``expected`` (digests by name, see
         :func:`weight_digests`), where the backend exposes them as a torch module (the torch
@@ -271,7 +275,12 @@ class SeparateGeneration(Generation):
         version = self.trainer.version
         if version == self.published:
             return {}
-        metrics = self.trainer.call("broadcast_weights")
+        try:
+            metrics = self.trainer.call("broadcast_weights")
+        except GeartrainError:
+            # the broadcast fails when a replica died: name the replica (RankFailure) if so
+            self.rollout.call("alive")
+            raise
         receive = self.rollout.submit("receive_weights", version)
         self.published = version
         if self.max_staleness == 0:
