@@ -258,23 +258,31 @@ def score_batch(
 
 
 def probe_term(term: RewardTerm, responses: list[str], truths: list[str], prompts: list[str],
-               metas: list[dict[str, Any]], where: list[str]) -> str | None:
+               metas: list[dict[str, Any]], where: list[str], notes: list[str] | None = None) -> str | None:
     """Call ``term`` on a few samples as a run would and say what is wrong (``None``: it
-    returned a usable score for each): a raise, or a return value that is not a number or a
-    dict with a numeric ``score``. ``where`` names each sample's data row."""
+    returned a usable score for each it did not raise on): a raise on every sample, or a
+    return value that is not a number or a dict with a numeric ``score``. ``where`` names
+    each sample's data row. A per-sample function that raises on *some* samples only is what
+    a run tolerates (those samples score 0 and are counted): that goes to ``notes``."""
     if term.batched:
         try:
-            outs = call_batched(term.fn, prompts, responses, truths, metas, term.truth_column)
+            outs = list(enumerate(call_batched(term.fn, prompts, responses, truths, metas, term.truth_column)))
         except Exception as exc:
             return f"raised {type(exc).__name__}: {exc} (called on {len(responses)} rows from {where[0]})"
     else:
         outs = []
+        raised: list[str] = []
         for i in range(len(responses)):
             try:
-                outs.append(term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i])))
+                outs.append((i, term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i]))))
             except Exception as exc:
-                return f"raised {type(exc).__name__}: {exc} (on {where[i]}, response {responses[i]!r:.60})"
-    for i, out in enumerate(outs):
+                raised.append(f"raised {type(exc).__name__}: {exc} (on {where[i]}, response {responses[i]!r:.60})")
+        if raised and not outs:
+            return raised[0]
+        if raised and notes is not None:
+            notes.append(f"reward '{term.name}' {raised[0]}; {len(raised)} of {len(responses)} probed rows raised: "
+                         "a run scores those samples 0 and counts them (reward/errors)")
+    for i, out in outs:
         try:
             parse_output(out)
         except ValueError as exc:

@@ -72,7 +72,8 @@ def _resolve_reward(config: TrainConfig, reward_fn: Any | None, problems: list[t
     return terms if len(terms) == len(specs) else None
 
 
-def _probe_rewards(config: TrainConfig, terms: list[RewardTerm], dataset: PromptDataset, problems: list[tuple[str, str]]) -> None:
+def _probe_rewards(config: TrainConfig, terms: list[RewardTerm], dataset: PromptDataset, problems: list[tuple[str, str]],
+                   notes: list[str] | None = None) -> None:
     """Call every reward term on the first rows, with each row's ground truth as the
     response (a dummy a run could produce), as step 1 would."""
     rows = dataset.rows[:4]
@@ -80,7 +81,7 @@ def _probe_rewards(config: TrainConfig, terms: list[RewardTerm], dataset: Prompt
     for i, term in enumerate(terms):
         key = f"reward.functions[{i}].function" if config.reward.functions else "reward.function"
         problem = probe_term(term, truths, truths, [r.prompt for r in rows], [dict(r.meta) for r in rows],
-                             [r.where for r in rows])
+                             [r.where for r in rows], notes)
         if problem:
             problems.append((key, f"'{term.name}' {problem}"))
 
@@ -187,7 +188,7 @@ def preflight(
             problems.append((key, str(exc)))
 
     if result.reward is not None and "data.path" in result.datasets:
-        _probe_rewards(config, result.reward, result.datasets["data.path"], problems)
+        _probe_rewards(config, result.reward, result.datasets["data.path"], problems, result.notes)
     for key in ("data.path", "sft.dev_path"):
         if key in result.datasets:
             _fit(key, result.datasets[key], config, config.sampling.max_tokens, problems, result.notes)
