@@ -47,6 +47,7 @@ __all__ = [
     "WeightCopy",
     "bucketed",
     "checked",
+    "deliver_stream",
     "drain",
     "plan_buckets",
     "send_weights",
@@ -205,6 +206,15 @@ def send_weights(
         bucket_bytes = receiver.bucket_bytes if receiver is not None else 64 << 20
     stats = BucketStats()
     stream = stream_weights(entries, dtype=dtype, bucket_bytes=bucket_bytes, device=device, materialize=materialize, stats=stats)
+    return deliver_stream(stream, receiver, stats, start=start)
+
+
+def deliver_stream(
+    stream: Iterator[tuple[str, torch.Tensor]], receiver: WeightReceiver | None, stats: BucketStats, *, start: float
+) -> SyncStats:
+    """Hand ``stream`` to ``receiver.update_weights`` (when there is a receiver), finish
+    whatever it did not consume (so the gathers complete on every rank), and report what
+    ``stats`` counted and the time since ``start`` (a ``time.perf_counter()`` reading)."""
     if receiver is not None:
         receiver.update_weights(stream)
     drain(stream)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from geartrain.types import AdapterReceiver, SyncStats, WeightReceiver
-from geartrain.weights import BucketStats, drain, plan_buckets, send_weights, stream_buckets, stream_weights
+from geartrain.weights import BucketStats, deliver_stream, plan_buckets, send_weights, stream_buckets, stream_weights
 
 from geartrain_fsdp.sharding import FSDPModel
 
@@ -62,17 +62,7 @@ def reshard_for_rollout(model: FSDPModel, rollout: WeightReceiver | None) -> Syn
 
 
 def _send_stream(stream: Iterator[tuple[str, torch.Tensor]], rollout: WeightReceiver | None, stats: BucketStats) -> SyncStats:
-    start = time.perf_counter()
-    if rollout is not None:
-        rollout.update_weights(stream)
-    drain(stream)
-    return SyncStats(
-        seconds=time.perf_counter() - start,
-        bytes=stats.bytes,
-        num_tensors=stats.num_tensors,
-        num_buckets=stats.num_buckets,
-        max_bucket_bytes=stats.max_bucket_bytes,
-    )
+    return deliver_stream(stream, rollout, stats, start=time.perf_counter())
 
 
 def iter_merged_weights(
