@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from geartrain.rollouts.decode_record import DecodeRecord
+
 __all__ = ["decode_chunk_static", "decode_step", "drop_static_caches"]
 
 Sampler = Callable[[torch.Tensor, Any, torch.Tensor, int], torch.Tensor]
@@ -130,13 +132,7 @@ def decode_chunk_static(
     next_pos = positions[:, -1:].index_select(0, expand) + 1  # [b, 1]
     step = step_fn if step_fn is not None else decode_step(model, device)
 
-    stop = torch.tensor(sorted(set(sampling.stop_token_ids)) or [-1], device=device)
-    stop_seqs = [torch.tensor(seq, dtype=torch.long) for seq in sampling.stop_sequences]
-    tokens = torch.zeros((b, steps), dtype=torch.long)
-    token_lps = torch.zeros((b, steps), dtype=torch.float32)
-    lengths = torch.zeros(b, dtype=torch.long)
-    stopped = torch.zeros(b, dtype=torch.bool)
-    limits = torch.tensor(budgets, dtype=torch.long)
+    record = DecodeRecord(budgets, sampling.stop_token_ids, sampling.stop_sequences, device)
     row_seeds = torch.tensor(seeds, dtype=torch.int64)
     active = torch.arange(b)  # rows still generating (also their batch rows: rows never move)
     step_ids = torch.full((b, 1), pad_token_id, dtype=torch.long, device=device)
@@ -154,20 +150,9 @@ def decode_chunk_static(
         live = logits.index_select(0, on_device) if len(active) < b else logits
         new = sample(live, sampling, row_seeds[active], t)
         new_lp = torch.log_softmax(live, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        is_stop = torch.isin(new, stop).cpu()
-        tokens[active, t] = new.cpu()
-        for seq in stop_seqs:
-            if len(seq) <= t + 1:
-                is_stop |= (tokens[active, t + 1 - len(seq) : t + 1] == seq).all(-1)
-        token_lps[active, t] = new_lp.cpu()
-        lengths[active] = t + 1
-        stopped[active] = is_stop
-        keep = ~is_stop & (t + 1 < limits[active])
+        keep = record.add(active, t, new, new_lp)
         step_ids[on_device, 0] = new  # finished rows keep decoding their last token, unread
         if not bool(keep.any()):
             break
         active = active[keep]
-    tokens_out = [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist(), strict=True)]
-    lps_out = [row[:n] for row, n in zip(token_lps.tolist(), lengths.tolist(), strict=True)]
-    reasons = ["stop" if s else "length" for s in stopped.tolist()]
-    return list(zip(tokens_out, lps_out, reasons, strict=True))
+    return record.results()

@@ -47,6 +47,7 @@ from geartrain.layout import check_generate_inputs, max_tokens_of, rollout_batch
 from geartrain.lora_hooks import LoraHooks
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
+from geartrain.rollouts.decode_record import DecodeRecord
 from geartrain.seeding import prompt_indices, sample_seed, uniforms
 from geartrain.types import Capability, EngineContext, MemoryStats, SamplingParams
 
@@ -460,16 +461,8 @@ def _decode_chunk(
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     wanted = budgets if budgets is not None else [sampling.max_tokens] * b
     budget = [min(w, rollout.config.max_model_len - len(p)) for w, p in zip(wanted, prompts, strict=True)]
-    stop = torch.tensor(sorted(set(sampling.stop_token_ids)) or [-1], device=device)
-    stop_seqs = [torch.tensor(seq, dtype=torch.long) for seq in sampling.stop_sequences]
-
-    # Per-row results in tensors, indexed by original row; each step writes column `t`.
-    steps = max(budget)
-    tokens = torch.zeros((b, steps), dtype=torch.long)
-    token_lps = torch.zeros((b, steps), dtype=torch.float32)
-    lengths = torch.zeros(b, dtype=torch.long)
-    stopped = torch.zeros(b, dtype=torch.bool)
-    limits = torch.tensor(budget, dtype=torch.long)
+    record = DecodeRecord(budget, sampling.stop_token_ids, sampling.stop_sequences, device)
+    steps = record.steps
     row_seeds = torch.tensor(seeds, dtype=torch.int64)
     active = torch.arange(b)  # original row of each live batch row
     cache = DynamicCache(config=model.config)
@@ -488,17 +481,7 @@ def _decode_chunk(
         raw_lp = torch.log_softmax(logits, dim=-1)
         new = _sample(logits, sampling, row_seeds[active], t)
         new_lp = raw_lp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        is_stop = torch.isin(new, stop).cpu()
-        tokens[active, t] = new.cpu()
-        # Every row of the chunk started at column 0, so its last len(seq) tokens are
-        # columns t+1-len(seq) .. t: only tokens of this call are ever matched.
-        for seq in stop_seqs:
-            if len(seq) <= t + 1:
-                is_stop |= (tokens[active, t + 1 - len(seq) : t + 1] == seq).all(-1)
-        token_lps[active, t] = new_lp.cpu()
-        lengths[active] = t + 1
-        stopped[active] = is_stop
-        keep = ~is_stop & (t + 1 < limits[active])
+        keep = record.add(active, t, new, new_lp)
         if not bool(keep.any()):
             break
         if not bool(keep.all()):
@@ -510,7 +493,4 @@ def _decode_chunk(
         mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
         step_ids = new.unsqueeze(-1)
         step_pos = step_pos[:, -1:] + 1
-    tokens_out = [row[:n] for row, n in zip(tokens.tolist(), lengths.tolist(), strict=True)]
-    lps_out = [row[:n] for row, n in zip(token_lps.tolist(), lengths.tolist(), strict=True)]
-    reasons = ["stop" if s else "length" for s in stopped.tolist()]
-    return list(zip(tokens_out, lps_out, reasons, strict=True))
+    return record.results()
