@@ -1,15 +1,52 @@
-"""What a decode loop of the torch rollout has produced, row by row (shared by the dynamic
-loop in :mod:`~geartrain.rollouts.torch_rollout` and the static-cache one in
-:mod:`~geartrain.rollouts.static_decode`): each row's tokens and their log-probs, its length,
-and whether it stopped, with the stop rules of ``SamplingParams`` applied in one place."""
+"""The pieces both decode loops of the torch rollout share (the dynamic loop in
+:mod:`~geartrain.rollouts.torch_rollout` and the static-cache one in
+:mod:`~geartrain.rollouts.static_decode`): the prefill input, one left-padded row per
+distinct prompt (:func:`prefill_rows`), and what the loop has produced row by row, each
+row's tokens and their log-probs, its length and whether it stopped, with the stop rules of
+``SamplingParams`` applied in one place (:class:`DecodeRecord`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["DecodeRecord"]
+__all__ = ["DecodeRecord", "PrefillRows", "prefill_rows"]
+
+
+class PrefillRows(NamedTuple):
+    unique: list[int]
+    """The first row of each distinct prompt, in order: the rows the prefill runs."""
+    expand: torch.Tensor
+    """For each row, the index of its prompt in ``unique`` (to go from one row per prompt
+    to one row per sample after the prefill)."""
+    input_ids: torch.Tensor
+    """``[len(unique), width]`` left-padded prompt ids, on the device."""
+    mask: torch.Tensor
+    """``[len(unique), width]`` attention mask, on the device."""
+    positions: torch.Tensor
+    """``[len(unique), width]`` position ids counted over real tokens, on the device."""
+
+
+def prefill_rows(prompts: Sequence[Sequence[int]], keys: Sequence[int], pad_token_id: int, device: torch.device) -> PrefillRows:
+    """One left-padded row per distinct prompt key (rows with the same key share a prompt:
+    the samples of one prompt are prefilled once)."""
+    first_row: dict[int, int] = {}
+    for r, key in enumerate(keys):
+        first_row.setdefault(key, r)
+    unique = list(first_row.values())
+    slot = {key: u for u, key in enumerate(first_row)}
+    expand = torch.tensor([slot[key] for key in keys], device=device)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(unique), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(unique), width), dtype=torch.long)
+    for u, r in enumerate(unique):
+        p = prompts[r]
+        input_ids[u, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        mask[u, width - len(p) :] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    return PrefillRows(unique, expand, input_ids, mask, (mask.cumsum(-1) - 1).clamp_min(0))
 
 
 class DecodeRecord:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from geartrain.rollouts.decode_record import DecodeRecord
+from geartrain.rollouts.decode_record import DecodeRecord, prefill_rows
 
 __all__ = ["decode_chunk_static", "decode_step", "drop_static_caches"]
 
@@ -95,22 +95,9 @@ def decode_chunk_static(
     from transformers import DynamicCache
 
     b = len(prompts)
-    first_row: dict[int, int] = {}
-    for r, key in enumerate(prompt_ids):
-        first_row.setdefault(key, r)
-    unique = list(first_row.values())
-    slot = {key: u for u, key in enumerate(first_row)}
-    expand = torch.tensor([slot[key] for key in prompt_ids], device=device)
-    width = max(len(p) for p in prompts)
+    unique, expand, ids, prompt_mask, positions = prefill_rows(prompts, prompt_ids, pad_token_id, device)
+    width = ids.shape[1]
     steps = max(budgets)
-    ids = torch.full((len(unique), width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(unique), width), dtype=torch.long)
-    for u, r in enumerate(unique):
-        p = prompts[r]
-        ids[u, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        prompt_mask[u, width - len(p) :] = 1
-    ids, prompt_mask = ids.to(device), prompt_mask.to(device)
-    positions = (prompt_mask.cumsum(-1) - 1).clamp_min(0)
 
     # prefill: one forward per distinct prompt, then one row per sample
     prefill = model(

@@ -47,7 +47,7 @@ from geartrain.layout import check_generate_inputs, max_tokens_of, rollout_batch
 from geartrain.lora_hooks import LoraHooks
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
-from geartrain.rollouts.decode_record import DecodeRecord
+from geartrain.rollouts.decode_record import DecodeRecord, prefill_rows
 from geartrain.seeding import prompt_indices, sample_seed, uniforms
 from geartrain.types import Capability, EngineContext, MemoryStats, SamplingParams
 
@@ -444,21 +444,7 @@ def _decode_chunk(
             model, device, prompts, seeds, sampling,
             prompt_ids=keys, budgets=limits, pad_token_id=rollout.pad_token_id, sample=_sample,
         )
-    first_row: dict[int, int] = {}
-    for r, key in enumerate(keys):
-        first_row.setdefault(key, r)
-    unique = list(first_row.values())  # one row per distinct prompt, in order
-    slot = {key: u for u, key in enumerate(first_row)}
-    expand = torch.tensor([slot[key] for key in keys], device=device)
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(unique), width), rollout.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(unique), width), dtype=torch.long)
-    for u, r in enumerate(unique):
-        p = prompts[r]
-        input_ids[u, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[u, width - len(p) :] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    unique, expand, input_ids, mask, positions = prefill_rows(prompts, keys, rollout.pad_token_id, device)
     wanted = budgets if budgets is not None else [sampling.max_tokens] * b
     budget = [min(w, rollout.config.max_model_len - len(p)) for w, p in zip(wanted, prompts, strict=True)]
     record = DecodeRecord(budget, sampling.stop_token_ids, sampling.stop_sequences, device)
