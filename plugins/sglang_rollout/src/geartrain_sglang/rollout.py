@@ -14,6 +14,7 @@ import torch
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
+from geartrain.memory import device_memory_in_use, measured_move
 from geartrain.layout import check_generate_inputs, samples_batch
 from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams, SyncStats
@@ -202,10 +203,9 @@ class SglangRollout:
     # ------------------------------------------------------------------ memory
     def release(self) -> MemoryStats:
         """Free the engine's weights and KV cache (GPU: SGLang's memory release; CPU: shutdown)."""
-        start = time.perf_counter()
-        before = self._memory()
-        if self.released:
-            return MemoryStats(before=before, after=before, seconds=0.0)
+        return measured_move(self._memory, self._release, done=self.released)
+
+    def _release(self) -> dict[str, int]:
         detail: dict[str, int] = {}
         if self.device == "cpu":
             self._stop()
@@ -215,15 +215,13 @@ class SglangRollout:
         else:
             self.engine.release_memory_occupation()
         self.released = True
-        after = self._memory()
-        return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start, detail=detail)
+        return detail
 
     def resume(self) -> MemoryStats:
         """Re-acquire the memory and the last synced weights."""
-        start = time.perf_counter()
-        before = self._memory()
-        if not self.released:
-            return MemoryStats(before=before, after=before, seconds=0.0)
+        return measured_move(self._memory, self._resume, done=not self.released)
+
+    def _resume(self) -> None:
         if self.device == "cpu":
             self._start()
             self.released = False
@@ -233,8 +231,6 @@ class SglangRollout:
         else:
             self.engine.resume_memory_occupation()
             self.released = False
-        after = self._memory()
-        return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start)
 
     def shutdown(self) -> None:
         """Stop the engine for good; remove the temporary work directory."""
@@ -248,10 +244,7 @@ class SglangRollout:
     def _memory(self) -> int:
         """Device memory in use on GPU; on CPU the resident set of this process plus the
         engine's processes (the scheduler holds the weights and the KV cache)."""
-        if self.device == "cuda" and torch.cuda.is_available():
-            free, total = torch.cuda.mem_get_info()
-            return int(total - free)
-        return engine.tree_rss(self._pids)
+        return device_memory_in_use(self.device, lambda: engine.tree_rss(self._pids))
 
     def _require_running(self, what: str) -> None:
         if self.released or self.engine is None:

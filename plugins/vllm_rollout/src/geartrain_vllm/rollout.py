@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
 from geartrain.layout import check_generate_inputs, samples_batch
-from geartrain.memory import collect_garbage, current_memory_bytes
+from geartrain.memory import collect_garbage, current_memory_bytes, device_memory_in_use, measured_move
 from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
 from geartrain.weights import UnknownTensorError, WeightCopy, bucketed, checked, tied_aliases, with_aliases
@@ -139,12 +138,11 @@ class VllmRollout:
     # ------------------------------------------------------------------ memory
     def release(self) -> MemoryStats:
         """Free the engine's weights and KV cache (GPU: sleep; CPU: shutdown)."""
-        start = time.perf_counter()
-        if self.released:
-            now = self._memory()
-            return MemoryStats(before=now, after=now, seconds=0.0)
-        collect_garbage(self.device)
-        before = self._memory()
+        if not self.released:
+            collect_garbage(self.device)
+        return measured_move(self._memory, self._release, done=self.released)
+
+    def _release(self) -> dict[str, int]:
         detail: dict[str, int] = {}
         if self.device == "cpu":
             llm, self.llm = self.llm, None
@@ -159,15 +157,13 @@ class VllmRollout:
         collect_garbage(self.device)
         engine.trim_heap()
         self.released = True
-        after = self._memory()
-        return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start, detail=detail)
+        return detail
 
     def resume(self) -> MemoryStats:
         """Re-acquire the memory with the weights the engine had before ``release``."""
-        start = time.perf_counter()
-        before = self._memory()
-        if not self.released:
-            return MemoryStats(before=before, after=before, seconds=0.0)
+        return measured_move(self._memory, self._resume, done=not self.released)
+
+    def _resume(self) -> None:
         if self.device == "cpu":
             self.llm = engine.start_engine(self.engine_kwargs)
             if self.weight_copy is not None and len(self.weight_copy):
@@ -183,8 +179,6 @@ class VllmRollout:
                     self.llm.collective_rpc("reload_weights", kwargs=dict(is_checkpoint_format=True))
             self.llm.reset_prefix_cache()
         self.released = False
-        after = self._memory()
-        return MemoryStats(before=before, after=after, seconds=time.perf_counter() - start)
 
     def shutdown(self) -> None:
         """Stop the engine for good; remove the temporary work directory."""
@@ -198,12 +192,8 @@ class VllmRollout:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _memory(self) -> int:
-        """Device memory in use on GPU (vLLM's sleep mode allocates outside PyTorch's
-        caching allocator, so ask the driver); the resident set on CPU."""
-        if self.device == "cuda" and torch.cuda.is_available():
-            free, total = torch.cuda.mem_get_info()
-            return int(total - free)
-        return current_memory_bytes("cpu")
+        """Device memory in use (the driver's figure on GPU); the resident set on CPU."""
+        return device_memory_in_use(self.device, current_memory_bytes)
 
     def _require_running(self, what: str) -> None:
         if self.released or self.llm is None:
