@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+#: the largest ``model-*.safetensors`` file :func:`write_safetensors` writes (transformers' default is 5 GB)
+SHARD_BYTES = 4 << 30
 
 
 @dataclass(kw_only=True)
@@ -30,6 +36,38 @@ class ModelCard:
     """Final validation metrics (``val/accuracy``...)."""
     source: str = ""
     """The checkpoint or run it was exported from."""
+
+
+def write_safetensors(path: str | Path, named_tensors: Iterable[tuple[str, torch.Tensor]], *, shard_bytes: int = SHARD_BYTES) -> None:
+    """Write full tensors by transformers name into ``path`` as ``from_pretrained`` reads
+    them: one ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` files of at most
+    ``shard_bytes`` each (a tensor larger than that gets a file of its own) and
+    ``model.safetensors.index.json``. The tensors are held until written: call it on the
+    one rank that writes, with the tensors it gathered."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    files: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if files[-1] and size + nbytes > shard_bytes:
+            files.append({})
+            size = 0
+        files[-1][name] = tensor.contiguous()
+        size += nbytes
+    if len(files) == 1:
+        save_file(files[0], str(path / "model.safetensors"), metadata={"format": "pt"})
+        return
+    index: dict[str, Any] = {"metadata": {"total_size": 0}, "weight_map": {}}
+    for i, chunk in enumerate(files):
+        fname = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+        save_file(chunk, str(path / fname), metadata={"format": "pt"})
+        for name, t in chunk.items():
+            index["weight_map"][name] = fname
+            index["metadata"]["total_size"] += t.numel() * t.element_size()
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def finish_hf_export(path: str | Path, card: ModelCard, tokenizer: Any | None = None) -> Path:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from geartrain.export import write_safetensors
 from geartrain.types import AdapterReceiver, SyncStats, WeightReceiver
 from geartrain.weights import BucketStats, deliver_stream, plan_buckets, send_weights, stream_buckets, stream_weights
 
@@ -128,8 +129,6 @@ def _sync_adapter(model: FSDPModel, rollout: AdapterReceiver | None, dtype: torc
     )
 
 
-SHARD_BYTES = 4 << 30
-
 
 def export_hf(model: FSDPModel, path: Path, tokenizer: Any | None) -> None:
     """See :func:`geartrain.hookspecs.export_hf`: rank 0 writes ``config.json``,
@@ -174,22 +173,11 @@ def _rank0(model: FSDPModel) -> bool:
 def _write_hf(model: FSDPModel, path: Path, tokenizer: Any | None, stream: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Rank 0 writes ``stream`` (full tensors by transformers name) as a transformers
     directory; every rank consumes it (the gathers are collective)."""
-    from safetensors.torch import save_file
-
     rank0 = _rank0(model)
     hf = model.hf
     tied = _tied_names(hf)
-    files: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in stream:
-        if not rank0 or name in tied:
-            continue
-        nbytes = tensor.numel() * tensor.element_size()
-        if files[-1] and size + nbytes > SHARD_BYTES:
-            files.append({})
-            size = 0
-        files[-1][name] = tensor.contiguous()
-        size += nbytes
+    # every rank consumes the stream (the gathers are collective); rank 0 keeps the tensors
+    tensors = [(name, tensor) for name, tensor in stream if rank0 and name not in tied]
     if not rank0:
         _barrier(model)  # return once the directory is complete, on every rank
         return
@@ -203,17 +191,7 @@ def _write_hf(model: FSDPModel, path: Path, tokenizer: Any | None, stream: Itera
         config._attn_implementation = attn
     if getattr(hf, "generation_config", None) is not None and hf.can_generate():
         hf.generation_config.save_pretrained(path)
-    if len(files) == 1:
-        save_file(files[0], str(path / "model.safetensors"), metadata={"format": "pt"})
-    else:
-        index: dict[str, Any] = {"metadata": {"total_size": 0}, "weight_map": {}}
-        for i, chunk in enumerate(files):
-            fname = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
-            save_file(chunk, str(path / fname), metadata={"format": "pt"})
-            for name, t in chunk.items():
-                index["weight_map"][name] = fname
-                index["metadata"]["total_size"] += t.numel() * t.element_size()
-        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    write_safetensors(path, tensors)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     _barrier(model)

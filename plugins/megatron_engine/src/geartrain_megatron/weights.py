@@ -11,7 +11,6 @@ bucket at a time.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from geartrain.export import write_safetensors
 from geartrain.rollout import WeightReceiver
 from geartrain.types import SyncStats
 from geartrain.weights import BucketStats, drain, plan_buckets, stream_buckets
@@ -184,40 +184,16 @@ def reshard_for_rollout(model: MegatronModel, rollout: WeightReceiver | None) ->
     )
 
 
-SHARD_BYTES = 4 << 30
-
-
 def export_hf(model: MegatronModel, path: Path, tokenizer: Any | None) -> None:
     """See :func:`geartrain.hookspecs.export_hf`: global rank 0 writes ``config.json``,
     ``model*.safetensors`` and the tokenizer; every rank returns once it is complete."""
-    from safetensors.torch import save_file
-
     rank0 = dist.get_rank() == 0
-    files: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in iter_hf_weights(model, torch.float32, 256 << 20):
-        if not rank0:
-            continue
-        nbytes = tensor.numel() * tensor.element_size()
-        if files[-1] and size + nbytes > SHARD_BYTES:
-            files.append({})
-            size = 0
-        files[-1][name] = tensor
-        size += nbytes
+    # every rank takes part in the gathers; global rank 0 keeps the tensors
+    tensors = [(name, tensor) for name, tensor in iter_hf_weights(model, torch.float32, 256 << 20) if rank0]
     if rank0:
         path.mkdir(parents=True, exist_ok=True)
         model.hf_config.save_pretrained(path)
-        if len(files) == 1:
-            save_file(files[0], str(path / "model.safetensors"), metadata={"format": "pt"})
-        else:
-            index: dict[str, Any] = {"metadata": {"total_size": 0}, "weight_map": {}}
-            for i, chunk in enumerate(files):
-                fname = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
-                save_file(chunk, str(path / fname), metadata={"format": "pt"})
-                for name, t in chunk.items():
-                    index["weight_map"][name] = fname
-                    index["metadata"]["total_size"] += t.numel() * t.element_size()
-            (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        write_safetensors(path, tensors)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     if model.layout.world > 1:
