@@ -3,11 +3,15 @@ long-tail generation, side by side in one run.
 
 Both run the main job's GRPO step (no SFT, from the tiny model) on Ray with the torch
 rollout's simulated latency (``rollout.options.simulated_token_s``: every sample "decodes" a
-Pareto-distributed number of tokens, the call sleeping for its longest), so the long tail
-shows on a 2-core machine without burning its cores:
+Pareto-distributed number of tokens and finishes at its own time in a continuous-batching
+engine, whose weight updates wait for the samples in flight), so the long tail shows on a
+2-core machine without burning its cores:
 
-* colocated, synchronous: 1 Ray rank holding trainer and rollout;
-* separate, ``algorithm.max_staleness = 1``: 1 trainer rank + 2 rollout replicas (0.5 CPU each).
+* colocated, synchronous: 1 Ray rank holding trainer and rollout (a step waits for its
+  longest sample);
+* separate, ``algorithm.max_staleness = 1``: 1 trainer rank + 2 rollout replicas (0.5 CPU
+  each), streaming: each step trains the first finished GRPO groups, per-replica weight
+  updates from the trainer's send queue.
 
 Steps per second = steps / their summed ``timing/step_s`` (steps 3..N: start-up and the
 pipeline's fill left out).
@@ -52,6 +56,9 @@ def steps_per_s(extra: list[str], steps: int, token_s: float, alpha: float) -> d
               "update_s_median": statistics.median(r["timing/update_s"] for r in steady), "job_wall_s": wall}
     if "async/staleness_max" in steady[-1]:
         result["staleness_max"] = max(r["async/staleness_max"] for r in steady)
+        result["staleness_mean"] = statistics.mean(r["async/staleness_mean"] for r in steady)
+    if "async/dropped_groups" in steady[-1]:
+        result["dropped_groups_per_step"] = statistics.mean(r["async/dropped_groups"] for r in steady)
     return result
 
 
@@ -70,6 +77,7 @@ def main() -> None:
         print(f"alpha {alpha}: separate, 2 replicas, max_staleness=1:", {k: round(v, 4) for k, v in separate.items()}, flush=True)
         print(f"alpha {alpha}: speed-up {separate['steps_per_s'] / colocated['steps_per_s']:.2f}x; "
               f"load average now: {os.getloadavg()}", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ from geartrain.errors import GeartrainError
 from geartrain.types import SamplingParams
 
 __all__ = [
+    "READY_AT",
     "Sample",
     "check_generate_inputs",
     "cut_at_stop",
@@ -39,6 +40,11 @@ __all__ = [
     "sequence_batch",
     "stop_after_generation",
 ]
+
+
+#: per-row ``meta`` key of a rollout that simulates generation time: the ``time.time()`` at
+#: which the row finishes decoding (see ``Rollout.generate``)
+READY_AT = "ready_at"
 
 
 def sequence_batch(

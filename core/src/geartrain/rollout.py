@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -13,10 +14,18 @@ from geartrain.batch import Batch
 from geartrain.cluster.process_group import release_single_rank_group, with_process_group
 from geartrain.config import ModelConfig, RolloutConfig, backend_config_errors, options_of, section_path
 from geartrain.errors import GeartrainError
+from geartrain.layout import READY_AT
 from geartrain.modeling import torch_dtype
 from geartrain.types import EngineContext, MemoryStats, SamplingParams, WeightReceiver
 
-__all__ = ["Rollout", "WeightReceiver"]
+__all__ = ["READY_AT", "Rollout", "WeightReceiver", "wait_until"]
+
+
+def wait_until(when: float) -> None:
+    """Sleep until ``time.time()`` reaches ``when`` (at once if it has)."""
+    delay = when - time.time()
+    if delay > 0:
+        time.sleep(delay)
 
 
 class Rollout:
@@ -55,8 +64,17 @@ class Rollout:
     def bucket_bytes(self) -> int:
         return self.config.weight_bucket_bytes
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
-        return self.pm.hook.generate(rollout=self.handle, prompts=prompts, sampling=sampling)
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, *, stream: bool = False) -> Batch:
+        """The backend's samples. A backend that simulates generation time (the torch
+        rollout's ``simulated_token_s``) gives each row the ``time.time()`` at which it
+        finishes decoding in ``meta["ready_at"]`` instead of sleeping: by default this
+        waits until the last row is ready and drops the key (the call lasts as long as
+        its longest sample); ``stream=True`` returns at once with ``ready_at`` kept, for a
+        caller that releases each group when it is ready (the separate rollout)."""
+        batch = self.pm.hook.generate(rollout=self.handle, prompts=prompts, sampling=sampling)
+        if not stream and READY_AT in batch.meta:
+            wait_until(max(batch.meta.pop(READY_AT), default=0.0))
+        return batch
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.pm.hook.update_weights(rollout=self.handle, named_tensors=named_tensors)

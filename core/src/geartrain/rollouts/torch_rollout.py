@@ -43,7 +43,7 @@ from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig, options_of
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.hookspecs import hookimpl
-from geartrain.layout import check_generate_inputs, max_tokens_of, rollout_batch
+from geartrain.layout import READY_AT, check_generate_inputs, max_tokens_of, rollout_batch
 from geartrain.lora_hooks import LoraHooks
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
@@ -70,15 +70,27 @@ class TorchRolloutOptions(BaseModel):
     graphs on CUDA (:mod:`geartrain.rollouts.static_decode`). Default: on for CUDA, off
     elsewhere (on a CPU the shrinking dynamic batch is faster)."""
     simulated_token_s: float = Field(0.0, ge=0)
-    """Benchmarks only: after each ``generate``, sleep as if every sample had decoded a
-    heavy-tailed number of tokens at this many seconds each (the rows of a call decode
-    together, so the call sleeps for its longest sample). 0: off. The tokens returned are
-    the real ones; only the time is simulated, so long-tail effects show on a small CPU."""
+    """Benchmarks only: simulate generation time as if every sample decoded a heavy-tailed
+    number of tokens at this many seconds each, in a continuous-batching engine: each
+    sample finishes at its own time (a GRPO group at its longest sample's), reported per
+    row as ``meta["ready_at"]``; ``Rollout.generate`` waits for the last one unless the
+    caller streams (the separate rollout releases each group when it is ready). A weight
+    update takes effect once the samples in flight finished. 0: off. The tokens returned
+    are the real ones; only the time is simulated, so long-tail effects show on a small CPU."""
     simulated_tail_alpha: float = Field(1.2, gt=0)
     """Pareto shape of the simulated lengths (smaller: heavier tail); lengths are
     ``floor(U ** (-1 / alpha))`` tokens, ``U`` uniform from the sample's seed."""
     simulated_max_tokens: int = Field(256, ge=1)
     """Cap of a simulated length."""
+
+
+@dataclass
+class SimulatedClock:
+    """The simulated engine's state (``time.time()`` values): when its last sample in
+    flight finishes, and when its newest weights took effect."""
+
+    last_finish: float = 0.0
+    weights_at: float = 0.0
 
 
 @dataclass(kw_only=True)
@@ -97,6 +109,8 @@ class TorchRolloutEngine:
     """Every state-dict name (tied aliases included) -> the live parameter or buffer."""
     adapter: LoraHooks | None = None
     """The LoRA adapter served on top of the weights (``update_adapter``), if any."""
+    clock: SimulatedClock = field(default_factory=lambda: SimulatedClock())
+    """The simulated engine's time (``simulated_token_s > 0`` only)."""
 
     @property
     def released(self) -> bool:
@@ -193,6 +207,8 @@ def update_weights(rollout: TorchRolloutEngine, named_tensors: Iterable[tuple[st
                     f"the model's is {tuple(target.shape)}"
                 )
             target.copy_(tensor)
+    if rollout.options.simulated_token_s > 0:
+        simulated_weight_update(rollout)
 
 
 @hookimpl
@@ -314,8 +330,8 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
     responses: list[list[int]] = []
     log_probs: list[list[float]] = []
     reasons: list[str] = []
-    if rollout.options.simulated_token_s > 0:
-        simulate_latency(rollout.options, [sample_seed(base_seed, global_index[i], j) for i, j in rows])
+    ready_at = (simulated_finish_times(rollout, [sample_seed(base_seed, global_index[i], j) for i, j in rows])
+                if rollout.options.simulated_token_s > 0 else None)
     for start in range(0, len(rows), chunk):
         part = rows[start : start + chunk]
         out = _decode_chunk(
@@ -330,7 +346,7 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
             responses.append(toks)
             log_probs.append(lps)
             reasons.append(reason)
-    return rollout_batch(
+    batch = rollout_batch(
         [prompts[i] for i, _ in rows],
         responses,
         log_probs,
@@ -338,6 +354,9 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
         finish_reason=reasons,
         pad_token_id=rollout.pad_token_id,
     )
+    if ready_at is not None:
+        batch.meta[READY_AT] = ready_at
+    return batch
 
 
 def simulated_lengths(options: TorchRolloutOptions, seeds: list[int]) -> list[int]:
@@ -351,9 +370,23 @@ def simulated_lengths(options: TorchRolloutOptions, seeds: list[int]) -> list[in
     return lengths
 
 
-def simulate_latency(options: TorchRolloutOptions, seeds: list[int]) -> None:
-    """Sleep for the call's longest simulated sample."""
-    time.sleep(options.simulated_token_s * max(simulated_lengths(options, seeds), default=0))
+def simulated_finish_times(rollout: TorchRolloutEngine, seeds: list[int]) -> list[float]:
+    """When (``time.time()``) each sample of a call finishes decoding in the simulated
+    engine: a continuous-batching engine admits a request at once, each of its samples
+    decoding ``simulated_lengths`` tokens of ``simulated_token_s`` seconds, except that
+    samples admitted after a weight update start when the update was applied (see
+    :func:`simulated_weight_update`). Moves the engine's clock of samples in flight."""
+    options, clock = rollout.options, rollout.clock
+    start = max(time.time(), clock.weights_at)
+    done = [start + options.simulated_token_s * n for n in simulated_lengths(options, seeds)]
+    clock.last_finish = max([clock.last_finish, *done])
+    return done
+
+
+def simulated_weight_update(rollout: TorchRolloutEngine) -> None:
+    """A weight update is applied between requests: once every sample in flight finished
+    (no partial rollouts), so the new weights take effect at the engine's last finish."""
+    rollout.clock.weights_at = max(time.time(), rollout.clock.last_finish)
 
 
 def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> int:
