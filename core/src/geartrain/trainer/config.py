@@ -95,8 +95,12 @@ class AlgorithmConfig(Section):
     """``rollout.placement = "separate"``: how many policy updates the weights that
     generated a sample may lag behind the policy that trains on it. 0: synchronous (each
     step's samples come from the weights of the step before, as colocated). k > 0: the
-    replicas generate up to k steps ahead while the trainer trains; the gap is corrected
-    with truncated IS (``tis_cap``, default ``trainer.async_tis_cap``)."""
+    replicas generate ahead while the trainer trains, up to ``(k + 1) x data.batch_size``
+    GRPO groups outstanding; each step trains the *first finished* ``data.batch_size``
+    groups, drops groups more than k versions old (``async/dropped_groups``), and the gap
+    is corrected with truncated IS (``tis_cap``, default ``trainer.async_tis_cap``).
+    First-finished sampling favours short responses (they finish first; long ones are
+    trained staler or dropped): docs/architecture.md, "The bias of first-finished sampling"."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each step's samples (each pass runs ``mini_batches`` optimizer steps)."""
     mini_batches: int = Field(1, ge=1)

@@ -6,9 +6,12 @@ steps ahead of training.
   backend, through the same hooks as the colocated one); it generates its data-parallel
   share of each request and records the weight version every sample was generated with.
 * :class:`TrainerWorker` — the actor's engine without a rollout. After an update, rank 0
-  broadcasts the weights (a snapshot in the rollout's dtype, streamed in
+  sends the weights (a snapshot in the rollout's dtype, streamed in
   ``rollout.weight_bucket_bytes`` buckets by :class:`~geartrain.cluster.update_group.UpdateGroup`:
-  gloo on CPU, NCCL on GPU) to every replica; a replica applies them between two requests
+  gloo on CPU, NCCL on GPU) to every replica, each over a group of its own, from a send
+  queue holding at most ``max_staleness + 1`` snapshots
+  (:class:`~geartrain.cluster.send_queue.SendQueue`): one replica's long request holds
+  neither the other replicas nor the trainer. A replica applies them between two requests
   (Ray runs an actor's calls one at a time, in the order sent).
 * :class:`SeparateGeneration` — the driver's side, in place of
   :class:`~geartrain.trainer.generation.Generation`: it publishes new weights before
@@ -27,7 +30,6 @@ the checkpoint's weights (the job says so when it resumes).
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from collections import deque
 from typing import Any
@@ -38,17 +40,21 @@ from geartrain.algorithms import make_actor_loss
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, PendingCall, WorkerGroup
 from geartrain.cluster.dispatch import prompt_batch
+from geartrain.cluster.send_queue import SendQueue
 from geartrain.cluster.update_group import UpdateGroup, free_address
 from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
 from geartrain.data import PromptBatch, PromptLoader
 from geartrain.engine import Engine
 from geartrain.errors import GeartrainError
+from geartrain.layout import READY_AT
 from geartrain.modeling import torch_dtype
-from geartrain.rollout import Rollout
+from geartrain.rollout import Rollout, wait_until
 from geartrain.trainer.async_rollout import WeightSnapshot
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.generation import Generation
+from geartrain.trainer.group_queue import Group, GroupQueue
 from geartrain.trainer.roles import ActorRolloutWorker, _global_prompt_index, _prompts_and_sampling
+from geartrain.trainer.sampling import concat_rollouts
 from geartrain.types import EngineContext, SamplingParams
 from geartrain.weights import BucketStats, drain
 
@@ -82,9 +88,12 @@ class RolloutReplica:
         """The version of the weights in the engine (-1: not received yet)."""
         self.group: UpdateGroup | None = None
 
-    def join_update_group(self, address: str, port: int, size: int) -> None:
-        """Become member ``1 + rank`` of the weight-update group (member 0: the trainer)."""
-        self.group = UpdateGroup(address, port, 1 + self.rank, size, device=self.device)
+    def join_update_group(self, addresses: list[tuple[str, int]]) -> None:
+        """Become member 1 of this replica's weight-update group, ``addresses[rank]``
+        (member 0: trainer rank 0; one group per replica, see
+        :mod:`geartrain.cluster.send_queue`)."""
+        address, port = addresses[self.rank]
+        self.group = UpdateGroup(address, port, 1, 2, device=self.device)
 
     def receive_weights(self, version: int) -> dict[str, float]:
         """Take the trainer's broadcast into the engine; its weights are then ``version``."""
@@ -104,7 +113,8 @@ class RolloutReplica:
             raise GeartrainError("a separate rollout replica was asked to generate before it received any weights")
         prompts, sampling = _prompts_and_sampling(prompts, sampling)
         start = time.perf_counter()
-        batch = _global_prompt_index(self.rollout.generate(prompts, sampling), sampling)
+        # streamed: a simulated-latency backend's per-row finish times ride along (ready_at)
+        batch = _global_prompt_index(self.rollout.generate(prompts, sampling, stream=True), sampling)
         batch.meta["rollout_rank"] = [self.rank] * len(batch)
         batch.meta["weight_version"] = [self.version] * len(batch)
         return batch, {"timing/generate_s": time.perf_counter() - start}
@@ -158,53 +168,55 @@ class TrainerWorker(ActorRolloutWorker):
         self.pending = deque()
         self.dtype = torch_dtype(rollout.dtype)
         self.bucket_bytes = rollout.weight_bucket_bytes
-        self.group: UpdateGroup | None = None
-        self.sending: threading.Thread | None = None
-        self.send_error: BaseException | None = None
+        self.groups: list[UpdateGroup] = []
+        self.sends: SendQueue | None = None
 
     def generate(self, prompts: Any, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
         raise GeartrainError("rollout.placement = 'separate': the trainer ranks hold no rollout (the replicas generate)")
 
-    def update_group_address(self) -> tuple[str, int]:
-        return free_address()
+    def update_group_addresses(self, replicas: int) -> list[tuple[str, int]]:
+        """One rendezvous address per replica's update group (hosted by rank 0)."""
+        return [free_address() for _ in range(replicas)]
 
-    def join_update_group(self, address: str, port: int, size: int) -> None:
-        """Rank 0 becomes member 0 (the sender) of the weight-update group."""
-        if self.rank == 0:
-            self.group = UpdateGroup(address, port, 0, size, device=self.device)
+    def join_update_groups(self, addresses: list[tuple[str, int]], max_in_flight: int) -> None:
+        """Rank 0 becomes member 0 (the sender) of each replica's update group, in the
+        order of ``addresses`` (replica ``r`` joins ``addresses[r]`` at the same time), and
+        starts the send queue: at most ``max_in_flight`` snapshots on their way."""
+        if self.rank != 0:
+            return
+        self.groups = [UpdateGroup(address, port, 0, 2, device=self.device) for address, port in addresses]
 
-    def _wait_sent(self) -> None:
-        if self.sending is not None:
-            self.sending.join()
-            self.sending = None
-        if self.send_error is not None:
-            error, self.send_error = self.send_error, None
-            raise GeartrainError(f"the weight broadcast to the rollout replicas failed: {error}") from error
+        def sender(group: UpdateGroup) -> Any:
+            return lambda tensors: group.send(iter(tensors), self.bucket_bytes)
+
+        self.sends = SendQueue([sender(g) for g in self.groups], max_in_flight)
 
     def broadcast_weights(self) -> dict[str, float]:
-        """Snapshot the weights (every rank: sharded engines gather collectively) and send
-        them from rank 0 on a thread of its own, so training goes on while the replicas
-        finish the requests queued before the update. The previous broadcast is waited for."""
-        self._wait_sent()
+        """Snapshot the weights (every rank: sharded engines gather collectively) and queue
+        them on rank 0 for every replica (:class:`~geartrain.cluster.send_queue.SendQueue`:
+        each replica takes them between two of its requests, on its own group, while
+        training goes on). Blocks only while ``max_in_flight`` earlier snapshots are
+        undelivered; raises if an earlier send failed."""
         snapshot = WeightSnapshot(self.dtype, self.bucket_bytes)
         sync = self.engine.sync_weights(snapshot)
+        metrics = {"timing/weight_snapshot_s": sync.seconds, "separate/weight_snapshot_bytes": float(sync.bytes)}
         if self.rank == 0:
-            assert self.group is not None, "join_update_group first"
-            group = self.group
-
-            def send() -> None:
-                try:
-                    group.send(iter(snapshot.tensors), self.bucket_bytes)
-                except BaseException as exc:  # noqa: BLE001 - reported by the next call
-                    self.send_error = exc
-
-            self.sending = threading.Thread(target=send, name="geartrain-weight-broadcast", daemon=True)
-            self.sending.start()
-        return {"timing/weight_snapshot_s": sync.seconds, "separate/weight_snapshot_bytes": float(sync.bytes)}
+            assert self.sends is not None, "join_update_groups first"
+            start = time.perf_counter()
+            try:
+                metrics["separate/snapshots_in_flight"] = float(self.sends.put(snapshot.tensors))
+            except RuntimeError as exc:
+                raise GeartrainError(f"the weight broadcast to the rollout replicas failed: {exc}") from exc
+            metrics["timing/weight_queue_wait_s"] = time.perf_counter() - start
+        return metrics
 
     def wait_broadcast(self) -> None:
-        """Wait until the last broadcast was sent (and raise what it raised)."""
-        self._wait_sent()
+        """Wait until every queued snapshot was delivered (and raise what a send raised)."""
+        if self.sends is not None:
+            try:
+                self.sends.wait()
+            except RuntimeError as exc:
+                raise GeartrainError(f"the weight broadcast to the rollout replicas failed: {exc}") from exc
 
     def weight_digests(self) -> dict[str, str]:
         """Digests of the weights as the replicas receive them (rollout dtype)."""
@@ -213,9 +225,9 @@ class TrainerWorker(ActorRolloutWorker):
         return weight_digests(snapshot.tensors)
 
     def close(self) -> None:
-        if self.sending is not None:
-            self.sending.join(timeout=30.0)
-        self.group = None
+        if self.sends is not None:
+            self.sends.close()
+        self.groups = []
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -256,15 +268,18 @@ class SeparateGeneration(Generation):
         self.published = -1
         self.sent = 0  # requests sent to the replicas so far
         self.receiving: deque[tuple[int, PendingCall]] = deque()  # (requests sent before it, call)
-        self.in_flight: deque[tuple[int, PendingCall]] = deque()  # (its number, call)
+        # streaming (max_staleness >= 1): requests not back yet (number, prompts, call), and the groups
+        self.unresolved: deque[tuple[int, PromptBatch, PendingCall]] = deque()
+        self.queue: GroupQueue | None = None
+        self.first_step: int | None = None
+        self.streamed = 0  # requests streamed so far (each seeded by first_step + its number)
         self.connect()
 
     def connect(self) -> None:
-        """Build the weight-update group: trainer rank 0 and every replica, at once."""
-        address, port = self.trainer.call("update_group_address")
-        size = 1 + self.rollout.world_size
-        joining = [self.trainer.submit("join_update_group", address, port, size),
-                   self.rollout.submit("join_update_group", address, port, size)]
+        """Build one weight-update group per replica (trainer rank 0 and the replica)."""
+        addresses = self.trainer.call("update_group_addresses", self.rollout.world_size)
+        joining = [self.trainer.submit("join_update_groups", addresses, self.max_staleness + 1),
+                   self.rollout.submit("join_update_group", addresses)]
         for pending in joining:
             pending.result()
 
@@ -294,19 +309,32 @@ class SeparateGeneration(Generation):
         self.sent += 1
         return self.sent - 1, call
 
-    def _take(self, request: tuple[int, PendingCall], prompts: PromptBatch, n: int) -> tuple[Batch, dict[str, float]]:
+    def _result(self, request: tuple[int, PendingCall]) -> tuple[Batch, list[float] | None, dict[str, float]]:
+        """A sent request's samples, their ``ready_at`` (simulated latency; ``None``: ready
+        now) and the replicas' metrics, with those of the broadcasts applied before it."""
         number, pending = request
-        start = time.perf_counter()
         batch, metrics = pending.result()
-        metrics = {**metrics, "timing/rollout_wait_s": time.perf_counter() - start}
         # broadcasts sent before this request are applied by now (each replica ran them first)
         while self.receiving and self.receiving[0][0] <= number:
             metrics.update(self.receiving.popleft()[1].result())
+        return batch, batch.meta.pop(READY_AT, None), metrics
+
+    def _stamp(self, batch: Batch) -> None:
+        """Each sample's ``staleness`` (trainer version minus its weights'), checked
+        against ``algorithm.max_staleness``."""
         versions = torch.tensor(batch["weight_version"], dtype=torch.float32)
         batch["staleness"] = float(self.trainer.version) - versions
         gap = int(batch["staleness"].max()) if len(batch) else 0
         if gap > max(self.max_staleness, 0):
             raise GeartrainError(f"a sample is {gap} weight versions old, more than algorithm.max_staleness = {self.max_staleness}")
+
+    def _take(self, request: tuple[int, PendingCall], prompts: PromptBatch, n: int) -> tuple[Batch, dict[str, float]]:
+        start = time.perf_counter()
+        batch, ready_at, metrics = self._result(request)
+        if ready_at:
+            wait_until(max(ready_at))  # a whole request: as long as its longest sample
+        metrics = {**metrics, "timing/rollout_wait_s": time.perf_counter() - start}
+        self._stamp(batch)
         return self.annotate(batch, prompts, n), metrics
 
     def generate(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
@@ -324,14 +352,79 @@ class SeparateGeneration(Generation):
             prompts = self.loader.next_batch()
             batch, more = self.generate(prompts, self.sampling(step))
             return prompts, batch, {**metrics, **more}
-        while len(self.ahead) <= self.max_staleness:
-            state = self.loader.state_dict()
-            prompts = self.loader.next_batch()
-            self.in_flight.append(self._send(prompts, self.sampling(step + len(self.ahead))))
-            self.ahead.append((prompts, state))
-        prompts, _ = self.ahead.popleft()
-        batch, more = self._take(self.in_flight.popleft(), prompts, self.config.sampling.n)
-        return prompts, batch, {**metrics, **more}
+        return self._stream(step, metrics)
+
+    # ------------------------------------------------------------------ streaming (k >= 1)
+    def loader_state(self) -> dict[str, Any]:
+        """Before the prompts of the oldest request with groups not trained yet."""
+        state = self.queue.loader_state() if self.queue is not None else None
+        return state if state is not None else self.loader.state_dict()
+
+    def _send_request(self) -> None:
+        """Send the loader's next batch to the replicas (seeded by its own number)."""
+        assert self.queue is not None and self.first_step is not None
+        state = self.loader.state_dict()
+        prompts = self.loader.next_batch()
+        number, call = self._send(prompts, self.sampling(self.first_step + self.streamed))
+        self.streamed += 1
+        self.queue.sent(number, prompts, state)
+        self.unresolved.append((number, prompts, call))
+
+    def _resolve(self, metrics: dict[str, float]) -> None:
+        """Wait for the oldest unresolved request and queue its groups."""
+        assert self.queue is not None
+        number, prompts, call = self.unresolved.popleft()
+        batch, ready_at, more = self._result((number, call))
+        arrived = time.time()
+        more["separate/replica_generate_s"] = more.pop("timing/generate_s", 0.0)  # the step's generate_s is its wait
+        metrics.update(more)
+        n = self.config.sampling.n
+        batch = self.annotate(batch, prompts, n)
+        groups = []
+        for i in range(len(prompts)):
+            rows = list(range(i * n, (i + 1) * n))
+            one = PromptBatch(rows=[prompts.rows[i]], indices=[prompts.indices[i]], epoch=prompts.epoch)
+            ready = max(ready_at[r] for r in rows) if ready_at else arrived
+            groups.append(Group(request=number, index=i, prompt=one, rows=batch.index(rows),
+                                version=int(batch["weight_version"][rows[0]]), ready_at=ready))
+        self.queue.add(groups)
+
+    def _stream(self, step: int, metrics: dict[str, float]) -> tuple[PromptBatch, Batch, dict[str, float]]:
+        """The first ``batch_size`` finished groups no more than ``max_staleness`` versions
+        old (see :mod:`geartrain.trainer.group_queue`), the pipeline kept full."""
+        if self.queue is None:
+            groups = self.config.data.batch_size
+            self.queue = GroupQueue(batch_groups=groups, max_staleness=self.max_staleness,
+                                    capacity=(self.max_staleness + 1) * groups)
+            self.first_step = step
+        queue, version, start = self.queue, self.trainer.version, time.perf_counter()
+        while queue.has_room(queue.batch_groups):
+            self._send_request()
+        dropped = queue.dropped
+        while True:
+            queue.drop_stale(version)
+            first = queue.first_finished()
+            enough = len(first) == queue.batch_groups
+            if enough and (not self.unresolved or first[-1].ready_at <= time.time()):
+                break  # a request not back yet cannot finish before now
+            if self.unresolved:
+                self._resolve(metrics)
+            elif enough:
+                break
+            else:  # what is left in flight was too stale: more work
+                self._send_request()
+        taken = queue.take(version)
+        wait_until(max(g.ready_at for g in taken))
+        wait = time.perf_counter() - start
+        batch = concat_rollouts([g.rows for g in taken])
+        self._stamp(batch)
+        prompts = PromptBatch(rows=[g.prompt.rows[0] for g in taken], indices=[g.prompt.indices[0] for g in taken],
+                              epoch=taken[0].prompt.epoch)
+        metrics.update({"timing/rollout_wait_s": wait, "timing/generate_s": wait,
+                        "async/dropped_groups": float(queue.dropped - dropped),
+                        "async/queued_groups": float(len(queue.finished)),
+                        "async/requests_mixed": float(len({g.request for g in taken}))})
+        return prompts, batch, metrics
 
     def check_weights(self) -> int:
         """Compare every replica's weights with the trainer's, bitwise (after the pending
