@@ -4,9 +4,11 @@
    trivial method (``Dispatch.ALL``) and for a main-job-sized rollout batch split and
    gathered (``Dispatch.DP``: 128 rows x 21 tokens, the per-token tensors of one step).
 2. The main job's GRPO step (no SFT, from the tiny model; the same config otherwise) inline
-   vs 2 Ray ranks (FSDP dp=2, colocated torch rollouts): wall time per step, CPU time per
-   step summed over the driver and every rank, and on Ray the dispatch overhead of the step's
-   calls (each call's wall on the driver minus the slowest rank's time inside the method,
+   vs 2 Ray ranks (FSDP dp=2, colocated torch rollouts), on Ray without and with
+   ``trainer.prefetch_generation`` (the next step's generation sent behind the update):
+   wall time per step, CPU time per step summed over the driver and every rank, and on Ray
+   the dispatch overhead of the step's calls (each call's wall on the driver not spent in
+   the slowest rank's method nor, for a submitted call, in the driver's own work,
    :class:`geartrain.cluster.ray_placement.DispatchStats`) as seconds and as a share of the
    steps' wall time.
 
@@ -75,8 +77,8 @@ def dispatch_overhead(ranks: int, calls: int) -> dict[str, float]:
         placement.close()
 
 
-def step_times(ray: bool, steps: int) -> dict[str, float]:
-    overrides = ["sft.enabled=false", "validation.path=null", "trainer.tensorboard=false", "trainer.plot=false",
+def step_times(ray: bool, steps: int, extra: tuple[str, ...] = ()) -> dict[str, float]:
+    overrides = [*extra, "sft.enabled=false", "validation.path=null", "trainer.tensorboard=false", "trainer.plot=false",
                  "trainer.export_hf=false", "trainer.progress=false", "trainer.save_every=0", f"trainer.total_steps={steps}"]
     if ray:
         overrides += ["cluster.placement=ray", "actor.engine.parallel.dp=2"]
@@ -124,8 +126,9 @@ def main() -> None:
         print(f"dispatch, {ranks} rank(s):", {k: round(v, 3) for k, v in dispatch_overhead(ranks, args.calls).items()}, flush=True)
     inline = step_times(False, args.steps)
     print("main-job step inline:", {k: round(v, 4) for k, v in inline.items()}, flush=True)
-    two = step_times(True, args.steps)
-    print("main-job step 2 Ray ranks:", {k: round(v, 4) for k, v in two.items()}, flush=True)
+    for prefetch in ("false", "true"):
+        two = step_times(True, args.steps, (f"trainer.prefetch_generation={prefetch}",))
+        print(f"main-job step 2 Ray ranks, prefetch_generation={prefetch}:", {k: round(v, 4) for k, v in two.items()}, flush=True)
 
 
 if __name__ == "__main__":

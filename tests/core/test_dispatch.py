@@ -102,3 +102,18 @@ def test_balanced_partition_keeps_a_prompts_samples_together() -> None:
     # without uids nothing changes
     rows = partition(_batch(lengths), 2, balance=True)
     assert sorted(i for p in rows for i in p) == list(range(16)) and [len(p) for p in rows] == [8, 8]
+
+
+def test_a_submitted_calls_overhead_leaves_out_the_ranks_work_and_the_drivers() -> None:
+    from geartrain.cluster.ray_placement import DispatchStats
+
+    stats = DispatchStats()
+    # sent at 0; the driver works elsewhere until 5; the slowest rank works 1..8; in hand at 9
+    stats.record_submitted(0.0, 5.0, 9.0, (1.0, 8.0))
+    assert (stats.calls, stats.wall_s, stats.overhead_s) == (1, 9.0, 1.0)
+    # prefetched: the rank ran 1..3 while the driver was away until 6; the result took 0.5
+    stats.record_submitted(0.0, 6.0, 6.5, (1.0, 3.0))
+    assert stats.overhead_s == pytest.approx(1.5)
+    # the rank started only after the driver asked (2..4 idle before it): 5 of 10 were dispatch
+    stats.record_submitted(0.0, 2.0, 10.0, (4.0, 7.0))
+    assert stats.overhead_s == pytest.approx(1.5 + 5.0)

@@ -82,10 +82,11 @@ def ray_environment() -> None:
 
 
 class Timed(NamedTuple):
-    """A rank's result and the seconds its method ran."""
+    """A rank's result, the seconds its method ran and when it ended (``time.time()``)."""
 
     value: Any
     seconds: float
+    ended: float
 
 
 # ----------------------------------------------------------------------------- in the actor
@@ -180,7 +181,7 @@ class RankHost:
         self._log(f"{role}.{method}")
         start = time.perf_counter()
         value = getattr(self.workers[role], method)(*args, **kwargs)
-        return Timed(value, time.perf_counter() - start)
+        return Timed(value, time.perf_counter() - start, time.time())
 
     # Ray resolves object refs passed as top-level arguments: arguments shared by every
     # rank travel as one ``(args, kwargs)`` pair (through the object store once when large).
@@ -417,9 +418,13 @@ def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
 
 
 class DispatchStats:
-    """What a group's calls cost beyond the work itself: each call's wall time on the
-    driver minus the slowest rank's time inside the method (argument transfer, result
-    transfer, splitting and gathering, Ray's scheduling)."""
+    """What a group's calls cost beyond the work itself (argument transfer, result transfer,
+    splitting and gathering, Ray's scheduling): for a call the driver waited on at once
+    (:meth:`RayWorkerGroup.call`), its wall time on the driver minus the slowest rank's time
+    inside the method; for a submitted one (:meth:`RayWorkerGroup.submit`), the time from
+    its submission to its result in the driver's hands during which neither that rank
+    worked on it nor the driver did anything else (the driver's own work in between is the
+    step's, not the call's)."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -431,9 +436,26 @@ class DispatchStats:
         self.wall_s += wall_s
         self.overhead_s += max(wall_s - work_s, 0.0)
 
+    def record_submitted(self, submitted: float, waited: float, done: float, work: tuple[float, float]) -> None:
+        """A submitted call (``time.time()`` readings): sent at ``submitted``, its result
+        asked for at ``waited`` and in hand at ``done``; the slowest rank worked during
+        ``work`` (its start and end)."""
+        busy = sorted([(submitted, waited), (max(work[0], submitted), min(work[1], done))])
+        covered, reach = 0.0, submitted
+        for lo, hi in busy:  # the length of the two intervals' union
+            lo = max(lo, reach)
+            if hi > lo:
+                covered += hi - lo
+                reach = hi
+        self.calls += 1
+        self.wall_s += done - submitted
+        self.overhead_s += max(done - submitted - covered, 0.0)
+
 
 class RayWorkerGroup(WorkerGroup):
     """One role's worker on each rank of a :class:`RankPool`."""
+
+    overlaps = True
 
     def __init__(self, pool: RankPool, role: str, worker_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, seed: int, balance: bool) -> None:
         import ray
@@ -452,12 +474,13 @@ class RayWorkerGroup(WorkerGroup):
 
     def submit(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> PendingCall:
         """Send the call to every rank now (Ray runs an actor's calls in the order they
-        were sent); ``result()`` waits for the ranks and combines their results. (Only
-        :meth:`call` counts in :attr:`stats`: a submitted call's wall includes its wait.)"""
+        were sent); ``result()`` waits for the ranks and combines their results (counted
+        in :attr:`stats` as a submitted call, see :class:`DispatchStats`)."""
         return self._submit(method, args, kwargs, dispatch, measure=False)
 
     def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], dispatch: Dispatch, *, measure: bool) -> PendingCall:
         start = time.perf_counter()
+        submitted = time.time()
         hosts = self.pool.hosts
         if dispatch is Dispatch.ALL:
             shared = _by_store((args, kwargs))
@@ -479,10 +502,14 @@ class RayWorkerGroup(WorkerGroup):
                 return _merge_metrics(merged, results)
 
         def wait() -> Any:
+            waited = time.time()
             timed = self.pool.get(refs, self.role, method)
             value = combine([t.value for t in timed])
+            slowest = max(timed, key=lambda t: t.seconds)
             if measure:
-                self.stats.record(time.perf_counter() - start, max(t.seconds for t in timed))
+                self.stats.record(time.perf_counter() - start, slowest.seconds)
+            else:
+                self.stats.record_submitted(submitted, waited, time.time(), (slowest.ended - slowest.seconds, slowest.ended))
             return value
 
         return PendingCall(wait=wait)

@@ -41,6 +41,9 @@ class WorkerGroup(ABC):
 
     role: str
     world_size: int
+    overlaps: bool = False
+    """Whether :meth:`submit` returns before the call ran (the ranks are other processes),
+    so that a submitted call's transfer and work overlap what the driver does next."""
 
     @abstractmethod
     def call(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> Any:

@@ -421,6 +421,13 @@ class TrainerConfig(Section):
     that trains on it (the number of steps generated ahead)."""
     async_tis_cap: float = Field(2.0, gt=0)
     """Async rollout: the IS weight cap when ``algorithm.tis_cap`` is not set."""
+    prefetch_generation: bool = True
+    """On a placement whose ranks are other processes (``cluster.placement = "ray"``), send
+    the next step's generation right behind the actor's update (one optimizer step that
+    reuses its log-probs, see ``reuse_update_log_probs``), so that the ranks start it as
+    soon as the update ends while the driver logs the step: the same samples from the same
+    weights as sending it at the next step's start (synchronous, on-policy), one round trip
+    to the ranks fewer on the step's critical path."""
     reuse_update_log_probs: bool = True
     """When a batch gets exactly one optimizer step (``algorithm.ppo_epochs = 1``,
     ``mini_batches = 1``) and no KL penalty is folded into the reward, take the old

@@ -8,20 +8,38 @@ with what the rest of the step reads: the prompt's metadata (``prompt``, ``groun
 :meth:`Generation.generate` is the seam for another kind of rollout (multi-turn episodes,
 tools): it is the one place a :class:`~geartrain.data.PromptBatch` becomes a rollout batch,
 for training, validation, greedy baselines and dynamic sampling alike.
+
+On a placement whose ranks are other processes, :meth:`Generation.prefetch` sends the next
+step's generation right behind the actor's update (``trainer.prefetch_generation``): the
+ranks run it as soon as the update ends, from the same weights and with the same seeds as
+if it were sent at the next step's start, while the driver finishes the step; the round
+trip to the ranks leaves the step's critical path.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from geartrain.batch import Batch
-from geartrain.cluster import Dispatch, WorkerGroup
+from geartrain.cluster import Dispatch, PendingCall, WorkerGroup
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.data import PromptBatch, PromptLoader
 from geartrain.seeding import step_seed
 from geartrain.trainer.config import TrainConfig
 from geartrain.types import SamplingParams
+
+
+@dataclass
+class Prefetched:
+    """A step's generation sent ahead (:meth:`Generation.prefetch`)."""
+
+    step: int
+    prompts: PromptBatch
+    loader_state: dict[str, Any]
+    """The loader's position before ``prompts`` were drawn."""
+    call: PendingCall
 
 
 class Generation:
@@ -39,11 +57,39 @@ class Generation:
         # async rollout: prompts of the steps generated ahead, with the loader's state
         # before each (a checkpoint must resume at the first step not trained yet)
         self.ahead: deque[tuple[PromptBatch, dict[str, Any]]] = deque()
+        self.prefetched: Prefetched | None = None
 
     def loader_state(self) -> dict[str, Any]:
         """The data loader's position for a checkpoint: before the prompts of the first
-        step not trained yet (async rollout draws prompts ahead of training)."""
+        step not trained yet (async rollout and :meth:`prefetch` draw prompts ahead of
+        training)."""
+        if self.prefetched is not None:
+            return self.prefetched.loader_state
         return self.ahead[0][1] if self.ahead else self.loader.state_dict()
+
+    def can_prefetch(self) -> bool:
+        """Whether :meth:`prefetch` sends anything: ``trainer.prefetch_generation`` is on,
+        the rollout is synchronous (no ``trainer.async_rollout``), the samples come from
+        this class's own :meth:`generate` (not episodes, not separate replicas) and the
+        actor group's submitted calls overlap the driver's work (``WorkerGroup.overlaps``)."""
+        return (
+            self.config.trainer.prefetch_generation
+            and not self.config.trainer.async_rollout
+            and type(self).generate is Generation.generate
+            and self.actor.overlaps
+        )
+
+    def prefetch(self, step: int) -> None:
+        """Send step ``step``'s generation now, behind the calls already sent to the actor
+        group (its ranks run them first: the update whose weights it must sample from);
+        :meth:`next` takes it. Its prompts are drawn now: until then :meth:`loader_state`
+        is the position before them, so a checkpoint in between resumes at ``step``."""
+        if self.prefetched is not None or not self.can_prefetch():
+            return
+        state = self.loader.state_dict()
+        prompts = self.loader.next_batch()
+        call = self.actor.submit("generate", prompt_batch(prompts.prompt_ids), self.sampling(step), dispatch=Dispatch.DP)
+        self.prefetched = Prefetched(step, prompts, state, call)
 
     def sampling(self, step: int, round_: int = 0) -> SamplingParams:
         """Step ``step``'s sampling (``sampling.*``, seeded by the step); dynamic sampling's
@@ -80,6 +126,12 @@ class Generation:
         """Step ``step``'s prompts and samples. Async rollout: keep generations queued for
         steps ``step .. step + max_staleness`` and take this step's (generated while
         earlier steps trained)."""
+        if self.prefetched is not None:
+            ahead, self.prefetched = self.prefetched, None
+            if ahead.step != step:
+                raise RuntimeError(f"the generation sent ahead is step {ahead.step}'s, not step {step}'s")
+            batch, metrics = ahead.call.result()
+            return ahead.prompts, self.annotate(batch, ahead.prompts, self.config.sampling.n), metrics
         if not self.config.trainer.async_rollout:
             prompts = self.loader.next_batch()
             return prompts, *self.generate(prompts, self.sampling(step))

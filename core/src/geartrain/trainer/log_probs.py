@@ -9,6 +9,7 @@ weights on the same micro-batches give the same numbers, one forward fewer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from geartrain.batch import Batch
@@ -58,10 +59,16 @@ def forward(
     return policy_metrics(batch, entropy) if actor is not None else {}
 
 
-def update_reusing(actor: WorkerGroup, batch: Batch) -> dict[str, Any]:
+def update_reusing(actor: WorkerGroup, batch: Batch, then: Callable[[], None] | None = None) -> dict[str, Any]:
     """The actor's one optimizer step on ``batch`` whose own forward gives the old
     log-probs (set on ``batch``); returns the update's metrics and those the separate
-    forward would have given."""
-    out = actor.call("update_once", batch, dispatch=Dispatch.DP)
+    forward would have given. ``then`` runs once the update is sent, before its result
+    is awaited (it may send the actor group more calls, which run after the update)."""
+    if then is None:
+        out = actor.call("update_once", batch, dispatch=Dispatch.DP)
+    else:
+        pending = actor.submit("update_once", batch, dispatch=Dispatch.DP)
+        then()
+        out = pending.result()
     batch["old_log_probs"] = out.outputs["log_probs"]
     return {**out.metrics, **policy_metrics(batch, out.outputs["entropy"])}

@@ -264,8 +264,15 @@ class RLTrainer:
         metrics: dict[str, Any] = {}
         if self.roles.critic is not None:
             metrics.update(self.roles.critic.call("update", plan, dispatch=Dispatch.DP))
+        # the next step's generation goes right behind the actor's update (see Generation.prefetch)
+        prefetch = step < self.config.trainer.total_steps and self.generation.can_prefetch()
+        then = (lambda: self.generation.prefetch(step + 1)) if prefetch else None
         if reuse:
-            metrics.update(update_reusing(self.roles.actor, batch))
+            metrics.update(update_reusing(self.roles.actor, batch, then=then))
+        elif actor and then is not None:
+            pending = self.roles.actor.submit("update", plan, dispatch=Dispatch.DP)
+            then()
+            metrics.update(pending.result())
         elif actor:
             metrics.update(self.roles.actor.call("update", plan, dispatch=Dispatch.DP))
         return metrics
