@@ -514,6 +514,14 @@ class RayWorkerGroup(WorkerGroup):
 
         return PendingCall(wait=wait)
 
+    def submit_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        """``method`` on rank ``rank`` alone (the separate rollout routes requests to one
+        replica): sent now, in order with that rank's other calls."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"{self.role}: rank {rank} out of range (world size {self.world_size})")
+        ref = self.pool.hosts[rank].call_shared.remote(self.role, method, _by_store((args, kwargs)))
+        return PendingCall(wait=lambda: self.pool.get([ref], self.role, method)[0].value)
+
     def shutdown(self) -> None:
         if not self.closed:
             self.closed = True

@@ -60,6 +60,15 @@ class WorkerGroup(ABC):
         except Exception as exc:  # noqa: BLE001 - raised again by result()
             return PendingCall(error=exc)
 
+    def submit_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        """Like :meth:`submit`, on rank ``rank`` only (its result uncombined): ordered with
+        the other calls to that rank. This default serves a one-rank group."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"{self.role}: rank {rank} out of range (world size {self.world_size})")
+        if self.world_size != 1:
+            raise NotImplementedError(f"{type(self).__name__} cannot call one rank of {self.world_size}")
+        return self.submit(method, *args, **kwargs)
+
     def shutdown(self) -> None:
         """Stop the ranks and free what they hold."""
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -256,6 +257,20 @@ class VersionedGroup(WorkerGroup):
         self.inner.shutdown()
 
 
+@dataclass(kw_only=True)
+class _Request:
+    """A streamed request: one replica's share of a loader batch."""
+
+    number: int
+    replica: int
+    prompts: PromptBatch
+    call: PendingCall
+    publishes: int
+    """Weight versions sent before it."""
+    ready: float | None = None
+    """When its last group finishes (known once it is back)."""
+
+
 class SeparateGeneration(Generation):
     """Rollout batches from the replicas in ``rollout`` (see the module docstring);
     ``actor`` is the trainer's group wrapped in a :class:`VersionedGroup`."""
@@ -267,12 +282,16 @@ class SeparateGeneration(Generation):
         self.max_staleness = config.algorithm.max_staleness
         self.published = -1
         self.sent = 0  # requests sent to the replicas so far
-        self.receiving: deque[tuple[int, PendingCall]] = deque()  # (requests sent before it, call)
-        # streaming (max_staleness >= 1): requests not back yet (number, prompts, call), and the groups
-        self.unresolved: deque[tuple[int, PromptBatch, PendingCall]] = deque()
+        # per replica, the weight loads not waited for yet: (requests sent before it, call)
+        self.receiving: list[deque[tuple[int, PendingCall]]] = [deque() for _ in range(rollout.world_size)]
+        # streaming (max_staleness >= 1): requests not back yet, the groups, and each replica's load
+        self.unresolved: deque[_Request] = deque()
         self.queue: GroupQueue | None = None
         self.first_step: int | None = None
-        self.streamed = 0  # requests streamed so far (each seeded by first_step + its number)
+        self.streamed = 0  # loader batches streamed so far (each seeded by first_step + its number)
+        self.publishes = 0  # weight versions sent so far
+        self.routed: list[list[_Request]] = [[] for _ in range(rollout.world_size)]
+        self.batch_of: dict[int, int] = {}  # request number -> the loader batch it is a share of
         self.connect()
 
     def connect(self) -> None:
@@ -296,12 +315,13 @@ class SeparateGeneration(Generation):
             # the broadcast fails when a replica died: name the replica (RankFailure) if so
             self.rollout.call("alive")
             raise
-        receive = self.rollout.submit("receive_weights", version)
         self.published = version
+        self.publishes += 1
         if self.max_staleness == 0:
-            metrics.update(receive.result())
-        else:
-            self.receiving.append((self.sent, receive))
+            metrics.update(self.rollout.call("receive_weights", version))
+        else:  # each replica loads them after its requests already sent, on its own
+            for r in range(self.rollout.world_size):
+                self.receiving[r].append((self.sent, self.rollout.submit_rank(r, "receive_weights", version)))
         return metrics
 
     def _send(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[int, PendingCall]:
@@ -309,14 +329,25 @@ class SeparateGeneration(Generation):
         self.sent += 1
         return self.sent - 1, call
 
-    def _result(self, request: tuple[int, PendingCall]) -> tuple[Batch, list[float] | None, dict[str, float]]:
-        """A sent request's samples, their ``ready_at`` (simulated latency; ``None``: ready
-        now) and the replicas' metrics, with those of the broadcasts applied before it."""
+    def _wait(self, call: PendingCall) -> Any:
+        """``call``'s result; a failure of a call to one replica names the replica that
+        died, where one did (``RankFailure``)."""
+        try:
+            return call.result()
+        except GeartrainError:
+            self.rollout.call("alive")
+            raise
+
+    def _result(self, request: tuple[int, PendingCall], replica: int | None = None) -> tuple[Batch, list[float] | None, dict[str, float]]:
+        """A sent request's samples (on ``replica``, or split over all), their ``ready_at``
+        (simulated latency; ``None``: ready now) and the replicas' metrics, with those of
+        the weight loads applied before it."""
         number, pending = request
-        batch, metrics = pending.result()
-        # broadcasts sent before this request are applied by now (each replica ran them first)
-        while self.receiving and self.receiving[0][0] <= number:
-            metrics.update(self.receiving.popleft()[1].result())
+        batch, metrics = self._wait(pending)
+        # weight loads sent before this request are applied by now (each replica ran them first)
+        for r in range(len(self.receiving)) if replica is None else [replica]:
+            while self.receiving[r] and self.receiving[r][0][0] <= number:
+                metrics.update(self._wait(self.receiving[r].popleft()[1]))
         return batch, batch.meta.pop(READY_AT, None), metrics
 
     def _stamp(self, batch: Batch) -> None:
@@ -360,21 +391,51 @@ class SeparateGeneration(Generation):
         state = self.queue.loader_state() if self.queue is not None else None
         return state if state is not None else self.loader.state_dict()
 
+    def _available(self, replica: int, now: float) -> float:
+        """When ``replica`` can start a request sent now: after the weights it was sent
+        last are loaded, i.e. once the requests sent to it before them are done (unknown,
+        so never, while one is not back)."""
+        sent = self.routed[replica] = [q for q in self.routed[replica] if q.ready is None or q.ready > now]
+        before = [q for q in sent if q.publishes < self.publishes]
+        if any(q.ready is None for q in before):
+            return float("inf")
+        return max([now, *(q.ready for q in before if q.ready is not None)])
+
     def _send_request(self) -> None:
-        """Send the loader's next batch to the replicas (seeded by its own number)."""
+        """Send the loader's next batch (seeded by its own number), split in one request
+        per replica's share, each to the replica that can start it soonest (a replica
+        whose weight load waits for a long sample is passed over)."""
         assert self.queue is not None and self.first_step is not None
         state = self.loader.state_dict()
         prompts = self.loader.next_batch()
-        number, call = self._send(prompts, self.sampling(self.first_step + self.streamed))
+        sampling = self.sampling(self.first_step + self.streamed)
         self.streamed += 1
-        self.queue.sent(number, prompts, state)
-        self.unresolved.append((number, prompts, call))
+        replicas = self.rollout.world_size
+        share = -(-len(prompts) // replicas)
+        for lo in range(0, len(prompts), share):
+            part = PromptBatch(rows=prompts.rows[lo:lo + share], indices=prompts.indices[lo:lo + share], epoch=prompts.epoch)
+            request = prompt_batch(part.prompt_ids)
+            request.meta["prompt_index"] = list(range(lo, lo + len(part)))  # samples as if sent whole
+            now = time.time()
+            replica = min(range(replicas), key=lambda r: (self._available(r, now), self._groups_on(r), r))
+            call = self.rollout.submit_rank(replica, "generate", request, sampling)
+            sent = _Request(number=self.sent, replica=replica, prompts=part, call=call, publishes=self.publishes)
+            self.sent += 1
+            self.queue.sent(sent.number, part, state)
+            self.batch_of[sent.number] = self.streamed - 1
+            self.unresolved.append(sent)
+            self.routed[replica].append(sent)
+
+    def _groups_on(self, replica: int) -> int:
+        assert self.queue is not None
+        return sum(len(q.prompts) for q in self.routed[replica] if q.number in self.queue.requests)
 
     def _resolve(self, metrics: dict[str, float]) -> None:
         """Wait for the oldest unresolved request and queue its groups."""
         assert self.queue is not None
-        number, prompts, call = self.unresolved.popleft()
-        batch, ready_at, more = self._result((number, call))
+        request = self.unresolved.popleft()
+        number, prompts = request.number, request.prompts
+        batch, ready_at, more = self._result((number, request.call), request.replica)
         arrived = time.time()
         more["separate/replica_generate_s"] = more.pop("timing/generate_s", 0.0)  # the step's generate_s is its wait
         metrics.update(more)
@@ -387,6 +448,7 @@ class SeparateGeneration(Generation):
             ready = max(ready_at[r] for r in rows) if ready_at else arrived
             groups.append(Group(request=number, index=i, prompt=one, rows=batch.index(rows),
                                 version=int(batch["weight_version"][rows[0]]), ready_at=ready))
+        request.ready = max((g.ready_at for g in groups), default=arrived)
         self.queue.add(groups)
 
     def _stream(self, step: int, metrics: dict[str, float]) -> tuple[PromptBatch, Batch, dict[str, float]]:
@@ -423,7 +485,8 @@ class SeparateGeneration(Generation):
         metrics.update({"timing/rollout_wait_s": wait, "timing/generate_s": wait,
                         "async/dropped_groups": float(queue.dropped - dropped),
                         "async/queued_groups": float(len(queue.finished)),
-                        "async/requests_mixed": float(len({g.request for g in taken}))})
+                        "async/loader_batches": float(len({self.batch_of[g.request] for g in taken}))})
+        self.batch_of = {n: b for n, b in self.batch_of.items() if n in queue.requests}
         return prompts, batch, metrics
 
     def check_weights(self) -> int:
