@@ -172,7 +172,8 @@ test-sglang: .venvs/sglang/.ok
 # the main job with rollout.backend=sglang, 300 GRPO steps (about 3.5 min on the shared 2-core
 # machine: bench/RESULTS.md)
 test-sglang-e2e: .venvs/sglang/.e2e
-	.venvs/sglang/bin/python -m pytest $(PYTEST) tests/e2e/test_main_job_sglang.py tests/e2e/test_agent_job_sglang.py
+	.venvs/sglang/bin/python -m pytest $(PYTEST) tests/e2e/test_main_job_sglang.py tests/e2e/test_agent_job_sglang.py \
+		tests/e2e/test_lora_sglang_sync.py
 
 test-e2e: .venv/.full
 	.venv/bin/python -m pytest $(PYTEST) tests/e2e

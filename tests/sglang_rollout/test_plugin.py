@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import struct
 import subprocess
@@ -18,7 +19,8 @@ from geartrain_sglang import cpu_ops, cpu_shims
 def test_plugin_is_listed_with_its_version_and_capabilities() -> None:
     info = plugins.backend_info("rollout", "sglang")
     assert info.distribution == "geartrain-sglang" and info.version == "0.1.0"
-    assert {"cpu", "cuda", "tensor_parallel", "release_memory"} <= set(info.capabilities)
+    assert {"cpu", "cuda", "tensor_parallel", "release_memory", "lora"} <= set(info.capabilities)
+    assert "update_adapter" in info.hooks
     assert {"build_rollout", "generate", "update_weights", "release", "resume", "shutdown"} <= set(info.hooks)
 
 
@@ -95,6 +97,36 @@ def test_placeholders_stand_in_only_for_missing_packages(monkeypatch: pytest.Mon
     import json
 
     assert json.dumps([1]) == "[1]"
+
+
+def test_lora_modules_get_plain_host_buffers_for_pinned_ones_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's LoRA layers stage index tensors in pinned memory, which torch refuses without
+    an accelerator; the patched module's factories drop ``pin_memory`` and
+    ``Tensor.pin_memory()`` returns a plain copy. Other modules' ``torch`` is untouched."""
+    import types
+
+    if torch.accelerator.is_available():
+        pytest.skip("the shim applies only without an accelerator")
+    monkeypatch.setattr(torch.Tensor, "pin_memory", torch.Tensor.pin_memory)  # restored after the test
+    monkeypatch.setattr(cpu_shims, "_pin_memory_replaced", False)
+    with pytest.raises(RuntimeError):
+        torch.tensor([1, 2], pin_memory=True)
+    lora_layers = types.ModuleType("lora_layers")
+    lora_layers.torch = torch
+    cpu_shims._pinless(lora_layers)
+    offsets = lora_layers.torch.tensor([0, 64, 96], dtype=torch.int32, device="cpu", pin_memory=True)
+    assert offsets.tolist() == [0, 64, 96] and offsets.dtype == torch.int32
+    assert lora_layers.torch.zeros((3,), dtype=torch.int32, pin_memory=True).tolist() == [0, 0, 0]
+    assert lora_layers.torch.int32 is torch.int32 and lora_layers.torch.cumsum is torch.cumsum
+    staged = offsets.pin_memory()
+    assert staged.tolist() == offsets.tolist() and staged.data_ptr() != offsets.data_ptr()  # a copy, as pinning makes
+    cpu_shims._pinless(lora_layers)  # idempotent
+    assert isinstance(lora_layers.torch, cpu_shims._PinlessTorch) and lora_layers.torch._torch is torch
+    with pytest.raises(RuntimeError):  # the real torch module keeps refusing
+        torch.tensor([1, 2], pin_memory=True)
+    assert set(cpu_shims.PATCHED_MODULES) >= {"sglang.srt.lora.layers", "sglang.srt.lora.backend.torch_backend"}
+    for name in ("sglang.srt.lora.layers", "sglang.srt.lora.backend.torch_backend"):
+        assert importlib.util.find_spec(name) is not None, f"{name} moved: the LoRA shim would not apply"
 
 
 def test_cpu_engine_processes_start_with_the_configured_omp_threads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,15 @@ which refuses every attention backend that runs on CPU. After
 per-row seed tensor that mode would have built; SGLang's own torch samplers then use it,
 with the hash its compiled CPU kernel would compute (:mod:`geartrain_sglang.cpu_ops`).
 
+And it lets SGLang's LoRA layers run on CPU (``lora_backend="torch_native"``). They stage
+small index tensors in pinned host memory (``pin_memory=True`` in ``torch.tensor`` and
+friends, ``Tensor.pin_memory()``) for asynchronous copies to the GPU; without an
+accelerator torch has no pinned allocator and raises. When ``sglang.srt.lora.layers`` or
+``sglang.srt.lora.backend.torch_backend`` is imported in a process with no accelerator,
+:func:`_pinless` gives those two modules a ``torch`` whose tensor factories drop
+``pin_memory``, and makes ``Tensor.pin_memory()`` return a plain copy (what it returns,
+minus the pinning). Both only change calls that would otherwise raise.
+
 SGLang starts its scheduler in ``spawn``-ed processes, which do not inherit this process's
 ``sys.meta_path``. The CPU environment therefore also holds a ``.pth`` line (see the
 plugin's README) that calls :func:`install` at interpreter start-up when the environment
@@ -107,7 +116,11 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 #: Module -> function patching it right after it is imported.
-PATCHED_MODULES = {"sglang.srt.sampling.sampling_batch_info": "_seeded_sampling"}
+PATCHED_MODULES = {
+    "sglang.srt.sampling.sampling_batch_info": "_seeded_sampling",
+    "sglang.srt.lora.layers": "_pinless",
+    "sglang.srt.lora.backend.torch_backend": "_pinless",
+}
 #: Seed of an unseeded row in a batch where other rows have seeds (SGLang's own default).
 DEFAULT_ROW_SEED = 42
 
@@ -131,6 +144,56 @@ def _seeded_sampling(module: types.ModuleType) -> None:
 
     from_schedule_batch._geartrain_seeded = True  # type: ignore[attr-defined]
     cls.from_schedule_batch = classmethod(from_schedule_batch)
+
+
+#: The tensor factories that take ``pin_memory`` (those SGLang's LoRA modules call with it).
+PIN_FACTORIES = ("tensor", "empty", "zeros", "ones", "full", "arange", "empty_like", "zeros_like", "ones_like")
+
+
+def _unpinned(factory: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("pin_memory", None)
+        return factory(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = factory.__name__
+    call.__doc__ = factory.__doc__
+    return call
+
+
+class _PinlessTorch(types.ModuleType):
+    """``torch`` as one module sees it: :data:`PIN_FACTORIES` ignore ``pin_memory``."""
+
+    def __init__(self, torch: types.ModuleType) -> None:
+        super().__init__("torch")
+        self._torch = torch
+        for name in PIN_FACTORIES:
+            setattr(self, name, _unpinned(getattr(torch, name)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+
+def _copy_for_pin(tensor: Any, device: Any = None) -> Any:
+    """``Tensor.pin_memory`` without an accelerator: the copy it returns, in ordinary memory."""
+    import torch
+
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
+_pin_memory_replaced = False
+
+
+def _pinless(module: types.ModuleType) -> None:
+    import torch
+
+    if torch.accelerator.is_available() or isinstance(module.torch, _PinlessTorch):
+        return
+    global _pin_memory_replaced
+    module.torch = _PinlessTorch(torch)
+    if not _pin_memory_replaced:
+        # process-wide, but without an accelerator every call of it would raise
+        torch.Tensor.pin_memory = _copy_for_pin  # type: ignore[method-assign]
+        _pin_memory_replaced = True
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 @hookimpl
 def capabilities() -> list[str]:
-    # not 'lora' yet: update_adapter (load_lora_adapter_from_tensors) is unverified on the CPU recipe
-    return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY]
+    # lora: update_adapter through SGLang's load_lora_adapter_from_tensors (on CPU its
+    # torch_native LoRA backend, with cpu_shims' pinned-memory shim)
+    return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY, Capability.LORA]
 
 
 @hookimpl
