@@ -3,8 +3,8 @@ own, weights broadcast after each update, samples streamed up to ``algorithm.max
 steps ahead of training.
 
 * :class:`RolloutReplica` — one Ray actor holding a whole inference engine (any rollout
-  backend, through the same hooks as the colocated one); it generates its data-parallel
-  share of each request and records the weight version every sample was generated with.
+  backend, through the same hooks as the colocated one); it generates the requests sent
+  to it and records the weight version every sample was generated with.
 * :class:`TrainerWorker` — the actor's engine without a rollout. After an update, rank 0
   sends the weights (a snapshot in the rollout's dtype, streamed in
   ``rollout.weight_bucket_bytes`` buckets by :class:`~geartrain.cluster.update_group.UpdateGroup`:
@@ -15,16 +15,17 @@ steps ahead of training.
   (Ray runs an actor's calls one at a time, in the order sent).
 * :class:`SeparateGeneration` — the driver's side, in place of
   :class:`~geartrain.trainer.generation.Generation`: it publishes new weights before
-  submitting work and keeps the requests of steps ``s .. s + k`` in flight (``k =
-  algorithm.max_staleness``), each step's prompts split over the replicas with GRPO groups
-  whole. A request for step ``j`` is sent after the weights of update ``j - k - 1`` were,
-  so no sample is more than ``k`` versions old when it is trained on (checked on every
-  batch: ``staleness`` per sample, ``async/*`` metrics). ``k = 0`` is synchronous and
-  reproduces the colocated run's samples and losses exactly.
+  submitting work. ``k = algorithm.max_staleness = 0`` is synchronous (each step's prompts
+  split over the replicas, GRPO groups whole) and reproduces the colocated run's samples and
+  losses exactly. ``k >= 1`` streams below the step (:mod:`geartrain.trainer.group_queue`):
+  loader batches go out ahead, one request per replica's share, each routed to the replica
+  that can start it soonest; each step trains the first finished GRPO groups and drops
+  those more than ``k`` versions old, so no trained sample is older than that (checked on
+  every batch: ``staleness`` per sample, ``async/*`` metrics).
 
 Checkpoints hold the trainer; requests in flight are not saved: the loader position saved
-is the first step not trained yet, so a resumed run regenerates those steps' samples from
-the checkpoint's weights (the job says so when it resumes).
+is before the oldest request with groups not trained yet, so a resumed run regenerates those
+samples from the checkpoint's weights (the job says so when it resumes).
 """
 
 from __future__ import annotations
