@@ -18,7 +18,14 @@ from geartrain.rewards import rules
 from geartrain.rewards.registry import REWARDS, RewardFn, RewardOutput, get_reward, register_reward
 from geartrain.rewards.reward_model import sequence_scores_from_values
 from geartrain.rewards.rules import gsm8k_answer, last_boxed, leading_integer, normalize_math
-from geartrain.rewards.scoring import RewardResult, RewardScorer, probe_term, score_batch, token_level_scores
+from geartrain.rewards.scoring import (
+    RewardResult,
+    RewardScorer,
+    correctness,
+    probe_term,
+    score_batch,
+    token_level_scores,
+)
 from geartrain.rewards.terms import RewardTerm, batched_reward, detect_batched, make_term
 
 __all__ = [
@@ -29,6 +36,7 @@ __all__ = [
     "RewardScorer",
     "RewardTerm",
     "batched_reward",
+    "correctness",
     "detect_batched",
     "get_reward",
     "gsm8k_answer",

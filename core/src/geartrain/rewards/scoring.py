@@ -32,8 +32,13 @@ class RewardResult:
 
     ``scores`` ``[B]`` float32; ``extras[key]`` one entry per sample (``None`` where the
     function gave none) for the numeric extras of dict outputs (``acc``...); ``errors``
-    the indices of failed samples; ``metrics``: ``reward/mean``, ``reward/errors`` and
-    ``reward/<extra>`` (mean over samples that reported it).
+    the indices of failed samples (``timeouts`` those of them not scored in time);
+    ``metrics``: ``reward/mean``, ``reward/errors`` and ``reward/<extra>`` (mean over
+    samples that reported it), always :func:`summarize` of the rest.
+
+    :meth:`rows` and :meth:`from_rows` carry a result across processes one sample at a
+    time, so that the shares scored by several reward workers are put back together in
+    the batch's order and summarised over the whole batch.
     """
 
     scores: torch.Tensor
@@ -42,6 +47,76 @@ class RewardResult:
     metrics: dict[str, float] = field(default_factory=dict)
     term_scores: dict[str, list[float | None]] = field(default_factory=dict)
     """Each term's own score per sample, by term name (``None`` where it failed)."""
+    timeouts: list[int] = field(default_factory=list)
+    _exact: list[float] | None = field(default=None, repr=False)
+    """The scores as the function returned them (``scores`` is float32)."""
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One plain dict per sample: ``score``, ``terms``, ``extras``, ``error``, ``timeout``."""
+        failed, late = set(self.errors), set(self.timeouts)
+        return [
+            {
+                "score": self._exact[i] if self._exact is not None else float(self.scores[i]),
+                "terms": {name: values[i] for name, values in self.term_scores.items()},
+                "extras": {key: values[i] for key, values in self.extras.items() if values[i] is not None},
+                "error": i in failed,
+                "timeout": i in late,
+            }
+            for i in range(len(self.scores))
+        ]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Mapping[str, Any]]) -> RewardResult:
+        """The result whose :meth:`rows` are ``rows``, with its metrics summarised over all
+        of them (from the scores as the function returned them, before float32)."""
+        n = len(rows)
+        exact = [float(row["score"]) for row in rows]
+        scores = torch.tensor(exact, dtype=torch.float32)
+        names = list(rows[0]["terms"]) if rows else []
+        term_scores = {name: [row["terms"].get(name) for row in rows] for name in names}
+        extras: dict[str, list[float | None]] = {}
+        for i, row in enumerate(rows):
+            for key, value in row["extras"].items():
+                extras.setdefault(key, [None] * n)[i] = value
+        errors = [i for i, row in enumerate(rows) if row["error"]]
+        timeouts = [i for i, row in enumerate(rows) if row["timeout"]]
+        metrics = summarize(exact, extras, term_scores, errors, timeouts)
+        return cls(scores=scores, extras=extras, errors=errors, metrics=metrics, term_scores=term_scores,
+                   timeouts=timeouts, _exact=exact)
+
+
+def correctness(result: RewardResult) -> list[float]:
+    """Per sample 1.0 / 0.0: the function's ``acc`` extra where it gave one, else ``score > 0``."""
+    acc = result.extras.get("acc", [None] * len(result.scores))
+    return [float(a) if a is not None else float(s > 0) for a, s in zip(acc, result.scores.tolist(), strict=True)]
+
+
+def summarize(
+    scores: Sequence[float],
+    extras: Mapping[str, Sequence[float | None]],
+    term_scores: Mapping[str, Sequence[float | None]],
+    errors: Sequence[int],
+    timeouts: Sequence[int],
+) -> dict[str, float]:
+    """A batch's reward metrics: ``reward/mean``, ``reward/errors``, ``reward/timeouts``,
+    ``reward/error_fraction``, each term's ``reward/<term>/mean`` when there are several,
+    and ``reward/<extra>`` (the mean over the samples that reported it)."""
+    n = len(scores)
+    metrics = {
+        "reward/mean": sum(scores) / n if n else 0.0,
+        "reward/errors": float(len(errors)),
+        "reward/timeouts": float(len(timeouts)),
+        "reward/error_fraction": len(errors) / n if n else 0.0,
+    }
+    if len(term_scores) > 1:
+        for name, values in term_scores.items():
+            present = [v for v in values if v is not None]
+            metrics[f"reward/{name}/mean"] = sum(present) / len(present) if present else 0.0
+    for key, values in extras.items():
+        present = [v for v in values if v is not None]
+        if present:
+            metrics[f"reward/{key}"] = sum(present) / len(present)
+    return metrics
 
 
 class _BadOutput(ValueError):
@@ -221,22 +296,9 @@ class RewardScorer:
             self._timeout_logged = True
         if logged_now and len(failed) > 1:
             logger.warning("reward function %s failed on %d of %d samples (rows %s)", self.name, len(failed), n, failed[:20])
-        metrics = {
-            "reward/mean": sum(scores) / n if n else 0.0,
-            "reward/errors": float(len(errors)),
-            "reward/timeouts": float(len(timed_out)),
-            "reward/error_fraction": len(errors) / n if n else 0.0,
-        }
-        if several:
-            for name, values in term_scores.items():
-                present = [v for v in values if v is not None]
-                metrics[f"reward/{name}/mean"] = sum(present) / len(present) if present else 0.0
-        for key, values in extras.items():
-            present = [v for v in values if v is not None]
-            if present:
-                metrics[f"reward/{key}"] = sum(present) / len(present)
+        metrics = summarize(scores, extras, term_scores, errors, timed_out)
         return RewardResult(scores=torch.tensor(scores, dtype=torch.float32), extras=extras, errors=errors,
-                            metrics=metrics, term_scores=term_scores)
+                            metrics=metrics, term_scores=term_scores, timeouts=timed_out, _exact=scores)
 
 
 def score_batch(

@@ -297,6 +297,15 @@ class RewardConfig(Section):
     timeout_s: float | None = Field(300.0, gt=0)
     """Time a step's reward calls may take together (per batch); when it runs out, the
     unscored samples get reward 0 and are counted in ``reward/timeouts``. ``None``: no limit."""
+    workers: int = Field(0, ge=0)
+    """Rule functions: ``0`` scores in the driver process; ``N`` runs them on N Ray actors of
+    their own (``cluster.placement = "ray"``; ``cluster.colocate`` does not apply), each
+    scoring its share of every batch (whole groups of one prompt's samples) while the others
+    score theirs: for reward code that is slow, such as running generated programs or asking
+    a judge over the network. Scores, errors and metrics are those of the driver's scoring.
+    A reward model's ranks are ``reward.engine.parallel`` instead."""
+    resources_per_worker: RankResources | None = None
+    """``workers``: what each reward worker reserves (``None``: ``cluster.resources_per_rank``)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardConfig:
@@ -517,6 +526,14 @@ def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
             problems.append((key, f"{sizes}, but '{role}' is colocated with the actor (cluster.colocate) and gets "
                              f"its {actor_ranks} ranks; make the product {actor_ranks}, or remove '{role}' from "
                              "cluster.colocate to give it ranks of its own"))
+    if config.reward.workers > 0:
+        if config.reward.model is not None:
+            problems.append(("reward.workers", "runs rule functions on workers of their own; a reward model's ranks "
+                             "are reward.engine.parallel: drop reward.workers"))
+        elif cluster.placement != "ray":
+            problems.append(("reward.workers", f"{config.reward.workers} reward workers run as Ray actors; set "
+                             "cluster.placement = \"ray\" (the override cluster.placement=ray), or reward.workers = 0 "
+                             "to score in the driver"))
     if config.rollout.placement == "separate":
         if cluster.placement != "ray":
             problems.append(("rollout.placement", "'separate' runs the replicas as Ray actors of their own; "

@@ -30,7 +30,7 @@ from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.data import PromptBatch, PromptLoader, PromptRow
 from geartrain.errors import GeartrainError
-from geartrain.rewards import token_level_scores
+from geartrain.rewards import RewardResult, correctness, token_level_scores
 from geartrain.seeding import step_seed
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.episodes import EpisodeGeneration, log_sample
@@ -117,12 +117,12 @@ class RLTrainer:
     def _score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """The reward role's ``(scores, metrics, correct)``; ``correct`` is the function's
         ``acc`` where it gives one, else ``score > 0``."""
-        scores, metrics, acc = self.roles.reward.call("score", batch, dispatch=Dispatch.DP)
-        correct = [float(a) if a is not None else float(s > 0) for a, s in zip(acc, scores.tolist(), strict=True)]
-        terms = {k.removeprefix("samples/reward/"): metrics.pop(k) for k in list(metrics) if k.startswith("samples/reward/")}
+        result = RewardResult.from_rows(self.roles.reward.call("score", batch, dispatch=Dispatch.DP))
+        correct = correctness(result)
+        metrics = dict(result.metrics)
         metrics.pop("reward/acc", None)  # the step's reward/accuracy is this (or score > 0 where acc is absent)
-        batch["reward_terms"] = [{name: values[i] for name, values in terms.items()} for i in range(len(batch))]
-        return scores, metrics, torch.tensor(correct)
+        batch["reward_terms"] = [dict(row["terms"]) for row in result.rows()]
+        return result.scores, metrics, torch.tensor(correct)
 
     def _shaped_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """Scores with DAPO's overlong penalty added when ``algorithm.overlong_buffer`` is set."""

@@ -342,9 +342,11 @@ class RewardWorker:
         self.function = RewardScorer(function, timeout_s=timeout_s) if function is not None else None
         self.engine = Engine(engine, model, ctx) if model is not None and engine is not None else None
 
-    def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], list[float | None]]:
-        """``(scores [B], metrics, acc)``; ``acc`` is the function's ``acc`` extra per
-        sample (``None`` where it gave none)."""
+    def score(self, batch: Batch) -> list[dict[str, Any]]:
+        """One dict per sample (:meth:`RewardResult.rows`: its score, each term's score,
+        extras such as ``acc``, error and timeout flags), so that the shares of several
+        reward workers gather in the batch's order; the caller summarises them with
+        :meth:`RewardResult.from_rows`."""
         if self.function is not None:
             result = self.function.score(
                 batch["response_text"],
@@ -352,14 +354,11 @@ class RewardWorker:
                 prompts=batch["prompt"],
                 metas=batch["data_meta"],
             )
-            # each term's own score per sample rides along for completions.jsonl (the
-            # trainer takes these keys out of the metrics)
-            terms = {f"samples/reward/{name}": values for name, values in result.term_scores.items()}
-            return result.scores, {**result.metrics, **terms}, result.extras.get("acc", [None] * len(batch))
+            return result.rows()
         assert self.engine is not None
         values = self.engine.compute_log_probs(batch).outputs["values"]
         scores = sequence_scores_from_values(values, batch["response_mask"])
-        return scores, {"reward/mean": float(scores.mean()) if len(scores) else 0.0}, [None] * len(batch)
+        return [{"score": s, "terms": {}, "extras": {}, "error": False, "timeout": False} for s in scores.tolist()]
 
 
 def nll_loss(outputs: dict[str, torch.Tensor], batch: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:

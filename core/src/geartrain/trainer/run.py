@@ -27,19 +27,27 @@ from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.export import ModelCard, base_model_name, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
-from geartrain.trainer.config import TrainConfig, load_train_config
+from geartrain.rewards import RewardResult, correctness
 from geartrain.trainer.completions import CompletionsLogger
+from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
 from geartrain.trainer.interrupt import EXIT_INTERRUPTED, RunPosition, interrupted_message
 from geartrain.trainer.loggers import Fanout, MlflowLogger, WandbLogger
-from geartrain.trainer.metrics import JsonlLogger, Progress, TensorBoardLogger, TqdmLoggingHandler, plot_curves, read_jsonl
-from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
 from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
+from geartrain.trainer.metrics import (
+    JsonlLogger,
+    Progress,
+    TensorBoardLogger,
+    TqdmLoggingHandler,
+    plot_curves,
+    read_jsonl,
+)
+from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
 from geartrain.trainer.rl import RLRoles, RLTrainer
-from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
 from geartrain.trainer.rundir import RunDirectory
+from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
 from geartrain.trainer.sft import run_sft
 from geartrain.trainer.watchdog import TrainingStalledError, Watchdog
 from geartrain.types import SamplingParams
@@ -73,8 +81,7 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
         batch["ground_truth"] = [r.ground_truth for r in rows]
         batch["prompt"] = [r.prompt for r in rows]
         batch["data_meta"] = [r.meta for r in rows]
-    scores, _, acc = scorer.score(batch)
-    values = [float(a) if a is not None else float(s > 0) for a, s in zip(acc, scores.tolist(), strict=True)]
+    values = correctness(RewardResult.from_rows(scorer.score(batch)))
     return sum(values) / max(len(values), 1)
 
 
@@ -274,8 +281,13 @@ class Job:
                 critic_loss_config(cfg),
                 world_size=cfg.critic.engine.parallel.world_size, pool=pool("critic"), seed=seed,
             )
-        if cfg.reward.model is None:  # a rule function needs no model: it runs in the driver
-            reward: WorkerGroup = InlineWorkerGroup(
+        if cfg.reward.model is None and cfg.reward.workers > 0:  # rule functions on Ray actors of their own
+            reward: WorkerGroup = placement.group(
+                "reward", RewardWorker, self.reward_fn, None, None, timeout_s=cfg.reward.timeout_s,
+                world_size=cfg.reward.workers, pool="reward", seed=seed, resources=cfg.reward.resources_per_worker,
+            )
+        elif cfg.reward.model is None:  # a rule function needs no model: it runs in the driver
+            reward = InlineWorkerGroup(
                 "reward", RewardWorker, self.reward_fn, None, None, timeout_s=cfg.reward.timeout_s, seed=seed
             )
         else:

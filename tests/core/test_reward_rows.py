@@ -1,0 +1,55 @@
+"""A batch's reward result carried one sample at a time (``RewardResult.rows`` /
+``from_rows``), as the reward workers of ``reward.workers`` return their shares, and the
+config's rules for those workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from geartrain.errors import ConfigError
+from geartrain.rewards import RewardResult, RewardScorer, correctness, make_term
+from geartrain.trainer.config import load_train_config
+
+JOB = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
+
+
+def fmt(response: str, ground_truth: str) -> dict[str, float]:
+    if response == "boom":
+        raise RuntimeError("boom")
+    return {"score": 0.1 * len(response), "acc": float(response == ground_truth)}
+
+
+def exact(response: str, ground_truth: str) -> float:
+    return 1.0 / 3.0 if response == ground_truth else 0.0
+
+
+def _result() -> RewardResult:
+    scorer = RewardScorer([make_term(fmt, name="fmt", weight=0.5), make_term(exact, name="exact")])
+    responses = ["12", "boom", "7", "12", "x", "3"]
+    return scorer.score(responses, ["12", "1", "7", "4", "x", "0"])
+
+
+def test_rows_round_trip_keeps_scores_terms_errors_and_metrics() -> None:
+    result = _result()
+    assert result.errors == [1] and len(result.term_scores) == 2
+    again = RewardResult.from_rows(result.rows())
+    assert again.scores.tolist() == result.scores.tolist()
+    assert (again.errors, again.term_scores, again.extras) == (result.errors, result.term_scores, result.extras)
+    assert again.metrics == result.metrics
+    assert correctness(again) == correctness(result) == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_shares_gathered_in_order_summarise_the_whole_batch() -> None:
+    result = _result()
+    rows = result.rows()
+    first, second = RewardResult.from_rows(rows[:3]), RewardResult.from_rows(rows[3:])
+    whole = RewardResult.from_rows(first.rows() + second.rows())
+    assert whole.metrics == result.metrics  # errors and means over all samples, not one share's
+    assert first.metrics["reward/errors"] == 1.0 and second.metrics["reward/errors"] == 0.0
+
+
+def test_reward_workers_need_ray_and_no_reward_model() -> None:
+    with pytest.raises(ConfigError, match=r"reward\.workers.*cluster\.placement"):
+        load_train_config(JOB, ["reward.workers=2"], check_plugins=False)
+    assert load_train_config(JOB, ["reward.workers=2", "cluster.placement=ray"], check_plugins=False).reward.workers == 2
