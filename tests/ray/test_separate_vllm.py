@@ -1,0 +1,77 @@
+"""``rollout.placement = "separate"`` with vLLM replicas: 1 FSDP trainer rank + 2 replicas,
+each a Ray actor holding a whole vLLM engine, ``max_staleness = 0``.
+
+* After every broadcast each replica samples with the trainer's weights: the trainer's
+  log-probs of the tokens each replica sampled equal the replica's (fp32; the tolerance of
+  the colocated vLLM test, tests/ray/test_ray_vllm.py), on both replicas, every step.
+* The run reproduces the colocated vLLM run (1 Ray rank, the same seeds): the same sampled
+  responses and the same rewards, losses and gradient norms.
+
+(SGLang replicas: the plugin is not in the main environment these tests run in.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import geartrain.trainer.rl as rl
+import geartrain.trainer.step_metrics as step_metrics
+import pytest
+import torch
+from geartrain.batch import Batch
+from geartrain.trainer.config import load_train_config
+from geartrain.trainer.run import run_job
+
+from ray_helpers import MAIN_CONFIG, SHORT, digit_reward, records
+
+pytest.importorskip("geartrain_vllm")
+pytestmark = [pytest.mark.slow]
+
+STEPS = 3
+KEYS = ("reward/mean", "reward/std", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac")
+SEPARATE = ["rollout.placement=separate", "rollout.replicas=2", "rollout.resources_per_replica={cpus=0.5}"]
+
+
+def _run(out: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[list[dict], list[list[str]], dict[int, list[float]]]:
+    """The job's metric records, per step the responses it scored, and per replica (rank
+    that sampled the rows) each step's largest |trainer - rollout| log-prob gap."""
+    batches: list[Batch] = []
+    gaps: dict[int, list[float]] = {}
+
+    def score(self: rl.RLTrainer, batch: Batch) -> object:
+        batches.append(batch)
+        return original_score(self, batch)
+
+    def mismatch(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        ranks = torch.tensor(batches[-1]["rollout_rank"])
+        diff = (old - rollout).abs() * mask
+        for r in sorted(set(ranks.tolist())):
+            gaps.setdefault(r, []).append(float(diff[ranks == r].max()))
+        return original_mismatch(old, rollout, mask)
+
+    original_score, original_mismatch = rl.RLTrainer._score, step_metrics.mismatch_metrics
+    monkeypatch.setattr(rl.RLTrainer, "_score", score)
+    monkeypatch.setattr(step_metrics, "mismatch_metrics", mismatch)
+    config = load_train_config(MAIN_CONFIG, [*SHORT, "cluster.placement=ray", "rollout.backend=vllm",
+                                             f"trainer.total_steps={STEPS}", "trainer.save_every=0",
+                                             f"trainer.output_dir={out}", *extra])
+    try:
+        run_job(config, reward_fn=digit_reward)
+    finally:
+        monkeypatch.undo()
+    return records(out / "metrics.jsonl"), [list(b["response_text"]) for b in batches], gaps
+
+
+def test_separate_vllm_replicas_sample_with_the_trainers_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    separate, separate_texts, gaps = _run(tmp_path / "separate", monkeypatch, *SEPARATE)
+    assert [r["step"] for r in separate] == list(range(STEPS + 1))
+    assert sorted(gaps) == [0, 1] and all(len(g) == STEPS for g in gaps.values()), gaps  # both replicas, every step
+    assert max(max(g) for g in gaps.values()) < 1e-3, gaps
+    assert any(r["actor/grad_norm"] > 0 for r in separate[1:])  # the weights moved: every broadcast mattered
+    assert all(r["async/staleness_max"] == 0.0 for r in separate[1:])
+
+    colocated, colocated_texts, _ = _run(tmp_path / "colocated", monkeypatch)
+    assert separate_texts == colocated_texts, "the vLLM replicas sampled other tokens than the colocated vLLM rollout"
+    for a, b in zip(colocated[1:], separate[1:], strict=True):
+        for key in KEYS:
+            assert a[key] == b[key], (a["step"], key, a[key], b[key])
