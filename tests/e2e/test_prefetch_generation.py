@@ -40,8 +40,8 @@ SMALL = [
 UNSTABLE = ("timing/", "perf/", "hybrid/")
 
 
-def _run(out: Path, reward: Path, prefetch: bool) -> list[dict[str, Any]]:
-    overrides = [*SMALL, f"reward.function={reward}:score", f"trainer.prefetch_generation={str(prefetch).lower()}",
+def _run(out: Path, reward: Path, prefetch: bool, extra: list[str]) -> list[dict[str, Any]]:
+    overrides = [*SMALL, *extra, f"reward.function={reward}:score", f"trainer.prefetch_generation={str(prefetch).lower()}",
                  f"trainer.output_dir={out}"]
     run_job(load_train_config(MAIN_CONFIG, overrides))
     return [
@@ -49,14 +49,19 @@ def _run(out: Path, reward: Path, prefetch: bool) -> list[dict[str, Any]]:
     ]
 
 
-def test_prefetched_generation_trains_exactly_like_the_synchronous_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+# one optimizer step reusing its forward's log-probs (update_once), and two mini-batches
+# after a separate old-log-prob forward (update)
+@pytest.mark.parametrize("extra", [[], ["algorithm.mini_batches=2"]], ids=["update_once", "update"])
+def test_prefetched_generation_trains_exactly_like_the_synchronous_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str]
+) -> None:
     # an untrained model never answers right: reward the length, so the policy changes every step
     reward = tmp_path / "length_reward.py"
     reward.write_text("def score(response, ground_truth):\n    return float(len(response))\n")
     saved_states: list[dict[str, Any]] = []
     loader_state = RLTrainer.loader_state
     monkeypatch.setattr(RLTrainer, "loader_state", lambda self: saved_states.append(copy.deepcopy(loader_state(self))) or saved_states[-1])
-    plain = _run(tmp_path / "plain", reward, prefetch=False)
+    plain = _run(tmp_path / "plain", reward, prefetch=False, extra=extra)
     plain_states, saved_states[:] = list(saved_states), []
 
     sent: list[str] = []
@@ -68,7 +73,7 @@ def test_prefetched_generation_trains_exactly_like_the_synchronous_run(tmp_path:
 
     monkeypatch.setattr(InlineWorkerGroup, "overlaps", True)
     monkeypatch.setattr(InlineWorkerGroup, "submit", recording_submit)
-    ahead = _run(tmp_path / "ahead", reward, prefetch=True)
+    ahead = _run(tmp_path / "ahead", reward, prefetch=True, extra=extra)
 
     assert sent.count("generate") == STEPS - 1, sent  # steps 2..4 were generated ahead, not step 5
     assert all(r["actor/grad_norm"] > 0 for r in plain[1:]), "the policy must change every step"
