@@ -60,7 +60,11 @@ def test_prefetched_generation_trains_exactly_like_the_synchronous_run(
     reward.write_text("def score(response, ground_truth):\n    return float(len(response))\n")
     saved_states: list[dict[str, Any]] = []
     loader_state = RLTrainer.loader_state
-    monkeypatch.setattr(RLTrainer, "loader_state", lambda self: saved_states.append(copy.deepcopy(loader_state(self))) or saved_states[-1])
+    def recording_loader_state(self: RLTrainer) -> dict[str, Any]:
+        saved_states.append(copy.deepcopy(loader_state(self)))
+        return saved_states[-1]
+
+    monkeypatch.setattr(RLTrainer, "loader_state", recording_loader_state)
     plain = _run(tmp_path / "plain", reward, prefetch=False, extra=extra)
     plain_states, saved_states[:] = list(saved_states), []
 

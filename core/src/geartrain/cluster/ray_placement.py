@@ -509,7 +509,8 @@ class RayWorkerGroup(WorkerGroup):
             if measure:
                 self.stats.record(time.perf_counter() - start, slowest.seconds)
             else:
-                self.stats.record_submitted(submitted, waited, time.time(), (slowest.ended - slowest.seconds, slowest.ended))
+                work = (slowest.ended - slowest.seconds, slowest.ended)
+                self.stats.record_submitted(submitted, waited, time.time(), work)
             return value
 
         return PendingCall(wait=wait)

@@ -88,7 +88,8 @@ class Generation:
             return
         state = self.loader.state_dict()
         prompts = self.loader.next_batch()
-        call = self.actor.submit("generate", prompt_batch(prompts.prompt_ids), self.sampling(step), dispatch=Dispatch.DP)
+        sampling = self.sampling(step)
+        call = self.actor.submit("generate", prompt_batch(prompts.prompt_ids), sampling, dispatch=Dispatch.DP)
         self.prefetched = Prefetched(step, prompts, state, call)
 
     def sampling(self, step: int, round_: int = 0) -> SamplingParams:
