@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_CONFIG = ROOT / "examples" / "arithmetic" / "grpo.toml"
@@ -54,3 +55,35 @@ def cli(*args: str) -> list[str]:
 def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(cli(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def recorded_run(out: Path, overrides: list[str]) -> tuple[list[dict], list[list[str]], list[int]]:
+    """Run the main job's config with ``overrides`` (output in ``out``, reward
+    :func:`digit_reward`) and return its metric records, per step the responses it scored,
+    and per step the number of tensors each separate rollout replica matched bitwise
+    against the trainer (``SeparateGeneration.check_weights``; empty for colocated runs)."""
+    import geartrain.trainer.rl as rl
+    from geartrain.trainer.config import load_train_config
+    from geartrain.trainer.run import run_job
+
+    seen: list[list[str]] = []
+    checked: list[int] = []
+    original_score, original_step = rl.RLTrainer._score, rl.RLTrainer.step
+
+    def score(self: rl.RLTrainer, batch: Any) -> object:
+        seen.append(list(batch["response_text"]))
+        return original_score(self, batch)
+
+    def step(self: rl.RLTrainer, number: int) -> dict:
+        metrics = original_step(self, number)
+        if hasattr(self.generation, "check_weights"):
+            checked.append(self.generation.check_weights())
+        return metrics
+
+    config = load_train_config(MAIN_CONFIG, [*overrides, f"trainer.output_dir={out}"])
+    rl.RLTrainer._score, rl.RLTrainer.step = score, step  # type: ignore[method-assign]
+    try:
+        run_job(config, reward_fn=digit_reward)
+    finally:
+        rl.RLTrainer._score, rl.RLTrainer.step = original_score, original_step  # type: ignore[method-assign]
+    return records(out / "metrics.jsonl"), seen, checked

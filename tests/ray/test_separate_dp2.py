@@ -11,13 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import geartrain.trainer.rl as rl
 import pytest
-from geartrain.batch import Batch
-from geartrain.trainer.config import load_train_config
-from geartrain.trainer.run import run_job
 
-from ray_helpers import MAIN_CONFIG, RAY2, SHORT, digit_reward, records
+from ray_helpers import RAY2, SHORT, recorded_run
 
 pytestmark = [pytest.mark.slow]
 
@@ -28,37 +24,13 @@ HALF = ["cluster.resources_per_rank={cpus=0.5}"]
 SEPARATE = ["rollout.placement=separate", "rollout.replicas=2", "rollout.resources_per_replica={cpus=0.5}"]
 
 
-def _run(out: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[list[dict], list[list[str]], list[int]]:
-    """The job's metric records, per step the responses it scored, and (separate runs) per
-    step the number of tensors each replica matched bitwise against the trainer."""
-    seen: list[list[str]] = []
-    checked: list[int] = []
-    original_score, original_step = rl.RLTrainer._score, rl.RLTrainer.step
-
-    def score(self: rl.RLTrainer, batch: Batch) -> object:
-        seen.append(list(batch["response_text"]))
-        return original_score(self, batch)
-
-    def step(self: rl.RLTrainer, number: int) -> dict:
-        metrics = original_step(self, number)
-        if hasattr(self.generation, "check_weights"):
-            checked.append(self.generation.check_weights())
-        return metrics
-
-    monkeypatch.setattr(rl.RLTrainer, "_score", score)
-    monkeypatch.setattr(rl.RLTrainer, "step", step)
-    config = load_train_config(MAIN_CONFIG, [*SHORT, *RAY2, *HALF, f"trainer.total_steps={STEPS}", "trainer.save_every=0",
-                                             f"trainer.output_dir={out}", *extra])
-    try:
-        run_job(config, reward_fn=digit_reward)
-    finally:
-        monkeypatch.undo()
-    return records(out / "metrics.jsonl"), seen, checked
+def _run(out: Path, *extra: str) -> tuple[list[dict], list[list[str]], list[int]]:
+    return recorded_run(out, [*SHORT, *RAY2, *HALF, f"trainer.total_steps={STEPS}", "trainer.save_every=0", *extra])
 
 
-def test_separate_with_two_trainer_ranks_reproduces_colocated_dp2_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    colocated, colocated_texts, _ = _run(tmp_path / "colocated", monkeypatch)
-    separate, separate_texts, checked = _run(tmp_path / "separate", monkeypatch, *SEPARATE)
+def test_separate_with_two_trainer_ranks_reproduces_colocated_dp2_exactly(tmp_path: Path) -> None:
+    colocated, colocated_texts, _ = _run(tmp_path / "colocated")
+    separate, separate_texts, checked = _run(tmp_path / "separate", *SEPARATE)
     assert len(colocated_texts) == len(separate_texts) == STEPS
     assert separate_texts == colocated_texts, "the separate replicas sampled other tokens than the colocated dp=2 rollouts"
     assert any(r["actor/grad_norm"] > 0 for r in colocated[1:]), "no gradient: the comparison would be empty"

@@ -13,13 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import geartrain.trainer.rl as rl
 import pytest
-from geartrain.batch import Batch
-from geartrain.trainer.config import load_train_config
-from geartrain.trainer.run import run_job
 
-from ray_helpers import MAIN_CONFIG, SHORT, digit_reward, records
+from ray_helpers import SHORT, recorded_run
 
 pytestmark = [pytest.mark.slow]
 
@@ -29,30 +25,8 @@ SEPARATE = ["rollout.placement=separate", "rollout.replicas=2", "rollout.resourc
 
 
 def _run(out: Path, *extra: str) -> tuple[list[dict], list[list[str]], list[int]]:
-    """The job's metric records, per step the responses it scored, and per step the
-    number of tensors each replica matched bitwise against the trainer (separate runs)."""
-    seen: list[list[str]] = []
-    checked: list[int] = []
-    original_score, original_step = rl.RLTrainer._score, rl.RLTrainer.step
-
-    def score(self: rl.RLTrainer, batch: Batch) -> object:
-        seen.append(list(batch["response_text"]))
-        return original_score(self, batch)
-
-    def step(self: rl.RLTrainer, number: int) -> dict:
-        metrics = original_step(self, number)
-        if hasattr(self.generation, "check_weights"):
-            checked.append(self.generation.check_weights())
-        return metrics
-
-    config = load_train_config(MAIN_CONFIG, [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=0",
-                                             "cluster.placement=ray", f"trainer.output_dir={out}", *extra])
-    rl.RLTrainer._score, rl.RLTrainer.step = score, step  # type: ignore[method-assign]
-    try:
-        run_job(config, reward_fn=digit_reward)
-    finally:
-        rl.RLTrainer._score, rl.RLTrainer.step = original_score, original_step  # type: ignore[method-assign]
-    return records(out / "metrics.jsonl"), seen, checked
+    return recorded_run(out, [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=0", "cluster.placement=ray",
+                              *extra])
 
 
 def test_separate_at_staleness_0_reproduces_colocated_exactly(tmp_path: Path) -> None:
