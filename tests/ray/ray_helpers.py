@@ -87,3 +87,52 @@ def recorded_run(out: Path, overrides: list[str]) -> tuple[list[dict], list[list
     finally:
         rl.RLTrainer._score, rl.RLTrainer.step = original_score, original_step  # type: ignore[method-assign]
     return records(out / "metrics.jsonl"), seen, checked
+
+
+def record_rollout_gaps(monkeypatch: Any) -> tuple[list[Any], dict[int, list[float]]]:
+    """Patch the trainer (undone by ``monkeypatch.undo()``) so that every scored batch is
+    kept and, per rollout rank that sampled rows of it, each step's largest
+    |trainer - rollout| log-prob gap over response tokens is recorded. Returns the two
+    containers, filled as the job runs (gaps by rank; a rank that sampled nothing has none)."""
+    from collections import defaultdict
+
+    import geartrain.trainer.rl as rl
+    import geartrain.trainer.step_metrics as step_metrics
+    import torch
+
+    batches: list[Any] = []
+    gaps: dict[int, list[float]] = defaultdict(list)
+    original_score, original_mismatch = rl.RLTrainer._score, step_metrics.mismatch_metrics
+
+    def score(self: rl.RLTrainer, batch: Any) -> object:
+        batches.append(batch)
+        return original_score(self, batch)
+
+    def mismatch(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        ranks = torch.tensor(batches[-1]["rollout_rank"])
+        diff = (old - rollout).abs() * mask
+        for r in sorted(set(ranks.tolist())):
+            gaps[r].append(float(diff[ranks == r].max()))
+        return original_mismatch(old, rollout, mask)
+
+    monkeypatch.setattr(rl.RLTrainer, "_score", score)
+    monkeypatch.setattr(step_metrics, "mismatch_metrics", mismatch)
+    return batches, gaps
+
+
+def assert_reproduces_colocated(colocated: tuple[list[dict], list[list[str]], Any],
+                                separate: tuple[list[dict], list[list[str]], list[int]],
+                                steps: int, keys: tuple[str, ...], what: str) -> None:
+    """A separate rollout at ``max_staleness = 0`` against the colocated run (both from
+    :func:`recorded_run`): the same responses, the same ``keys`` bit for bit at every step,
+    no staleness, and every replica's weights matched bitwise after every step."""
+    colocated_recs, colocated_texts, _ = colocated
+    separate_recs, separate_texts, checked = separate
+    assert len(colocated_texts) == len(separate_texts) == steps
+    assert separate_texts == colocated_texts, f"the separate replicas sampled other tokens than {what}"
+    assert any(r["actor/grad_norm"] > 0 for r in colocated_recs[1:]), "no gradient: the comparison would be empty"
+    for a, b in zip(colocated_recs[1:], separate_recs[1:], strict=True):
+        for key in keys:
+            assert a[key] == b[key], (a["step"], key, a[key], b[key])
+        assert b["async/staleness_max"] == 0.0
+    assert len(checked) == steps and min(checked) > 0, checked  # every tensor, bitwise, on both replicas

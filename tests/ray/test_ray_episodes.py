@@ -9,14 +9,12 @@ import importlib.util
 from pathlib import Path
 
 import geartrain.trainer.rl as rl
-import geartrain.trainer.step_metrics as step_metrics
 import pytest
-import torch
 from geartrain.batch import Batch
 from geartrain.trainer.config import load_train_config
 from geartrain.trainer.run import run_job
 
-from ray_helpers import RAY2, ROOT, digit_reward, records
+from ray_helpers import RAY2, ROOT, digit_reward, record_rollout_gaps, records
 
 pytestmark = [pytest.mark.slow]
 
@@ -75,24 +73,7 @@ def test_episodes_on_two_ray_ranks_match_inline(tmp_path: Path, monkeypatch: pyt
 
 @pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is None, reason="needs the vLLM rollout plugin")
 def test_vllm_episodes_on_two_ray_ranks_match_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    per_rank: dict[int, list[float]] = {0: [], 1: []}
-    batches: list[Batch] = []
-    original_score, original_mismatch = rl.RLTrainer._score, step_metrics.mismatch_metrics
-
-    def score(self: rl.RLTrainer, batch: Batch) -> object:
-        batches.append(batch)
-        return original_score(self, batch)
-
-    def mismatch(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        ranks = torch.tensor(batches[-1]["rollout_rank"])
-        diff = (old - rollout).abs() * mask
-        for r in per_rank:
-            if (ranks == r).any():
-                per_rank[r].append(float(diff[ranks == r].max()))
-        return original_mismatch(old, rollout, mask)
-
-    monkeypatch.setattr(rl.RLTrainer, "_score", score)
-    monkeypatch.setattr(step_metrics, "mismatch_metrics", mismatch)
+    batches, per_rank = record_rollout_gaps(monkeypatch)
     out = tmp_path / "run"
     config = load_train_config(AGENT_CONFIG, [*SHORT, *RAY2, "rollout.backend=vllm", f"trainer.output_dir={out}"])
     run_job(config, reward_fn=digit_reward)

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import geartrain.trainer.rl as rl
-import geartrain.trainer.step_metrics as step_metrics
 import pytest
-import torch
-from geartrain.batch import Batch
 from geartrain.trainer.config import load_train_config
 from geartrain.trainer.run import run_job
 
-from ray_helpers import MAIN_CONFIG, RAY2, SHORT, digit_reward, records
+from ray_helpers import MAIN_CONFIG, RAY2, SHORT, digit_reward, record_rollout_gaps, records
 
 pytest.importorskip("geartrain_vllm")
 pytestmark = [pytest.mark.slow]
@@ -23,24 +19,7 @@ STEPS = 3
 
 
 def test_vllm_rollout_on_two_ray_ranks_matches_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    batches: list[Batch] = []
-    per_rank: dict[int, list[float]] = {0: [], 1: []}
-    original_score, original_mismatch = rl.RLTrainer._score, step_metrics.mismatch_metrics
-
-    def score(self: rl.RLTrainer, batch: Batch) -> object:
-        batches.append(batch)
-        return original_score(self, batch)
-
-    def mismatch(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        ranks = torch.tensor(batches[-1]["rollout_rank"])
-        diff = (old - rollout).abs() * mask
-        for r in per_rank:
-            if (ranks == r).any():
-                per_rank[r].append(float(diff[ranks == r].max()))
-        return original_mismatch(old, rollout, mask)
-
-    monkeypatch.setattr(rl.RLTrainer, "_score", score)
-    monkeypatch.setattr(step_metrics, "mismatch_metrics", mismatch)
+    _, per_rank = record_rollout_gaps(monkeypatch)
     out = tmp_path / "run"
     config = load_train_config(MAIN_CONFIG, [*SHORT, *RAY2, "rollout.backend=vllm", f"trainer.total_steps={STEPS}",
                                              "trainer.save_every=0", f"trainer.output_dir={out}"])

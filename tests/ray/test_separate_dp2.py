@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_helpers import RAY2, SHORT, recorded_run
+from ray_helpers import RAY2, SHORT, assert_reproduces_colocated, recorded_run
 
 pytestmark = [pytest.mark.slow]
 
@@ -29,13 +29,5 @@ def _run(out: Path, *extra: str) -> tuple[list[dict], list[list[str]], list[int]
 
 
 def test_separate_with_two_trainer_ranks_reproduces_colocated_dp2_exactly(tmp_path: Path) -> None:
-    colocated, colocated_texts, _ = _run(tmp_path / "colocated")
-    separate, separate_texts, checked = _run(tmp_path / "separate", *SEPARATE)
-    assert len(colocated_texts) == len(separate_texts) == STEPS
-    assert separate_texts == colocated_texts, "the separate replicas sampled other tokens than the colocated dp=2 rollouts"
-    assert any(r["actor/grad_norm"] > 0 for r in colocated[1:]), "no gradient: the comparison would be empty"
-    for a, b in zip(colocated[1:], separate[1:], strict=True):
-        for key in KEYS:
-            assert a[key] == b[key], (a["step"], key, a[key], b[key])
-        assert b["async/staleness_max"] == 0.0
-    assert len(checked) == STEPS and min(checked) > 0, checked  # every tensor, bitwise, on both replicas
+    assert_reproduces_colocated(_run(tmp_path / "colocated"), _run(tmp_path / "separate", *SEPARATE), STEPS, KEYS,
+                                "the colocated dp=2 rollouts")

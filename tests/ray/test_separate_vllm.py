@@ -14,15 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import geartrain.trainer.rl as rl
-import geartrain.trainer.step_metrics as step_metrics
 import pytest
-import torch
-from geartrain.batch import Batch
 from geartrain.trainer.config import load_train_config
 from geartrain.trainer.run import run_job
 
-from ray_helpers import MAIN_CONFIG, SHORT, digit_reward, records
+from ray_helpers import MAIN_CONFIG, SHORT, digit_reward, record_rollout_gaps, records
 
 pytest.importorskip("geartrain_vllm")
 pytestmark = [pytest.mark.slow]
@@ -35,23 +31,7 @@ SEPARATE = ["rollout.placement=separate", "rollout.replicas=2", "rollout.resourc
 def _run(out: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[list[dict], list[list[str]], dict[int, list[float]]]:
     """The job's metric records, per step the responses it scored, and per replica (rank
     that sampled the rows) each step's largest |trainer - rollout| log-prob gap."""
-    batches: list[Batch] = []
-    gaps: dict[int, list[float]] = {}
-
-    def score(self: rl.RLTrainer, batch: Batch) -> object:
-        batches.append(batch)
-        return original_score(self, batch)
-
-    def mismatch(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        ranks = torch.tensor(batches[-1]["rollout_rank"])
-        diff = (old - rollout).abs() * mask
-        for r in sorted(set(ranks.tolist())):
-            gaps.setdefault(r, []).append(float(diff[ranks == r].max()))
-        return original_mismatch(old, rollout, mask)
-
-    original_score, original_mismatch = rl.RLTrainer._score, step_metrics.mismatch_metrics
-    monkeypatch.setattr(rl.RLTrainer, "_score", score)
-    monkeypatch.setattr(step_metrics, "mismatch_metrics", mismatch)
+    batches, gaps = record_rollout_gaps(monkeypatch)
     config = load_train_config(MAIN_CONFIG, [*SHORT, "cluster.placement=ray", "rollout.backend=vllm",
                                              f"trainer.total_steps={STEPS}", "trainer.save_every=0",
                                              f"trainer.output_dir={out}", *extra])
