@@ -216,15 +216,17 @@ def update_mfu(a: argparse.Namespace, model: str, micro_tokens: int) -> None:
 
 
 # --------------------------------------------------------------------------- 4. decode
-def make_rollout(a: argparse.Namespace, model_cfg: Any, rows: int, static: bool):  # noqa: ANN201
+def make_rollout(a: argparse.Namespace, model_cfg: Any, rows: int, static: bool, graph: str | None = None):  # noqa: ANN201
     from geartrain.config import RolloutConfig
     from geartrain.rollout import Rollout
     from geartrain.types import EngineContext
 
+    options: dict[str, Any] = {"static_cache": static}
+    if graph is not None:
+        options["decode_graph"] = graph
     return Rollout(
         RolloutConfig(backend="torch", dtype="bfloat16" if a.device == "cuda" else "float32",
-                      max_model_len=a.prompt_tokens + a.response_tokens, max_num_seqs=rows,
-                      options={"static_cache": static}),
+                      max_model_len=a.prompt_tokens + a.response_tokens, max_num_seqs=rows, options=options),
         model_cfg,
         EngineContext(role="rollout", device=a.device),
     )
@@ -235,6 +237,20 @@ def kv_bytes_per_token(cfg: Any, itemsize: int) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * itemsize
 
 
+@torch.no_grad()
+def logp_gap_vs_forward(model: torch.nn.Module, batch: Any, rows: int = 16) -> float:
+    """Mean |rollout log-prob - a plain forward's| over the response tokens of the first
+    ``rows`` rows: a wrong decode (a stale cache position, a misplaced mask) shows here."""
+    ids, mask = batch["input_ids"][:rows], batch["attention_mask"][:rows]
+    resp, lp = batch["response_mask"][:rows].bool(), batch["rollout_log_probs"][:rows]
+    dev = next(model.parameters()).device
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    logits = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev)).logits.float()
+    ref = torch.zeros(lp.shape)  # aligned like rollout_log_probs: column t is log p(ids[t] | ids[:t])
+    ref[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:].to(dev).unsqueeze(-1)).squeeze(-1).cpu()
+    return float((ref[resp] - lp[resp]).abs().mean())
+
+
 def decode(a: argparse.Namespace) -> None:
     from geartrain.config import ModelConfig
     from geartrain.types import SamplingParams
@@ -242,8 +258,9 @@ def decode(a: argparse.Namespace) -> None:
     mc = ModelConfig(tiny="qwen2") if a.dry_run else ModelConfig(preset="qwen2.5-0.5b")
     _, _, bw = card(a.device)
     for rows in a.decode_batches:
-        for static in (True, False) if rows == a.decode_batches[0] else (True,):
-            ro = make_rollout(a, mc, rows, static)
+        for graph in a.decode_graphs:
+            static = graph != "dynamic"
+            ro = make_rollout(a, mc, rows, static, None if not static else graph)
             model = ro.handle.model
             n_params = sum(p.numel() for p in model.parameters())
             itemsize = next(model.parameters()).element_size()
@@ -263,13 +280,33 @@ def decode(a: argparse.Namespace) -> None:
             mean_ctx = a.prompt_tokens + tokens / 2
             step_bytes = n_params * itemsize + rows * mean_ctx * kv_bytes_per_token(model.config, itemsize)
             bound = rows / (step_bytes / bw)
-            record(f"decode_batch{rows}_{'static' if static else 'dynamic'}", {
+            figures = {
                 "generated_tokens": generated, "seconds": round(dt, 3), "tokens_per_s": round(generated / dt),
+                "ms_per_decode_step": round(dt / tokens * 1e3, 3),
                 "bandwidth_bound_tokens_per_s": round(bound) if bw == bw else None,
                 "fraction_of_bound": round(generated / dt / bound, 3) if bw == bw else None,
                 "warmup_s": round(warm, 1), "prompt_tokens": a.prompt_tokens, "includes_prefill": True,
-            })
+                "mean_abs_logp_vs_hf_forward": round(logp_gap_vs_forward(model, out), 5),
+            }
+            if a.profile_decode and rows == a.decode_batches[0]:
+                figures["profile_top_ops"] = profile_decode(a, ro, prompts, sp)
+            record(f"decode_batch{rows}_{graph}", figures)
             ro.shutdown()
+
+
+def profile_decode(a: argparse.Namespace, ro: Any, prompts: list[list[int]], sp: Any) -> list[str]:
+    """Where a decode call's time goes: the ten most expensive ops by device time (CPU
+    time off CUDA), from torch.profiler over one generate call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        ro.generate(prompts, sp)
+        sync(a.device)
+    key = "device_time_total" if a.device == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=10, max_name_column_width=50)
+    print(table, flush=True)
+    return table.splitlines()[:16]
 
 
 # --------------------------------------------------------------------------- 5. GRPO step
@@ -281,7 +318,7 @@ def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) ->
     tag = "" if response_tokens is None else f"_{tokens}"
     engine, mc = make_engine(a, "qwen2.5-0.5b", a.micro_tokens)
     a_saved, a.response_tokens = a.response_tokens, tokens
-    ro = make_rollout(a, mc, a.grpo_prompts * a.n, static=a.device == "cuda")
+    ro = make_rollout(a, mc, a.grpo_prompts * a.n, static=a.device == "cuda", graph=a.grpo_decode_graph)
     a.response_tokens = a_saved
     g = torch.Generator().manual_seed(7)
     loss_fn = make_actor_loss(ActorLossConfig())
@@ -315,7 +352,7 @@ def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) ->
             record(f"grpo_geartrain{tag}_first_step_s", round(dt, 2))
     record(f"grpo_geartrain{tag}", {"step_s": round(sorted(times)[len(times) // 2], 3), "steps": len(times),
                                     "prompts": a.grpo_prompts, "n": a.n, "prompt_tokens": a.prompt_tokens,
-                                    "response_tokens": tokens,
+                                    "response_tokens": tokens, "decode_graph": a.grpo_decode_graph,
                                     "mean_abs_logp_mismatch_per_step": [round(x, 5) for x in mismatch]})
     ro.shutdown()
     del engine
@@ -417,6 +454,12 @@ def main() -> int:
     ap.add_argument("--sections", nargs="+",
                     default=["attention", "mfu05", "decode", "mfu15", "grpo", "grpo1024", "memory"])
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--decode-graphs", nargs="+", default=["step", "forward"],
+                    choices=["step", "forward", "none", "dynamic"],
+                    help="decode variants: rollout.options.decode_graph of the static path, or the dynamic loop")
+    ap.add_argument("--decode-batches", nargs="+", type=int, help="decode batch sizes (default 64 256; 4 8 dry)")
+    ap.add_argument("--grpo-decode-graph", default="step", choices=["step", "forward", "none"])
+    ap.add_argument("--profile-decode", action="store_true", help="print the top ops of one decode call per variant")
     a = ap.parse_args()
     big = not a.dry_run
     a.steps = 3 if big else 1
@@ -424,7 +467,7 @@ def main() -> int:
     a.attn_seqs = 16 if big else 8
     a.mfu_rows = 24 if big else 6
     a.prompt_tokens, a.response_tokens = (256, 256) if big else (8, 8)
-    a.decode_batches = [64, 256] if big else [4, 8]
+    a.decode_batches = a.decode_batches or ([64, 256] if big else [4, 8])
     a.grpo_prompts, a.n = (64, 8) if big else (4, 4)
     a.micro_tokens = 16384 if big else 256
     name, peak, bw = card(a.device)

@@ -60,6 +60,8 @@ def test_tensor_uniforms_equal_the_reference_bit_for_bit() -> None:
         got = uniforms(torch.tensor(seeds, dtype=torch.int64), counter).tolist()
         want = [uniform(s, counter) for s in seeds]
         assert got == want
+        # the counter as a device tensor (what a CUDA-graphed decode step advances) draws the same
+        assert uniforms(torch.tensor(seeds, dtype=torch.int64), torch.tensor(counter)).tolist() == want
         assert all(0.0 <= u < 1.0 for u in got)
     # streams are distinct across seeds and counters, and roughly uniform
     many = uniforms(torch.arange(20000, dtype=torch.int64) * 7919, 3)

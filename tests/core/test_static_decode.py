@@ -102,3 +102,85 @@ def test_static_cache_buffers_are_reused_across_calls_and_freed_by_release() -> 
         assert not hasattr(model, "_geartrain_static_caches")
     finally:
         ro.shutdown()
+
+
+STOPPING = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=1, stop_sequences=[[50, 51], [60]],
+                          max_tokens_per_prompt=[3, 12, 7, 1])
+
+
+def _static_equals_dynamic(sampling: SamplingParams) -> list[int]:
+    """Generate with the dynamic loop and the static path (as patched by the caller); assert
+    the same tokens, stops and log-probs; return the static run's response lengths."""
+    prompts = encode_prompts()[:4]
+    dyn, sta = make_rollout("qwen2", False), make_rollout("qwen2", True)
+    try:
+        a, b = dyn.generate(prompts, sampling), sta.generate(prompts, sampling)
+    finally:
+        dyn.shutdown()
+        sta.shutdown()
+    assert torch.equal(a["input_ids"], b["input_ids"])
+    assert a.meta["finish_reason"] == b.meta["finish_reason"]
+    assert float((a["rollout_log_probs"] - b["rollout_log_probs"]).abs().max()) < 1e-5
+    return b["response_mask"].sum(1).tolist()
+
+
+class _EagerReplay:
+    """Stands in for the captured CUDA graph on a CPU: a replay runs the captured step."""
+
+    def __init__(self, state: static_decode._StepState) -> None:
+        self.state, self.replays = state, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.state.advance()
+
+
+def test_the_step_graph_loop_replays_one_step_per_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_graph = "step": the warm-up runs step 1, the capture runs nothing, and each
+    replay is one token; the tokens equal the dynamic loop's."""
+    graphs: list[_EagerReplay] = []
+
+    def capture(state: static_decode._StepState) -> _EagerReplay:
+        state.advance()  # what _capture's warm-up on the side stream does
+        graphs.append(_EagerReplay(state))
+        return graphs[-1]
+
+    monkeypatch.setattr(static_decode, "graph_mode", lambda requested, model, device: "step")
+    monkeypatch.setattr(static_decode, "_capture", capture)
+    lengths = _static_equals_dynamic(STOPPING)
+    assert len(graphs) == 1
+    assert graphs[0].replays == max(lengths) - 2  # token 0 from the prefill, token 1 from the warm-up
+
+
+def test_a_failed_capture_decodes_on_and_later_calls_use_the_forward_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    def capture(state: static_decode._StepState) -> None:
+        state.advance()  # the warm-up ran; the capture failed
+        return None
+
+    monkeypatch.setattr(static_decode, "_STEP_GRAPH_FAILED", set())
+    monkeypatch.setattr(static_decode, "graph_mode", lambda requested, model, device: "step")
+    monkeypatch.setattr(static_decode, "_capture", capture)
+    _static_equals_dynamic(STOPPING)
+    assert len(static_decode._STEP_GRAPH_FAILED) == 1  # the model is remembered: graph_mode gives "forward"
+
+
+def test_the_decode_step_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA graph cannot hold a host read (``.item()``, ``bool(tensor)``, a data-dependent
+    branch): the whole step (forward, sampling, stop rules) must trace as one graph."""
+    traced = torch.compile(static_decode._StepState.advance, backend="eager", fullgraph=True)
+    monkeypatch.setattr(static_decode._StepState, "advance", lambda self: traced(self))
+    _static_equals_dynamic(SamplingParams(n=2, temperature=0.9, top_p=0.9, top_k=20, max_tokens=6, seed=3,
+                                          stop_token_ids=[40], stop_sequences=[[50, 51]]))
+
+
+def test_graph_mode_defaults_and_fallback() -> None:
+    model = torch.nn.Linear(1, 1)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert static_decode.graph_mode("step", model, cpu) == "none"  # graphs only on CUDA
+    assert static_decode.graph_mode(None, model, cuda) == "forward"
+    assert static_decode.graph_mode("step", model, cuda) == "step"
+    static_decode._STEP_GRAPH_FAILED.add(id(model))
+    try:
+        assert static_decode.graph_mode("step", model, cuda) == "forward"
+    finally:
+        static_decode._STEP_GRAPH_FAILED.discard(id(model))

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from geartrain import EngineContext, GeartrainError, ModelConfig, Rollout, RolloutConfig, SamplingParams
-from geartrain.rollouts import torch_rollout
+from geartrain.rollouts import sampler, torch_rollout
 from geartrain.testing import RolloutConformance
 from geartrain.testing.rollout_suite import encode_prompts, named_tensors, teacher_forced_log_probs
 from geartrain.layout import cut_at_stop
@@ -87,10 +87,33 @@ def _reference_filter(logits: torch.Tensor, temperature: float, top_k: int, top_
 @pytest.mark.parametrize(("top_k", "top_p"), [(5, 1.0), (-1, 0.4), (10, 0.6), (1, 1.0), (-1, 1.0)])
 def test_filter_logits_matches_reference(top_k: int, top_p: float) -> None:
     logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(0)) * 2
-    filtered = torch_rollout.filter_logits(logits, 0.7, top_k, top_p)
+    filtered = sampler.filter_logits(logits, 0.7, top_k, top_p)
     kept = torch.isfinite(filtered)
     assert torch.equal(kept, _reference_filter(logits, 0.7, top_k, top_p))
     assert torch.allclose(filtered[kept], (logits / 0.7)[kept])
+
+
+def test_sampled_frequencies_follow_the_filtered_distribution() -> None:
+    """20,000 draws of one row (one stream per seed) land on each token at its filtered
+    probability; a tensor counter (the CUDA-graph path) draws exactly what the int does."""
+    logits = torch.randn(1, 12, generator=torch.Generator().manual_seed(3)).repeat(20000, 1) * 1.5
+    params = SamplingParams(temperature=0.8, top_k=8, top_p=0.95)
+    seeds = torch.arange(20000, dtype=torch.int64) * 104729 + 17
+    tokens = sampler.sample_tokens(logits, params, seeds, 5)
+    assert torch.equal(tokens, sampler.sample_tokens(logits, params, seeds, torch.tensor(5)))
+    want = torch.softmax(sampler.filter_logits(logits[:1].double(), 0.8, 8, 0.95), dim=-1)[0]
+    got = torch.bincount(tokens, minlength=12).double() / 20000
+    assert float((got - want).abs().max()) < 0.012, (got, want)
+    assert bool((want[tokens] > 0).all())  # never a filtered-out token
+
+
+def test_a_draw_at_the_top_of_the_cdf_takes_the_last_token_with_mass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A uniform that rounds up to 1 in float32 runs the search past the cdf's end: the
+    sampler must return the last token with mass, not the vocabulary's last id."""
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0, 0.5]])
+    monkeypatch.setattr(sampler, "uniforms", lambda seeds, counter: torch.full((len(seeds),), 1 - 2.0**-30, dtype=torch.float64))
+    token = sampler.sample_tokens(logits, SamplingParams(temperature=1.0, top_k=3), torch.tensor([1]), 0)
+    assert token.tolist() == [3]  # top 3 = ids 1, 3, 2 in probability order; 3 is the highest id among them
 
 
 # --------------------------------------------------------------------------- batching

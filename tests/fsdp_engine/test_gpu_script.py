@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "bench/gpu/issue20_check.py"), "--device", "cpu", "--dry-run",
-           "--sections", "attention", "mfu05", "decode", "grpo"]
+           "--sections", "attention", "mfu05", "decode", "grpo", "--profile-decode"]
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -26,6 +26,10 @@ def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
         check = results[f"attention_{layout}_flash_layout_via_sdpa"]
         assert check["max_err_vs_sdpa"] < 1e-5 and check["grad_max_err"] < 1e-5
     assert results["mfu_qwen2.5-0.5b"]["tokens_per_step"] > 0
-    assert results["decode_batch4_static"]["generated_tokens"] == 4 * 8  # every row runs to max_tokens
+    for graph in ("step", "forward"):
+        decoded = results[f"decode_batch4_{graph}"]
+        assert decoded["generated_tokens"] == 4 * 8  # every row runs to max_tokens
+        assert decoded["mean_abs_logp_vs_hf_forward"] < 1e-4  # fp32 on CPU: the decode equals a plain forward
+    assert results["decode_batch4_step"]["profile_top_ops"]
     # the same weights on both sides (engine bf16 vs fp32 rollout on CPU): a bf16-sized mismatch
     assert max(results["grpo_geartrain"]["mean_abs_logp_mismatch_per_step"]) < 1e-2

@@ -69,12 +69,18 @@ def uniform(seed: int, counter: int) -> float:
     return (value >> 11) * 2.0**-53
 
 
-def uniforms(seeds: torch.Tensor, counter: int) -> torch.Tensor:
+def uniforms(seeds: torch.Tensor, counter: int | torch.Tensor) -> torch.Tensor:
     """``uniform(seeds[i], counter)`` for an int64 tensor of seeds, computed with tensor
     operations (no per-row generator): float64 in ``[0, 1)``, the same on every device and
     equal to :func:`uniform` bit for bit. A sample's ``t``-th token draws
-    ``uniforms(seed, t)``, so its numbers do not depend on the rows it is batched with."""
-    mixed_counter = _signed(_mix(counter & _MASK64))
+    ``uniforms(seed, t)``, so its numbers do not depend on the rows it is batched with.
+
+    ``counter`` may be a 0-d int64 tensor on the seeds' device (a decode step captured in a
+    CUDA graph advances it in place): the numbers are the same as for the int."""
+    if isinstance(counter, torch.Tensor):
+        mixed_counter = _mix_tensor(counter.to(torch.int64))
+    else:
+        mixed_counter = _signed(_mix(counter & _MASK64))
     value = _mix_tensor(seeds.to(torch.int64) ^ mixed_counter)
     return _shift_right(value, 11).to(torch.float64) * 2.0**-53
 

@@ -3,7 +3,9 @@
 :mod:`~geartrain.rollouts.static_decode`): the prefill input, one left-padded row per
 distinct prompt (:func:`prefill_rows`), and what the loop has produced row by row, each
 row's tokens and their log-probs, its length and whether it stopped, with the stop rules of
-``SamplingParams`` applied in one place (:class:`DecodeRecord`)."""
+``SamplingParams`` applied in one place: :class:`DecodeRecord` for the dynamic loop (host
+tensors, the live rows of each step), :class:`DeviceDecodeRecord` for the static one (device
+tensors of fixed shape, every row every step, nothing read back until the end)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["DecodeRecord", "PrefillRows", "prefill_rows"]
+__all__ = ["DecodeRecord", "DeviceDecodeRecord", "PrefillRows", "prefill_rows"]
 
 
 class PrefillRows(NamedTuple):
@@ -80,6 +82,55 @@ class DecodeRecord:
         self.lengths[active] = t + 1
         self.stopped[active] = is_stop
         return ~is_stop & (t + 1 < self.limits[active])
+
+    def results(self) -> list[tuple[list[int], list[float], str]]:
+        lengths = self.lengths.tolist()
+        tokens = [row[:n] for row, n in zip(self.tokens.tolist(), lengths, strict=True)]
+        lps = [row[:n] for row, n in zip(self.token_lps.tolist(), lengths, strict=True)]
+        reasons = ["stop" if s else "length" for s in self.stopped.tolist()]
+        return list(zip(tokens, lps, reasons, strict=True))
+
+
+class DeviceDecodeRecord:
+    """What :class:`DecodeRecord` records, kept on the device in buffers of fixed shape, for
+    the static-cache decode: :meth:`add` takes every row at every step and the step index
+    as a 0-d device tensor, and never reads a value back to the host, so a decode step that
+    calls it can be captured in a CUDA graph. Rows that finished keep being fed (their
+    tokens are ignored): :attr:`done` says which. :meth:`results` reads everything back
+    once, in :class:`DecodeRecord`'s format."""
+
+    def __init__(self, budgets: Sequence[int], stop_token_ids: Sequence[int], stop_sequences: Sequence[Sequence[int]],
+                 device: torch.device) -> None:
+        rows, steps = len(budgets), max(budgets)
+        self.steps = steps
+        self.tokens = torch.zeros((rows, steps), dtype=torch.long, device=device)
+        self.token_lps = torch.zeros((rows, steps), dtype=torch.float32, device=device)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        self.stopped = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.limits = torch.tensor(list(budgets), dtype=torch.long, device=device)
+        self.stop = torch.tensor(sorted(set(stop_token_ids)) or [-1], dtype=torch.long, device=device)
+        self.stop_seqs = [torch.tensor(list(seq), dtype=torch.long, device=device) for seq in stop_sequences]
+        # each row's last tokens of this call, newest last; -1 (no token id) before its first,
+        # so a stop sequence longer than what a row generated cannot match
+        self.recent = torch.full((rows, max((len(q) for q in stop_sequences), default=0)), -1, dtype=torch.long,
+                                 device=device)
+
+    def add(self, t: torch.Tensor, new: torch.Tensor, new_lp: torch.Tensor) -> None:
+        """Record step ``t``'s token ``new`` ``[rows]`` and its log-prob for the rows not
+        yet done; rows stop on a stop token, a stop sequence or their budget."""
+        live = ~self.done
+        column = t.view(1, 1).expand(len(new), 1)
+        self.tokens.scatter_(1, column, new.unsqueeze(1))  # a done row's columns past its length are never read
+        self.token_lps.scatter_(1, column, new_lp.unsqueeze(1))
+        is_stop = (new.unsqueeze(1) == self.stop).any(1)
+        if self.recent.shape[1]:
+            self.recent.copy_(torch.cat([self.recent[:, 1:], new.unsqueeze(1)], dim=1))
+            for seq in self.stop_seqs:
+                is_stop |= (self.recent[:, self.recent.shape[1] - len(seq):] == seq).all(1)
+        self.lengths.copy_(torch.where(live, t + 1, self.lengths))
+        self.stopped |= live & is_stop
+        self.done |= is_stop | (t + 1 >= self.limits)
 
     def results(self) -> list[tuple[list[int], list[float], str]]:
         lengths = self.lengths.tolist()

@@ -1,5 +1,4 @@
-"""The torch rollout's fixed-shape decode loop: a static KV cache and, on CUDA, the decode
-step captured in CUDA graphs (``torch.compile(mode="reduce-overhead")``).
+"""The torch rollout's fixed-shape decode loop: a static KV cache and, on CUDA, CUDA graphs.
 
 The dynamic loop of :mod:`geartrain.rollouts.torch_rollout` grows its cache by one column
 per step and drops finished rows, so every step has new shapes: right for a CPU, where
@@ -9,41 +8,76 @@ tiny kernel launches. Here every decode step has the same shapes and addresses:
 * the samples of a prompt share its prefill (one forward per distinct prompt into a
   dynamic cache), whose keys/values are then copied into a :class:`~transformers.StaticCache`
   of ``rows x (prompt width + steps)``;
-* the attention mask is one ``[rows, width + steps]`` buffer updated in place;
-* finished rows stay in the batch (their outputs are ignored): the per-row stop rules
-  are the dynamic loop's (stop tokens, stop sequences, per-row budgets);
-* sampling is the dynamic loop's own function on the live rows, so a seed gives the same
-  tokens on either path (the log-probs equal up to float rounding: other attention shapes).
+* the attention mask, the fed tokens, their positions and the step counter are buffers
+  updated in place; finished rows stay in the batch (their outputs are ignored);
+* sampling (:func:`~geartrain.rollouts.sampler.sample_tokens`, the dynamic loop's own
+  function, so a seed gives the same tokens on either path) and the stop rules
+  (:class:`~geartrain.rollouts.decode_record.DeviceDecodeRecord`) run on the device with the
+  step as a device tensor: nothing is read back to the host during the loop except, every
+  step and without waiting for the GPU, whether every row is done.
 
-Only the model's decode forward is compiled, and only on CUDA (:func:`decode_step`); on
-CPU it runs eagerly, which is how the logic is tested in CI.
+How much is graph-captured is ``rollout.options.decode_graph`` (:data:`GraphMode`):
+
+* ``"step"``: the whole decode step (forward, sampling, the record, the next step's
+  inputs) is one CUDA graph, replayed once per token; the forward inside it compiled by
+  ``torch.compile`` (kernel fusion, no graphs of its own). One step runs first on a side
+  stream (warm-up and compilation), then the step is captured. If capture fails the call
+  goes on without the graph and later calls use ``"forward"``, with a warning.
+* ``"forward"``: only the model's forward, ``torch.compile(mode="reduce-overhead")`` (CUDA
+  graphs through torch's cudagraph trees); sampling runs eagerly after it.
+* ``"none"``: everything eager (the CPU, and how CI tests the logic of the others: the
+  step function is the same Python on every path).
 """
 
 from __future__ import annotations
 
+import warnings
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from geartrain.rollouts.decode_record import DecodeRecord, prefill_rows
+from geartrain.rollouts.decode_record import DeviceDecodeRecord, prefill_rows
+from geartrain.rollouts.sampler import sample_tokens
+from geartrain.types import SamplingParams
 
-__all__ = ["decode_chunk_static", "decode_step", "drop_static_caches"]
+__all__ = ["GraphMode", "decode_chunk_static", "decode_step", "drop_static_caches", "graph_mode"]
 
-Sampler = Callable[[torch.Tensor, Any, torch.Tensor, int], torch.Tensor]
+GraphMode = Literal["step", "forward", "none"]
 
-_COMPILED: dict[int, Callable[..., Any]] = {}
+#: Steps the host may enqueue ahead of the GPU before it waits to learn whether every row
+#: is done: enough to keep the GPU busy, few enough that an early finish wastes little.
+STEPS_IN_FLIGHT = 4
+
+_COMPILED: dict[tuple[int, str], Callable[..., Any]] = {}
+_STEP_GRAPH_FAILED: set[int] = set()
 
 
-def decode_step(model: torch.nn.Module, device: torch.device) -> Callable[..., Any]:
-    """The forward used for decode steps: on CUDA ``model.forward`` compiled with
-    ``mode="reduce-overhead"`` (CUDA graphs; one compilation per model object, reused
-    across calls), elsewhere ``model.forward`` itself."""
+def graph_mode(requested: GraphMode | None, model: torch.nn.Module, device: torch.device) -> GraphMode:
+    """The mode a call runs in: ``requested`` (default: ``"forward"`` on CUDA), ``"none"``
+    off CUDA, and ``"forward"`` for a model whose step graph failed to capture before."""
     if device.type != "cuda":
+        return "none"
+    mode = requested or "forward"
+    if mode == "step" and id(model) in _STEP_GRAPH_FAILED:
+        return "forward"
+    return mode
+
+
+def decode_step(model: torch.nn.Module, device: torch.device, mode: GraphMode = "forward") -> Callable[..., Any]:
+    """The forward used for decode steps: on CUDA ``model.forward`` compiled (``"forward"``:
+    ``mode="reduce-overhead"``, CUDA graphs; ``"step"``: default mode, to be captured with
+    the rest of the step), once per model object and mode, reused across calls; otherwise
+    ``model.forward`` itself."""
+    if device.type != "cuda" or mode == "none":
         return model.forward
-    key = id(model)
+    key = (id(model), mode)
     if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+        if mode == "forward":
+            _COMPILED[key] = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+        else:
+            _COMPILED[key] = torch.compile(model.forward, fullgraph=False)
     return _COMPILED[key]
 
 
@@ -74,30 +108,133 @@ def _static_cache_from(model: torch.nn.Module, dynamic: Any, rows: int, max_len:
     return static
 
 
+class _StepState:
+    """The buffers of one chunk's decode loop and the step that advances them. Every
+    tensor keeps its address for the whole call (a captured step reads and writes them)."""
+
+    def __init__(self, *, forward: Callable[..., Any], cache: Any, record: DeviceDecodeRecord, sampling: SamplingParams,
+                 seeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, width: int, pad_token_id: int) -> None:
+        rows = len(seeds)
+        self.forward, self.cache, self.record, self.sampling = forward, cache, record, sampling
+        self.seeds, self.mask, self.positions, self.width = seeds, mask, positions, width
+        device = mask.device
+        self.step_ids = torch.full((rows, 1), pad_token_id, dtype=torch.long, device=device)
+        self.counter = torch.zeros((), dtype=torch.long, device=device)
+        """The index of the token the next :meth:`choose` samples."""
+        self.all_done = torch.zeros((), dtype=torch.bool, device=device)
+
+    def choose(self, logits: torch.Tensor) -> None:
+        """Sample token ``counter`` of every row from ``logits`` ``[rows, V]`` (float32),
+        record it, and make it the next step's input."""
+        new = sample_tokens(logits, self.sampling, self.seeds, self.counter)
+        new_lp = logits.gather(-1, new.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        self.record.add(self.counter, new, new_lp)
+        self.step_ids.copy_(new.unsqueeze(-1))
+        self.counter += 1
+        self.all_done.copy_(self.record.done.all())
+
+    def advance(self) -> None:
+        """One decode step: feed the last sampled tokens, then :meth:`choose` the next."""
+        fed = (self.width + self.counter - 1).view(1, 1).expand(len(self.seeds), 1)
+        self.mask.scatter_(1, fed, 1)
+        out = self.forward(input_ids=self.step_ids, attention_mask=self.mask, position_ids=self.positions,
+                           past_key_values=self.cache, use_cache=True)
+        logits = out.logits[:, -1, :].float()
+        self.positions += 1
+        self.choose(logits)
+
+
+class _DoneWatch:
+    """Whether every row is done, learnt without stalling the GPU: on CUDA each step's flag
+    is copied to pinned host memory behind an event, and the host waits only when
+    :data:`STEPS_IN_FLIGHT` steps are enqueued; elsewhere the flag is read at once."""
+
+    def __init__(self, flag: torch.Tensor) -> None:
+        self.flag = flag
+        self.cuda = flag.device.type == "cuda"
+        if self.cuda:
+            self.slots = torch.zeros(STEPS_IN_FLIGHT, dtype=torch.bool, pin_memory=True)
+            self.pending: deque[tuple[int, torch.cuda.Event]] = deque()
+            self.posted = 0
+
+    def post(self) -> None:
+        """Note the flag after the step just enqueued."""
+        if self.cuda:
+            slot = self.posted % STEPS_IN_FLIGHT
+            self.slots[slot].copy_(self.flag, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self.pending.append((slot, event))
+            self.posted += 1
+
+    def finished(self) -> bool:
+        """True once some step's flag said every row is done."""
+        if not self.cuda:
+            return bool(self.flag)
+        while self.pending and (len(self.pending) >= STEPS_IN_FLIGHT or self.pending[0][1].query()):
+            slot, event = self.pending.popleft()
+            event.synchronize()
+            if bool(self.slots[slot]):
+                return True
+        return False
+
+
+def _marking_steps(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled`` (cudagraph trees) told before each call that a new step begins: the
+    last step's outputs, which the next replay overwrites, were consumed."""
+
+    def forward(**inputs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(**inputs)
+
+    return forward
+
+
+def _capture(state: _StepState) -> torch.cuda.CUDAGraph | None:
+    """Run one step on a side stream (warm-up: compilation, library handles), then capture
+    the next as a CUDA graph (capturing runs nothing). ``None``, with a warning, when the
+    step cannot be captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        state.advance()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            state.advance()
+    except Exception as exc:  # noqa: BLE001 - any capture failure falls back to the uncaptured step
+        warnings.warn(f"torch rollout: the decode step could not be captured in a CUDA graph ({exc}); "
+                      "decoding without it (rollout.options.decode_graph = \"forward\" from now on)", stacklevel=3)
+        return None
+    return graph
+
+
 @torch.no_grad()
 def decode_chunk_static(
     model: torch.nn.Module,
     device: torch.device,
     prompts: list[list[int]],
     seeds: list[int],
-    sampling: Any,
+    sampling: SamplingParams,
     *,
     prompt_ids: list[int],
     budgets: list[int],
     pad_token_id: int,
-    sample: Sampler,
+    mode: GraphMode | None = None,
     step_fn: Callable[..., Any] | None = None,
 ) -> list[tuple[list[int], list[float], str]]:
     """Decode one chunk of rows (the contract of the torch rollout's dynamic
     ``_decode_chunk``); ``budgets`` are each row's token limits (already capped by the
-    model length), ``sample`` the rollout's sampler. ``step_fn`` overrides
-    :func:`decode_step` (tests)."""
+    model length). ``mode`` is the requested :data:`GraphMode` (see :func:`graph_mode`);
+    ``step_fn`` overrides the decode forward (tests)."""
     from transformers import DynamicCache
 
     b = len(prompts)
     unique, expand, ids, prompt_mask, positions = prefill_rows(prompts, prompt_ids, pad_token_id, device)
     width = ids.shape[1]
     steps = max(budgets)
+    mode = graph_mode(mode, model, device)
 
     # prefill: one forward per distinct prompt, then one row per sample
     prefill = model(
@@ -116,30 +253,32 @@ def decode_chunk_static(
     del cache
     mask = torch.zeros((b, width + steps), dtype=torch.long, device=device)
     mask[:, :width] = prompt_mask.index_select(0, expand)
-    next_pos = positions[:, -1:].index_select(0, expand) + 1  # [b, 1]
-    step = step_fn if step_fn is not None else decode_step(model, device)
-
-    record = DecodeRecord(budgets, sampling.stop_token_ids, sampling.stop_sequences, device)
-    row_seeds = torch.tensor(seeds, dtype=torch.int64)
-    active = torch.arange(b)  # rows still generating (also their batch rows: rows never move)
-    step_ids = torch.full((b, 1), pad_token_id, dtype=torch.long, device=device)
-    for t in range(steps):
-        if t > 0:
-            mask[:, width + t - 1] = 1  # the token fed in this step
-            if device.type == "cuda":  # a new replay of the captured graphs; the last step's logits are consumed
-                torch.compiler.cudagraph_mark_step_begin()
-            out = step(
-                input_ids=step_ids, attention_mask=mask, position_ids=next_pos, past_key_values=static, use_cache=True
-            )
-            logits = out.logits[:, -1, :].float()
-            next_pos += 1
-        on_device = active.to(device)
-        live = logits.index_select(0, on_device) if len(active) < b else logits
-        new = sample(live, sampling, row_seeds[active], t)
-        new_lp = torch.log_softmax(live, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        keep = record.add(active, t, new, new_lp)
-        step_ids[on_device, 0] = new  # finished rows keep decoding their last token, unread
-        if not bool(keep.any()):
+    forward = step_fn if step_fn is not None else decode_step(model, device, mode)
+    if mode == "forward":
+        forward = _marking_steps(forward)
+    record = DeviceDecodeRecord(budgets, sampling.stop_token_ids, sampling.stop_sequences, device)
+    state = _StepState(
+        forward=forward, cache=static, record=record, sampling=sampling,
+        seeds=torch.tensor(seeds, dtype=torch.int64, device=device), mask=mask,
+        positions=positions[:, -1:].index_select(0, expand) + 1, width=width, pad_token_id=pad_token_id,
+    )
+    state.choose(logits)  # token 0, from the prefill
+    del logits
+    watch = _DoneWatch(state.all_done)
+    watch.post()
+    graph: torch.cuda.CUDAGraph | None = None
+    for t in range(1, steps):
+        if watch.finished():
             break
-        active = active[keep]
+        if mode == "step" and graph is None and t == 1 and steps > 2:
+            graph = _capture(state)  # runs step 1 itself; capturing step 2 ran nothing: replayed next
+            if graph is None:
+                _STEP_GRAPH_FAILED.add(id(model))
+            watch.post()
+            continue
+        if graph is not None:
+            graph.replay()
+        else:
+            state.advance()
+        watch.post()
     return record.results()

@@ -32,7 +32,7 @@ import secrets
 import tempfile
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,11 +48,9 @@ from geartrain.lora_hooks import LoraHooks
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
 from geartrain.rollouts.decode_record import DecodeRecord, prefill_rows
-from geartrain.seeding import prompt_indices, sample_seed, uniforms
+from geartrain.rollouts.sampler import sample_tokens
+from geartrain.seeding import prompt_indices, sample_seed
 from geartrain.types import Capability, EngineContext, MemoryStats, SamplingParams
-
-#: Below this temperature sampling is greedy (argmax), as in vLLM.
-GREEDY_TEMPERATURE = 1e-5
 
 
 class TorchRolloutOptions(BaseModel):
@@ -69,6 +67,12 @@ class TorchRolloutOptions(BaseModel):
     """Decode with a static KV cache and fixed shapes, the decode step captured in CUDA
     graphs on CUDA (:mod:`geartrain.rollouts.static_decode`). Default: on for CUDA, off
     elsewhere (on a CPU the shrinking dynamic batch is faster)."""
+    decode_graph: Literal["step", "forward", "none"] | None = None
+    """What of a static-cache decode step is captured in CUDA graphs (CUDA only; see
+    :mod:`geartrain.rollouts.static_decode`): ``"step"`` the whole step (forward, sampling,
+    stop rules) as one graph, ``"forward"`` the model's forward only
+    (``torch.compile(mode="reduce-overhead")``), ``"none"`` nothing. Default:
+    ``"forward"``."""
     simulated_token_s: float = Field(0.0, ge=0)
     """Benchmarks only: simulate generation time as if every sample decoded a heavy-tailed
     number of tokens at this many seconds each, in a continuous-batching engine: each
@@ -404,49 +408,6 @@ def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: 
     return rows
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Logits ``[b, V]`` scaled by ``temperature`` with everything outside the top-k, then
-    outside the top-p nucleus (the smallest most-probable set whose mass reaches ``top_p``),
-    set to ``-inf``. Ties at the top-k boundary are all kept."""
-    scaled = logits / temperature
-    vocab = scaled.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1.0:
-        probs = torch.softmax(scaled, dim=-1)
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # Keep a token when the mass strictly before it is below top_p (the first always stays).
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = before >= top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    return scaled
-
-
-def _sample(logits: torch.Tensor, sampling: SamplingParams, seeds: torch.Tensor, counter: int) -> torch.Tensor:
-    """One token per row of ``logits`` ``[b, V]`` (float32); row ``i`` draws the
-    ``counter``-th number of the stream of ``seeds[i]``."""
-    if sampling.temperature < GREEDY_TEMPERATURE:
-        return logits.argmax(dim=-1)
-    filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-    probs = torch.softmax(filtered, dim=-1)
-    # Inverse-CDF sampling with one uniform per row from that row's own stream.
-    u = uniforms(seeds, counter).to(device=logits.device, dtype=probs.dtype)
-    cdf = torch.cumsum(probs, dim=-1)
-    u = u * cdf[:, -1]  # the cdf's last value is 1 up to rounding
-    tokens = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).squeeze(-1)
-    tokens = tokens.clamp_max(probs.shape[-1] - 1)
-    # searchsorted can land on a zero-probability token only through rounding at the end of
-    # the cdf; step back to the last token that has mass.
-    zero = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) <= 0
-    if zero.any():
-        last_nonzero = (probs > 0).cumsum(-1).argmax(-1)
-        tokens = torch.where(zero, last_nonzero, tokens)
-    return tokens
-
-
 @torch.no_grad()
 def _decode_chunk(
     rollout: TorchRolloutEngine,
@@ -474,8 +435,8 @@ def _decode_chunk(
         wanted = budgets if budgets is not None else [sampling.max_tokens] * b
         limits = [min(w, rollout.config.max_model_len - len(p)) for w, p in zip(wanted, prompts, strict=True)]
         return decode_chunk_static(
-            model, device, prompts, seeds, sampling,
-            prompt_ids=keys, budgets=limits, pad_token_id=rollout.pad_token_id, sample=_sample,
+            model, device, prompts, seeds, sampling, prompt_ids=keys, budgets=limits,
+            pad_token_id=rollout.pad_token_id, mode=rollout.options.decode_graph,
         )
     unique, expand, input_ids, mask, positions = prefill_rows(prompts, keys, rollout.pad_token_id, device)
     wanted = budgets if budgets is not None else [sampling.max_tokens] * b
@@ -498,7 +459,7 @@ def _decode_chunk(
                 cache.batch_select_indices(expand)
             mask, step_pos = mask.index_select(0, expand), step_pos.index_select(0, expand)
         raw_lp = torch.log_softmax(logits, dim=-1)
-        new = _sample(logits, sampling, row_seeds[active], t)
+        new = sample_tokens(logits, sampling, row_seeds[active], t)
         new_lp = raw_lp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         keep = record.add(active, t, new, new_lp)
         if not bool(keep.any()):
