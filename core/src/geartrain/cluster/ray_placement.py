@@ -268,14 +268,17 @@ class RankPool:
                 "lower cluster.resources_per_rank (e.g. cpus = 0.5), fewer ranks, or add nodes")
 
     # ------------------------------------------------------------------ calls
-    def get(self, refs: Sequence[Any], role: str, method: str, *, deadline_s: float | None = None) -> list[Any]:
-        """Every rank's result, in rank order; the first failure ends the wait at once, and
-        so do a rank whose heartbeat stopped and the phase's deadline (``deadline_s``, else
-        :func:`call_phase`'s from ``cluster.call_timeout_s``), naming the ranks that did
-        not answer. ``refs[r]`` is rank ``r``'s call, or all of them are rank 0's."""
+    def get(self, refs: Sequence[Any], role: str, method: str, *, deadline_s: float | None = None,
+            ranks: Sequence[int] | None = None) -> list[Any]:
+        """Every call's result, in the order of ``refs``; the first failure ends the wait at
+        once, and so do a rank whose heartbeat stopped and the phase's deadline
+        (``deadline_s``, else :func:`call_phase`'s from ``cluster.call_timeout_s``), naming
+        the ranks that did not answer. ``refs[i]`` is rank ``ranks[i]``'s call (default:
+        rank ``i``'s)."""
         import ray
 
-        index = {ref: r for r, ref in enumerate(refs)}
+        position = {ref: i for i, ref in enumerate(refs)}
+        index = {ref: (ranks[i] if ranks is not None else i) for i, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pending = list(refs)
         started = time.monotonic()
@@ -286,7 +289,7 @@ class RankPool:
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             for ref in ready:
                 try:
-                    results[index[ref]] = ray.get(ref)
+                    results[position[ref]] = ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
                     self._fail(index[ref], exc, pending, index, role, method)
             if not pending:
@@ -521,7 +524,7 @@ class RayWorkerGroup(WorkerGroup):
         if not 0 <= rank < self.world_size:
             raise ValueError(f"{self.role}: rank {rank} out of range (world size {self.world_size})")
         ref = self.pool.hosts[rank].call_shared.remote(self.role, method, _by_store((args, kwargs)))
-        return PendingCall(wait=lambda: self.pool.get([ref], self.role, method)[0].value)
+        return PendingCall(wait=lambda: self.pool.get([ref], self.role, method, ranks=[rank])[0].value)
 
     def shutdown(self) -> None:
         if not self.closed:
