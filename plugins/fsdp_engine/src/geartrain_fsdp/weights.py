@@ -81,11 +81,18 @@ def iter_merged_weights(
 
     def gather(names: list[str]) -> list[tuple[str, torch.Tensor]]:
         out = []
+        unadapted: dict[int, torch.Tensor] = {}  # a tied weight is materialised once per bucket, as by stream_weights
         for name in names:
             site = adapted.get(name)
+            if site is None and id(by_name[name]) in unadapted:
+                out.append((name, unadapted[id(by_name[name])]))
+                continue
             live = by_name[name].detach()
             full = (merged_weight(site, _full) if site is not None else _full(live)).to(device=target, dtype=dtype)
-            out.append((name, full.clone() if full is live else full))  # never alias a live parameter
+            full = full.clone() if full is live else full  # never alias a live parameter
+            if site is None:
+                unadapted[id(by_name[name])] = full
+            out.append((name, full))
         return out
 
     buckets = plan_buckets([(name, t.numel() * itemsize) for name, t in entries], bucket_bytes)
