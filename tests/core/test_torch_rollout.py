@@ -3,6 +3,7 @@ memory release."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import pytest
@@ -114,6 +115,29 @@ def test_a_draw_at_the_top_of_the_cdf_takes_the_last_token_with_mass(monkeypatch
     monkeypatch.setattr(sampler, "uniforms", lambda seeds, counter: torch.full((len(seeds),), 1 - 2.0**-30, dtype=torch.float64))
     token = sampler.sample_tokens(logits, SamplingParams(temperature=1.0, top_k=3), torch.tensor([1]), 0)
     assert token.tolist() == [3]  # top 3 = ids 1, 3, 2 in probability order; 3 is the highest id among them
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_the_prefill_computes_the_last_position_s_logits_only(static: bool) -> None:
+    """One row of logits per prompt, not prompt length x vocabulary, on both decode paths."""
+    r = make_rollout(static_cache=static)
+    widths: list[int] = []
+    model = r.handle.model
+    real = model.forward
+
+    @functools.wraps(real)  # keeps the signature the rollout inspects
+    def recording(*args: object, **kwargs: object) -> object:
+        out = real(*args, **kwargs)
+        widths.append(out.logits.shape[1])
+        return out
+
+    model.forward = recording
+    try:
+        r.generate(encode_prompts()[:3], SamplingParams(n=2, max_tokens=3, seed=0))
+    finally:
+        r.shutdown()
+    assert widths and set(widths) == {1}, widths
+    assert torch_rollout.last_logits_only(torch.nn.Linear(1, 1)) == {}  # a forward without the argument: none given
 
 
 # --------------------------------------------------------------------------- batching

@@ -9,12 +9,13 @@ tensors of fixed shape, every row every step, nothing read back until the end)."
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["DecodeRecord", "DeviceDecodeRecord", "PrefillRows", "prefill_rows"]
+__all__ = ["DecodeRecord", "DeviceDecodeRecord", "PrefillRows", "last_logits_only", "prefill_rows"]
 
 
 class PrefillRows(NamedTuple):
@@ -49,6 +50,15 @@ def prefill_rows(prompts: Sequence[Sequence[int]], keys: Sequence[int], pad_toke
         mask[u, width - len(p) :] = 1
     input_ids, mask = input_ids.to(device), mask.to(device)
     return PrefillRows(unique, expand, input_ids, mask, (mask.cumsum(-1) - 1).clamp_min(0))
+
+
+def last_logits_only(model: torch.nn.Module) -> dict[str, Any]:
+    """Forward keyword arguments that make ``model`` compute the logits of the last position
+    only (``logits_to_keep=1``, where its forward takes it): a prefill needs one row of
+    logits per prompt, not ``prompt length x vocabulary`` (5 GB in bf16 for 64 prompts of
+    256 tokens over a 152k vocabulary)."""
+    accepts = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return {"logits_to_keep": 1} if accepts else {}
 
 
 class DecodeRecord:

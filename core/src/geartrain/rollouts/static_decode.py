@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import torch
 
-from geartrain.rollouts.decode_record import DeviceDecodeRecord, prefill_rows
+from geartrain.rollouts.decode_record import DeviceDecodeRecord, last_logits_only, prefill_rows
 from geartrain.rollouts.sampler import sample_tokens
 from geartrain.types import SamplingParams
 
@@ -243,6 +243,7 @@ def decode_chunk_static(
         position_ids=positions,
         past_key_values=DynamicCache(config=model.config),
         use_cache=True,
+        **last_logits_only(model),
     )
     logits = prefill.logits[:, -1, :].float().index_select(0, expand)
     cache = prefill.past_key_values

@@ -47,7 +47,7 @@ from geartrain.layout import READY_AT, check_generate_inputs, max_tokens_of, rol
 from geartrain.lora_hooks import LoraHooks
 from geartrain.memory import collect_garbage, current_memory_bytes, tensor_bytes
 from geartrain.modeling import build_hf_model, torch_dtype
-from geartrain.rollouts.decode_record import DecodeRecord, prefill_rows
+from geartrain.rollouts.decode_record import DecodeRecord, last_logits_only, prefill_rows
 from geartrain.rollouts.sampler import sample_tokens
 from geartrain.seeding import prompt_indices, sample_seed
 from geartrain.types import Capability, EngineContext, MemoryStats, SamplingParams
@@ -447,9 +447,11 @@ def _decode_chunk(
     active = torch.arange(b)  # original row of each live batch row
     cache = DynamicCache(config=model.config)
     step_ids, step_pos = input_ids, positions
+    last_only = last_logits_only(model)
     for t in range(steps):
         out = model(
-            input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True
+            input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True,
+            **last_only,
         )
         logits = out.logits[:, -1, :].float()
         cache = out.past_key_values
