@@ -94,11 +94,7 @@ class DecodeRecord:
         return ~is_stop & (t + 1 < self.limits[active])
 
     def results(self) -> list[tuple[list[int], list[float], str]]:
-        lengths = self.lengths.tolist()
-        tokens = [row[:n] for row, n in zip(self.tokens.tolist(), lengths, strict=True)]
-        lps = [row[:n] for row, n in zip(self.token_lps.tolist(), lengths, strict=True)]
-        reasons = ["stop" if s else "length" for s in self.stopped.tolist()]
-        return list(zip(tokens, lps, reasons, strict=True))
+        return _rows(self.tokens, self.token_lps, self.lengths, self.stopped)
 
 
 class DeviceDecodeRecord:
@@ -143,8 +139,14 @@ class DeviceDecodeRecord:
         self.done |= is_stop | (t + 1 >= self.limits)
 
     def results(self) -> list[tuple[list[int], list[float], str]]:
-        lengths = self.lengths.tolist()
-        tokens = [row[:n] for row, n in zip(self.tokens.tolist(), lengths, strict=True)]
-        lps = [row[:n] for row, n in zip(self.token_lps.tolist(), lengths, strict=True)]
-        reasons = ["stop" if s else "length" for s in self.stopped.tolist()]
-        return list(zip(tokens, lps, reasons, strict=True))
+        return _rows(self.tokens, self.token_lps, self.lengths, self.stopped)
+
+
+def _rows(tokens: torch.Tensor, token_lps: torch.Tensor, lengths: torch.Tensor,
+          stopped: torch.Tensor) -> list[tuple[list[int], list[float], str]]:
+    """``(tokens, log_probs, finish_reason)`` per row, each row cut at its length."""
+    n = lengths.tolist()
+    rows = [row[:k] for row, k in zip(tokens.tolist(), n, strict=True)]
+    lps = [row[:k] for row, k in zip(token_lps.tolist(), n, strict=True)]
+    reasons = ["stop" if s else "length" for s in stopped.tolist()]
+    return list(zip(rows, lps, reasons, strict=True))
