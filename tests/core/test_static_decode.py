@@ -184,3 +184,40 @@ def test_graph_mode_defaults_and_fallback() -> None:
         assert static_decode.graph_mode("step", model, cuda) == "forward"
     finally:
         static_decode._STEP_GRAPH_FAILED.discard(id(model))
+
+
+class _Event:
+    """Stands in for a CUDA event: ``done`` says whether the GPU has reached it."""
+
+    done = False
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _ReachedEvent(_Event):
+    done = True
+
+
+@pytest.mark.parametrize(("event", "extra_steps"), [(_Event, static_decode.STEPS_IN_FLIGHT - 1), (_ReachedEvent, 0)])
+def test_the_host_learns_every_row_is_done_within_the_steps_in_flight(event: type, extra_steps: int) -> None:
+    """A GPU far behind the host (events never reached until waited on): the host enqueues
+    at most STEPS_IN_FLIGHT - 1 steps past the one that finished every row, then stops;
+    a GPU that keeps up: the host stops right after that step."""
+    flag = torch.tensor(False)
+    watch = static_decode._DoneWatch(flag, deferred=True, event=event)
+    steps = 0
+    for _ in range(100):
+        if watch.finished():
+            break
+        steps += 1
+        if steps == 10:
+            flag.fill_(True)
+        watch.post()
+    assert steps == 10 + extra_steps

@@ -149,27 +149,30 @@ class _DoneWatch:
     is copied to pinned host memory behind an event, and the host waits only when
     :data:`STEPS_IN_FLIGHT` steps are enqueued; elsewhere the flag is read at once."""
 
-    def __init__(self, flag: torch.Tensor) -> None:
+    def __init__(self, flag: torch.Tensor, *, deferred: bool | None = None, event: Callable[[], Any] | None = None) -> None:
+        """``deferred`` (default: on CUDA) reads the flag through events made by ``event``
+        (default ``torch.cuda.Event``; tests pass a stand-in)."""
         self.flag = flag
-        self.cuda = flag.device.type == "cuda"
-        if self.cuda:
-            self.slots = torch.zeros(STEPS_IN_FLIGHT, dtype=torch.bool, pin_memory=True)
-            self.pending: deque[tuple[int, torch.cuda.Event]] = deque()
+        self.deferred = flag.device.type == "cuda" if deferred is None else deferred
+        if self.deferred:
+            self.slots = torch.zeros(STEPS_IN_FLIGHT, dtype=torch.bool, pin_memory=flag.device.type == "cuda")
+            self.event = event or torch.cuda.Event
+            self.pending: deque[tuple[int, Any]] = deque()
             self.posted = 0
 
     def post(self) -> None:
         """Note the flag after the step just enqueued."""
-        if self.cuda:
+        if self.deferred:
             slot = self.posted % STEPS_IN_FLIGHT
             self.slots[slot].copy_(self.flag, non_blocking=True)
-            event = torch.cuda.Event()
+            event = self.event()
             event.record()
             self.pending.append((slot, event))
             self.posted += 1
 
     def finished(self) -> bool:
         """True once some step's flag said every row is done."""
-        if not self.cuda:
+        if not self.deferred:
             return bool(self.flag)
         while self.pending and (len(self.pending) >= STEPS_IN_FLIGHT or self.pending[0][1].query()):
             slot, event = self.pending.popleft()
