@@ -46,3 +46,12 @@ class FSDPOptions(BaseModel):
     :mod:`geartrain_fsdp.attention_kernels`."""
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the gradient reduce-scatter under mixed precision (``param_dtype``)."""
+    compile: bool = False
+    """Regional compilation: ``torch.compile`` each decoder layer's forward (dynamic token
+    counts; the packed attention stays eager between two compiled graphs per layer). Fuses
+    the elementwise work around the matmuls, which dominates small hidden sizes on GPU.
+    Composes with FSDP2, gradient checkpointing, LoRA and sequence parallel.
+    :mod:`geartrain_fsdp.compiling`."""
+    compile_backend: str = "inductor"
+    """``torch.compile`` backend of ``compile`` (``aot_eager``: same graphs, no code
+    generation; for tests)."""

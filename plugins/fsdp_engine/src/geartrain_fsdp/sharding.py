@@ -85,6 +85,12 @@ def shard_model(
         kernel = choose_kernel(options.attention, meshes.device, torch_dtype(config.param_dtype))
     except ValueError as exc:
         raise ConfigError([("options.attention", str(exc))]) from None
+    if options.compile:
+        from geartrain_fsdp.compiling import check_backend
+
+        problem = check_backend(options.compile_backend, meshes.device)
+        if problem is not None:
+            raise ConfigError([("options.compile_backend", problem)])
     peft_model = base_hash = None
     if config.lora is not None:
         if value_head:
@@ -122,6 +128,11 @@ def shard_model(
             module.to(meshes.device)
     else:
         module.to(meshes.device)
+    if options.compile:
+        from geartrain_fsdp.compiling import compile_decoder_layers
+
+        # after sharding (FSDP2's hooks wrap the compiled forward and stay eager)
+        compile_decoder_layers(hf, backend=options.compile_backend)
 
     handle = FSDPModel(
         module=module,

@@ -287,7 +287,19 @@ def _attend(
     return flash_varlen(query, key, value, state.varlen, scaling)
 
 
-AttentionInterface.register(ATTENTION_NAME, packed_attention)
+@torch.compiler.disable
+def _opaque_packed_attention(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """:func:`packed_attention` as registered: opaque to torch.compile (``options.compile``,
+    :mod:`geartrain_fsdp.compiling`), since it plans its work from the per-forward state's
+    Python lists, which a compiled graph would specialise on. Its output is never a view:
+    whether it is one depends on the attention path (SDPA's output layout, the number of
+    distinct lengths), and dynamo guards on a view's base, so a view would recompile the
+    layer's second graph when the path changes."""
+    out, weights = packed_attention(*args, **kwargs)
+    return (out if out._base is None else out.clone()), weights
+
+
+AttentionInterface.register(ATTENTION_NAME, _opaque_packed_attention)
 
 
 class _GatherSequence(torch.autograd.Function):
