@@ -9,7 +9,8 @@ Sections, in order of priority, each skipped once the time budget (``--budget``,
    backward, and their speed;
 2. update MFU on qwen2.5-0.5b (and 3. on qwen2.5-1.5b): the fsdp engine's
    forward+backward+AdamW on sequences of 1-2k tokens in bf16 (fp32 master weights),
-   MFU = 6 N tokens / step time / the card's dense bf16 peak;
+   MFU = 6 N tokens / step time / the card's dense bf16 peak; with the decoder layers eager
+   and compiled (``options.compile``; ``--compile off on``, the default, measures both);
 4. decode: the torch rollout (static KV cache, CUDA graphs) generating 256 tokens after
    256-token prompts at batch 64 and 256 on qwen2.5-0.5b, tokens/s and the fraction of the
    memory-bandwidth bound (weights + the KV cache read once per step / HBM bandwidth);
@@ -179,11 +180,28 @@ def make_engine(a: argparse.Namespace, model: str, micro_tokens: int, **options:
 
 
 def update_mfu(a: argparse.Namespace, model: str, micro_tokens: int) -> None:
+    """The update's MFU with each ``--compile`` variant (``off``: eager layers, key
+    ``mfu_<model>``; ``on``: ``options.compile``, key ``mfu_<model>_compiled``), each on its
+    own engine over the same batch; with both, their step-time ratio."""
+    for variant in a.compile:
+        update_mfu_variant(a, model, micro_tokens, compiled=variant == "on")
+    off, on = RESULTS.get(f"mfu_{model}"), RESULTS.get(f"mfu_{model}_compiled")
+    if isinstance(off, dict) and isinstance(on, dict):
+        record(f"mfu_{model}_compile_speedup", round(off["step_s"] / on["step_s"], 3))
+
+
+def update_mfu_variant(a: argparse.Namespace, model: str, micro_tokens: int, *, compiled: bool) -> None:
     from geartrain.testing.reference import token_mean_nll_loss
 
+    key = f"mfu_{model}_compiled" if compiled else f"mfu_{model}"
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    engine, _ = make_engine(a, model, micro_tokens, share_prompt_prefix=False)
-    record(f"mfu_{model}_build_s", round(time.perf_counter() - t0, 1))
+    options: dict[str, Any] = {"share_prompt_prefix": False}
+    if compiled:
+        options.update(compile=True, compile_backend=a.compile_backend)
+    engine, _ = make_engine(a, model, micro_tokens, **options)
+    record(f"{key}_build_s", round(time.perf_counter() - t0, 1))
     n_params = sum(p.numel() for p in engine.handle.hf.parameters())
     vocab = engine.handle.hf.config.vocab_size
     g = random.Random(0)
@@ -198,18 +216,19 @@ def update_mfu(a: argparse.Namespace, model: str, micro_tokens: int) -> None:
         engine.forward_backward(batch, token_mean_nll_loss)
         stats = engine.optimizer_step()
         sync(a.device)
-        if i:  # the first step warms up (kernel compilation, allocator)
+        if i:  # the first step warms up (kernel compilation, torch.compile, allocator)
             times.append(time.perf_counter() - t)
         else:
-            record(f"mfu_{model}_first_step_s", round(time.perf_counter() - t, 2))
+            record(f"{key}_first_step_s", round(time.perf_counter() - t, 2))
     step = sorted(times)[len(times) // 2]
     flops = 6 * n_params * tokens
-    record(f"mfu_{model}", {
+    record(key, {
         "parameters": n_params, "tokens_per_step": tokens, "micro_batch_tokens": micro_tokens,
         "step_s": round(step, 4), "tokens_per_s": round(tokens / step),
         "achieved_tflops": round(flops / step / 1e12, 1),
         "mfu": round(flops / step / peak, 3) if peak == peak else None, "grad_norm": stats.get("grad_norm"),
         "attention_kernel": engine.handle.attention_kernel,
+        "compile": engine.handle.options.compile_backend if engine.handle.options.compile else "off",
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if a.device == "cuda" else None,
     })
     del engine
@@ -454,6 +473,9 @@ def main() -> int:
     ap.add_argument("--sections", nargs="+",
                     default=["attention", "mfu05", "decode", "mfu15", "grpo", "grpo1024", "memory"])
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"],
+                    help="update MFU variants: eager decoder layers and/or options.compile (default both)")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of --compile on")
     ap.add_argument("--decode-graphs", nargs="+", default=["step", "forward"],
                     choices=["step", "forward", "none", "dynamic"],
                     help="decode variants: rollout.options.decode_graph of the static path, or the dynamic loop")

@@ -1,6 +1,7 @@
 """bench/gpu/issue20_check.py (the issue-20 GPU run) works: its CPU dry run on the tiny model
 goes through every section but the memory search (tested in test_bench_memory) without an
-error, and its attention check finds the flash layout equal to SDPA."""
+error, its attention check finds the flash layout equal to SDPA, and its update-MFU section
+measures the eager and the compiled (inductor) engine, which train alike."""
 
 from __future__ import annotations
 
@@ -25,7 +26,12 @@ def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
     for layout in ("packed", "shared_prompts"):
         check = results[f"attention_{layout}_flash_layout_via_sdpa"]
         assert check["max_err_vs_sdpa"] < 1e-5 and check["grad_max_err"] < 1e-5
-    assert results["mfu_qwen2.5-0.5b"]["tokens_per_step"] > 0
+    eager, compiled = results["mfu_qwen2.5-0.5b"], results["mfu_qwen2.5-0.5b_compiled"]
+    assert eager["tokens_per_step"] > 0 and compiled["tokens_per_step"] == eager["tokens_per_step"]
+    assert (eager["compile"], compiled["compile"]) == ("off", "inductor")
+    # the same steps on the same weights (bf16 autocast on CPU): the compiled layers train alike
+    assert abs(compiled["grad_norm"] - eager["grad_norm"]) < 1e-2 * eager["grad_norm"]
+    assert results["mfu_qwen2.5-0.5b_compile_speedup"] > 0
     for graph in ("step", "forward"):
         decoded = results[f"decode_batch4_{graph}"]
         assert decoded["generated_tokens"] == 4 * 8  # every row runs to max_tokens
