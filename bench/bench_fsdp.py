@@ -12,8 +12,15 @@
    engine (prompts shared, and not) against a plain PyTorch loop on the same batch, both
    clocks (wall and process CPU) in one run.
 
+5. Regional compilation (``--compile``): the update (forward_backward + optimizer_step on
+   packed variable-length micro-batches, two batches of different token counts alternating)
+   with eager decoder layers against ``options.compile`` (inductor), on the tiny model and
+   on a mid-size config, interleaved in one run; the compiled engine's first steps
+   (compilation) are reported apart.
+
 Usage: ``python bench/bench_fsdp.py [--repeats 5] [--hidden 256] [--layers 4] [--cpu-time]``;
 ``python bench/bench_fsdp.py --main-job [--threads 1]``;
+``python bench/bench_fsdp.py --compile [--threads 2] [--repeats 10]``;
 ``python bench/bench_fsdp.py --export-two-ranks`` times the export from 2 FSDP ranks (gloo).
 """
 
@@ -279,6 +286,65 @@ def main_job(repeats: int, threads: int) -> None:
         )
 
 
+def compile_bench(repeats: int, threads: int, backend: str = "inductor") -> None:
+    """Eager vs compiled decoder layers (``options.compile``) on the update, per model config."""
+    torch.set_num_threads(threads)
+    configs = {
+        "tiny (qwen2 tiny: hidden 64, 2 layers)": ({}, 8, 64),
+        "mid (hidden 512, 4 layers, 8 heads / 4 kv, mlp 1536)": (
+            dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=4),
+            8,
+            192,
+        ),
+    }
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  torch {torch.__version__}  "
+        f"threads {threads}  load(1 min) {os.getloadavg()[0]:.1f}  backend {backend}  fp32"
+    )
+    for label, (overrides, rows, width) in configs.items():
+        model_cfg = ModelConfig(tiny="qwen2", config_overrides=overrides)
+        batches = [make_batch(rows, width, variable=True, seed=s) for s in (1, 2)]
+        tokens = [int(b["attention_mask"].sum()) for b in batches]
+
+        def engine(compiled: bool, model_cfg: ModelConfig = model_cfg, budget: int = rows * width) -> Engine:
+            options = {"compile": compiled, "compile_backend": backend}
+            cfg = EngineConfig(
+                backend="fsdp", optim=OptimConfig(lr=1e-4), max_tokens_per_micro_batch=budget, options=options
+            )
+            return Engine(cfg, model_cfg, EngineContext(role="actor"))
+
+        engines = {"eager": engine(False), "compiled": engine(True)}
+        params = sum(p.numel() for p in engines["eager"].handle.hf.parameters())
+
+        def step(eng: Engine, batch: Batch) -> None:
+            eng.forward_backward(batch, loss_fn)
+            eng.optimizer_step()
+
+        warm = {}
+        for name, eng in engines.items():  # the first steps: compilation (both token counts)
+            start = time.perf_counter()
+            for b in batches:
+                step(eng, b)
+            warm[name] = time.perf_counter() - start
+        times: dict[str, list[float]] = {name: [] for name in engines}
+        for i in range(repeats):  # interleaved, so load from other processes hits both alike
+            for name, eng in engines.items():
+                start = time.perf_counter()
+                step(eng, batches[i % 2])
+                times[name].append(time.perf_counter() - start)
+        med = {name: statistics.median(t) for name, t in times.items()}
+        mean_tokens = sum(tokens) / len(tokens)
+        print(
+            f"{label}: {params / 1e6:.2f}M params, {rows} rows, {tokens[0]} / {tokens[1]} real tokens per batch\n"
+            f"  eager    {1000 * med['eager']:8.1f} ms/step  {mean_tokens / med['eager']:9,.0f} tok/s"
+            f"  (first two steps {warm['eager']:.1f} s)\n"
+            f"  compiled {1000 * med['compiled']:8.1f} ms/step  {mean_tokens / med['compiled']:9,.0f} tok/s"
+            f"  (first two steps, compiling: {warm['compiled']:.1f} s)\n"
+            f"  compiled speed / eager {med['eager'] / med['compiled']:.2f}x  (median of {repeats}, wall clock)"
+        )
+
+
 def _export_rank(
     rank: int, world: int, store_path: str, hidden: int, layers: int, repeats: int, result_path: str
 ) -> None:
@@ -352,6 +418,10 @@ if __name__ == "__main__":
 
     if "--export-two-ranks" in sys.argv:
         export_two_ranks(hidden=256, layers=4, repeats=5)
+    elif "--compile" in sys.argv:
+        threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 2
+        repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 10
+        compile_bench(repeats=repeats, threads=threads)
     elif "--main-job" in sys.argv:
         threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 1
         main_job(repeats=30, threads=threads)

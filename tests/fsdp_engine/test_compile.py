@@ -123,7 +123,8 @@ def test_new_token_counts_reuse_the_compiled_graphs() -> None:
 
 def test_two_ranks_fsdp_and_sequence_parallel_match_eager() -> None:
     # one gloo group of 2: FSDP2 over both ranks, Ulysses sp = 2 (the all-to-all runs
-    # inside the eager attention between the compiled graphs)
+    # inside the eager attention between the compiled graphs), gradient checkpointing
+    # (FSDP2 re-gathers the weights for the compiled recomputation)
     for rank in run_ranks(compile_pair_step, 2):
         eager, compiled = rank["eager"], rank["compiled"]
         assert rank["graphs"] > 0

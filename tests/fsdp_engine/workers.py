@@ -127,8 +127,9 @@ def resume_run(rank: int, world: int, root: str, phase: str) -> dict[str, Any]:
 
 
 def compile_pair_step(rank: int, world: int) -> dict[str, Any]:
-    """One training step with sp = world (FSDP2 over the same ranks), eager and with
-    ``options.compile`` (aot_eager): each engine's log-probs, loss and full grads."""
+    """One training step with sp = world (FSDP2 over the same ranks) and gradient
+    checkpointing, eager and with ``options.compile`` (aot_eager): each engine's log-probs,
+    loss and full grads."""
     from geartrain.config import ModelConfig
     from geartrain.engine import Engine
     from torch._dynamo.utils import counters
@@ -140,6 +141,7 @@ def compile_pair_step(rank: int, world: int) -> dict[str, Any]:
     for name, compiled in (("eager", False), ("compiled", True)):
         options = {"compile": compiled, "compile_backend": "aot_eager"}
         config = engine_config(sp=world, budget=40, options=options)
+        config = config.model_copy(update={"gradient_checkpointing": True})
         engine = Engine(config, ModelConfig(tiny="qwen2"), rank_context(rank, world))
         res = engine.forward_backward(batch, token_mean_loss)
         out[name] = {"log_probs": res.outputs["log_probs"], "loss": res.metrics["loss"], "grads": full_grads(engine)}

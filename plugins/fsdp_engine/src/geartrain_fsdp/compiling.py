@@ -35,7 +35,10 @@ from torch import nn
 
 from geartrain_fsdp.modeling import decoder_layers
 
-__all__ = ["check_backend", "compile_decoder_layers"]
+__all__ = ["RECOMPILE_LIMIT", "check_backend", "compile_decoder_layers"]
+
+RECOMPILE_LIMIT = 32
+"""Compiled variants kept per layer code object (dynamo's default: 8)."""
 
 
 def check_backend(backend: str, device: torch.device) -> str | None:
@@ -46,13 +49,21 @@ def check_backend(backend: str, device: torch.device) -> str | None:
         return f"unknown torch.compile backend {backend!r}; one of {sorted(known)}"
     has_cxx = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
     if backend == "inductor" and device.type == "cpu" and not has_cxx:
-        return "the inductor backend on CPU needs a C++ compiler (g++): install one, or set compile_backend = 'aot_eager'"
+        return (
+            "the inductor backend on CPU needs a C++ compiler (g++): install one, "
+            "or set compile_backend = 'aot_eager'"
+        )
     return None
 
 
 def compile_decoder_layers(hf: nn.Module, *, backend: str) -> int:
     """Replace each decoder layer's ``forward`` by its compiled version; returns how many
     layers were compiled. Idempotent: a layer already compiled is left alone."""
+    # Each (grad mode, input requires_grad, LoRA adapters on/off, one-token filler
+    # micro-batch, ...) combination is a cache entry of the one layer code object that
+    # every engine of the process shares (actor, reference, critic); past dynamo's default
+    # limit of 8 the layers would silently run eagerly.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     count = 0
     for layer in decoder_layers(hf):
         if getattr(layer, "_geartrain_compiled", False):
