@@ -179,3 +179,32 @@ def test_a_reward_that_raises_on_some_rows_only_passes_check_with_a_note(geartra
     proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:score"\n')), "--no-plugins")
     assert proc.returncode == 0, proc.stderr
     assert "raised KeyError: 'no'" in proc.stdout + proc.stderr and "1 of 4 probed rows raised" in proc.stdout + proc.stderr
+
+
+def test_a_reward_file_may_use_dataclasses_with_postponed_annotations(tmp_path: Path) -> None:
+    """A user file is not an importable module: a @dataclass with string annotations (``from
+    __future__ import annotations``) looks its module up while the class is made, and must
+    find it; afterwards the function still travels by value (the module is not importable)."""
+    import pickle
+    import sys
+
+    import cloudpickle
+    from geartrain.trainer.preflight import resolve_reward
+
+    (tmp_path / "scored.py").write_text(textwrap.dedent("""
+        from __future__ import annotations
+        from dataclasses import dataclass
+
+        @dataclass
+        class Weights:
+            exact: float = 1.0
+            partial: float = 0.5
+
+        def reward(response: str, ground_truth: str) -> float:
+            w = Weights()
+            return w.exact if response.strip() == ground_truth else w.partial * (ground_truth in response)
+    """))
+    fn = resolve_reward("scored.py:reward", str(tmp_path))
+    assert fn("42", "42") == 1.0 and fn("x 42", "42") == 0.5 and fn("7", "42") == 0.0
+    assert "geartrain_user_scored" not in sys.modules
+    assert pickle.loads(cloudpickle.dumps(fn))("42", "42") == 1.0  # by value, as Ray sends it

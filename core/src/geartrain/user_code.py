@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,22 @@ def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> A
         path = Path(base_dir) / path
     if not path.is_file():
         raise GeartrainError(f"{what} file '{path}' does not exist ({key} = '{spec}')")
-    module_spec = importlib.util.spec_from_file_location(f"geartrain_user_{path.stem}", path)
+    module_name = f"geartrain_user_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    # Registered while it runs: a @dataclass (or typing.get_type_hints) with string
+    # annotations looks its module up in sys.modules. Removed after: the module cannot be
+    # imported by name elsewhere, so Ray's cloudpickle sends its functions by value.
+    previous = sys.modules.get(module_name)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        if previous is None:
+            sys.modules.pop(module_name, None)
+        else:
+            sys.modules[module_name] = previous
     if not hasattr(module, name):
         raise GeartrainError(f"{what} file '{path}' has no {'function' if what.endswith('function') else 'attribute'} '{name}'")
     return getattr(module, name)
