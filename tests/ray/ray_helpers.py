@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,59 @@ def cli(*args: str) -> list[str]:
 def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(cli(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def steps_done(out: Path) -> int:
+    """The last RL step a run in ``out`` logged (-1 before its first)."""
+    path = out / "metrics.jsonl"
+    return max((r["step"] for r in records(path)), default=-1) if path.exists() else -1
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@dataclass
+class KilledRun:
+    returncode: int | None
+    seconds: float
+    """From the kill to the driver's exit."""
+    text: str
+    """The driver's output."""
+
+
+def kill_mid_run(tmp_path: Path, args: list[str], rank_log: str, *, after_step: int, next_call: str | None = None) -> KilledRun:
+    """Start the main job with ``args`` (output in ``tmp_path / "run"``), wait until step
+    ``after_step`` is logged (and, with ``next_call``, until ``rank_log`` shows the start of
+    one more call of that prefix: mid-step), SIGKILL the rank whose log is ``rank_log`` and
+    wait for the driver to exit."""
+    out = tmp_path / "run"
+    log = (tmp_path / "driver.log").open("w")
+    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *args, f"trainer.output_dir={out}"), cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    seconds = float("nan")
+    try:
+        path = out / "logs" / rank_log
+        wait_for(lambda: steps_done(out) >= after_step or proc.poll() is not None, 600, f"step {after_step}")
+        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+        if next_call is not None:
+            calls = path.read_text().count(next_call)
+            wait_for(lambda: path.read_text().count(next_call) > calls, 120, f"the next call in {rank_log}")
+        pid = int(re.search(r"pid (\d+)", path.read_text()).group(1))  # type: ignore[union-attr]
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=120)
+        seconds = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    return KilledRun(proc.returncode, seconds, (tmp_path / "driver.log").read_text())
 
 
 def recorded_run(out: Path, overrides: list[str]) -> tuple[list[dict], list[list[str]], list[int]]:

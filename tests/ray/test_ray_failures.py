@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_helpers import MAIN_CONFIG, RAY2, ROOT, SHORT, cli, records, run_cli
+from ray_helpers import MAIN_CONFIG, RAY2, ROOT, SHORT, cli, kill_mid_run, records, run_cli, steps_done, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -23,47 +23,16 @@ REWARD = Path(__file__).resolve().parent / "ray_helpers.py"
 ARGS = [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=2", f"reward.function={REWARD}:paced_digit_reward"]
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def _steps_done(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return max((r["step"] for r in records(path)), default=-1) if path.exists() else -1
-
-
 def test_killed_rank_ends_the_job_then_resume_on_two_and_on_one_rank(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    log = (tmp_path / "driver.log").open("w")
-    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, f"trainer.output_dir={out}"), cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    try:
-        rank_log = out / "logs" / "actor-rank1.log"
-        _wait_for(lambda: _steps_done(out) >= 3 or proc.poll() is not None, 600, "step 3")
-        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
-        calls = rank_log.read_text().count("actor.")
-        _wait_for(lambda: rank_log.read_text().count("actor.") > calls, 120, "the next call on rank 1")  # mid-step
-        pid = int(re.search(r"pid (\d+)", rank_log.read_text()).group(1))
-        killed_at = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=90)
-        seconds = time.monotonic() - killed_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-    text = (tmp_path / "driver.log").read_text()
-    assert proc.returncode != 0
-    assert seconds < 60, f"the driver took {seconds:.0f}s to notice"
+    run = kill_mid_run(tmp_path, [*ARGS, *RAY2], "actor-rank1.log", after_step=3, next_call="actor.")  # mid-step
+    text = run.text
+    assert run.returncode != 0
+    assert run.seconds < 60, f"the driver took {run.seconds:.0f}s to notice"
     assert "role 'actor' rank 1 of 2" in text and "died" in text, text[-3000:]
     assert re.search(r"on node \S+", text) and "last lines of its log" in text, text[-3000:]
     assert re.search(r"\| \[geartrain [\d:]+\] actor\.\w+", text), "the rank's last log lines are quoted"
-    killed_step = _steps_done(out)
+    killed_step = steps_done(out)
     assert killed_step < STEPS
 
     # resume on one rank, inline, from a copy of the 2-rank checkpoints
@@ -102,7 +71,7 @@ def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> N
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        _wait_for(lambda: _steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
+        wait_for(lambda: steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
         assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
         ranks = [int(re.search(r"pid (\d+)", (out / "logs" / f"actor-rank{r}.log").read_text()).group(1)) for r in (0, 1)]
         raylets = [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "raylet" in " ".join(p.cmdline())]
@@ -120,7 +89,7 @@ def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> N
     said = (tmp_path / "driver.log").read_bytes()[before:].decode().strip().splitlines()
     assert len(said) == 1 and re.fullmatch(r"interrupted at step \d+; the last complete checkpoint is step \d+; "
                                            r"continue with --resume", said[-1]), said  # one line, no rank tracebacks
-    _wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                               for p in ranks + raylets), 30, "the ranks and the raylet to stop")
 
 
@@ -136,7 +105,7 @@ def test_a_stopped_rank_ends_the_job_within_the_heartbeat_deadline_naming_it(tmp
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     pid = None
     try:
-        _wait_for(lambda: _steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
+        wait_for(lambda: steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
         assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
         pid = int(re.search(r"pid (\d+)", (out / "logs" / f"actor-rank{stopped}.log").read_text()).group(1))
         os.kill(pid, signal.SIGSTOP)
@@ -172,7 +141,7 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
     proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", f"trainer.output_dir={out}"),
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        _wait_for(lambda: _steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
+        wait_for(lambda: steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
         assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
         ray_procs = [p for p in psutil.Process(proc.pid).children(recursive=True) if "ray_reaper" not in " ".join(p.cmdline())]
         names = {p.pid: " ".join(p.cmdline()) for p in ray_procs}

@@ -4,16 +4,11 @@ flight at the checkpoint were discarded and are generated again."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from ray_helpers import MAIN_CONFIG, ROOT, SHORT, cli, records, run_cli
+from ray_helpers import MAIN_CONFIG, SHORT, kill_mid_run, records, run_cli, steps_done
 
 pytestmark = [pytest.mark.slow]
 
@@ -24,37 +19,13 @@ ARGS = [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=2", f"reward
         "rollout.resources_per_replica={cpus=0.5}", "algorithm.max_staleness=1"]
 
 
-def _steps_done(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return max((r["step"] for r in records(path)), default=-1) if path.exists() else -1
-
-
 def test_killed_replica_ends_the_job_and_resume_regenerates_what_was_in_flight(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    log = (tmp_path / "driver.log").open("w")
-    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, f"trainer.output_dir={out}"), cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    try:
-        deadline = time.monotonic() + 600
-        while _steps_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
-        rank_log = (out / "logs" / "rollout-rank1.log").read_text()
-        pid = int(re.search(r"pid (\d+)", rank_log).group(1))
-        killed_at = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=120)
-        seconds = time.monotonic() - killed_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-    text = (tmp_path / "driver.log").read_text()
-    assert proc.returncode != 0, text[-2000:]
-    assert "role 'rollout' rank 1" in text and "died" in text, text[-3000:]
-    assert seconds < 60, f"the job took {seconds:.0f}s to notice the dead replica"
-    assert _steps_done(out) < STEPS
+    run = kill_mid_run(tmp_path, ARGS, "rollout-rank1.log", after_step=3)
+    assert run.returncode != 0, run.text[-2000:]
+    assert "role 'rollout' rank 1" in run.text and "died" in run.text, run.text[-3000:]
+    assert run.seconds < 60, f"the job took {run.seconds:.0f}s to notice the dead replica"
+    assert steps_done(out) < STEPS
 
     resumed = run_cli("train", str(MAIN_CONFIG), *ARGS, f"trainer.output_dir={out}", "--resume", timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
