@@ -1,8 +1,9 @@
 """``options.compile``: regional compilation of the decoder layers
 (:mod:`geartrain_fsdp.compiling`) computes what the eager engine computes, in fp32 and
 within float tolerance: log-probs and entropy, the loss, the gradients and the weights
-after an optimizer step; on packed and shared-prompt micro-batches, with gradient
-checkpointing, with LoRA adapters, and on two gloo ranks (FSDP2 + Ulysses sp = 2). And
+after an optimizer step; on packed, shared-prompt and padded micro-batches, with gradient
+checkpointing, with LoRA adapters, for a value model under one-rank FSDP2 with CPU offload,
+and on two gloo ranks (FSDP2 + Ulysses sp = 2 + gradient checkpointing). And
 it compiles for real: graphs are captured, and micro-batches of new token counts reuse
 them (``dynamic=True``) instead of recompiling.
 
@@ -22,18 +23,33 @@ from geartrain.errors import ConfigError
 from geartrain.types import EngineContext
 from torch._dynamo.utils import counters
 
-from .common import engine_config, full_grads, full_params, make_batch, run_ranks, token_mean_loss
+from .common import engine_config, full_grads, full_params, make_batch, run_ranks, token_mean_loss, value_loss
 from .test_prefix_sharing import group_batch
 from .workers import compile_pair_step
 
 
+LAYOUTS = {
+    "packed": {"share_prompt_prefix": False},
+    "shared-prompts": {"share_prompt_prefix": True},
+    "padded": {"remove_padding": False},
+}
+
+
 def build(
-    compile_: bool, *, share: bool = True, checkpointing: bool = False, backend: str = "aot_eager", **extra: Any
+    compile_: bool,
+    *,
+    layout: str = "shared-prompts",
+    checkpointing: bool = False,
+    backend: str = "aot_eager",
+    value_head: bool = False,
+    options: dict | None = None,
+    **extra: Any,
 ) -> Engine:
-    options = {"share_prompt_prefix": share, "compile": compile_, "compile_backend": backend}
+    options = {**LAYOUTS[layout], **(options or {}), "compile": compile_, "compile_backend": backend}
     cfg = engine_config(budget=40, options=options)
     cfg = EngineConfig(**{**cfg.model_dump(), "gradient_checkpointing": checkpointing, **extra})
-    return Engine(cfg, ModelConfig(tiny="qwen2", seed=1), EngineContext(role="actor"))
+    model = ModelConfig(tiny="qwen2", seed=1, value_head=value_head)
+    return Engine(cfg, model, EngineContext(role="critic" if value_head else "actor"))
 
 
 @pytest.fixture(autouse=True)
@@ -81,11 +97,25 @@ def compare(eager: Engine, compiled: Engine, batch: Any) -> None:
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "grad-checkpointing"])
-@pytest.mark.parametrize("share", [False, True], ids=["packed", "shared-prompts"])
-def test_compiled_layers_match_eager(share: bool, checkpointing: bool) -> None:
-    eager = build(False, share=share, checkpointing=checkpointing)
-    compiled = build(True, share=share, checkpointing=checkpointing)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_compiled_layers_match_eager(layout: str, checkpointing: bool) -> None:
+    eager = build(False, layout=layout, checkpointing=checkpointing)
+    compiled = build(True, layout=layout, checkpointing=checkpointing)
     compare(eager, compiled, group_batch(seed=4))
+
+
+def test_value_model_with_cpu_offload_matches_eager() -> None:
+    # a critic on a one-rank FSDP2 group with CPU offload (as a one-GPU job with cpu_offload)
+    eager, compiled = (build(c, value_head=True, options={"cpu_offload": True}) for c in (False, True))
+    assert compiled.handle.meshes.distributed
+    batch = group_batch(seed=4)
+    before = graphs()
+    a, b = eager.forward_backward(batch, value_loss), compiled.forward_backward(batch, value_loss)
+    assert graphs() > before
+    torch.testing.assert_close(b.outputs["values"], a.outputs["values"], atol=1e-5, rtol=0)
+    ga, gb = full_grads(eager), full_grads(compiled)
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], atol=1e-6, rtol=1e-4)
 
 
 def test_inductor_matches_eager() -> None:
@@ -105,7 +135,7 @@ def test_lora_layers_compile_with_their_adapters() -> None:
 def test_new_token_counts_reuse_the_compiled_graphs() -> None:
     # dynamic=True: the token dimension is symbolic, so micro-batches of other lengths
     # (other batches, other packings) run the graphs of the first step
-    engine = build(True, share=False)
+    engine = build(True, layout="packed")
     start = graphs()
     engine.forward_backward(make_batch(0, rows=6), token_mean_loss)
     engine.compute_log_probs(make_batch(0, rows=6))
