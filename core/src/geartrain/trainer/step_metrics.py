@@ -30,7 +30,8 @@ def reward_metrics(batch: Batch) -> dict[str, float]:
     """``reward/std`` of the sequence scores, ``reward/accuracy`` (share ``correct``) and
     ``reward/max_abs`` (the largest score's magnitude, ``inf``/``nan`` when one is not
     finite: what the watchdog reads to name scores that overflow)."""
-    scores, correct = torch.tensor(batch["score"]), torch.tensor(batch["correct"])
+    scores = torch.as_tensor(batch["score"])
+    correct = torch.as_tensor(batch["correct"])
     max_abs = float(scores.abs().max()) if len(scores) else 0.0  # inf/nan propagate
     if len(scores) and bool(scores.isnan().any()):
         max_abs = float("nan")
