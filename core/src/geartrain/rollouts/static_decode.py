@@ -204,7 +204,9 @@ def _capture(state: _StepState) -> torch.cuda.CUDAGraph | None:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        # thread_local: another thread's CUDA work (trainer.async_rollout trains while this
+        # thread decodes) does not invalidate this capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             state.advance()
     except Exception as exc:  # noqa: BLE001 - any capture failure falls back to the uncaptured step
         warnings.warn(f"torch rollout: the decode step could not be captured in a CUDA graph ({exc}); "
