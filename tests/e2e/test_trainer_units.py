@@ -15,7 +15,8 @@ from geartrain.testing import tiny_tokenizer
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.metrics import JsonlLogger, plot_curves, read_jsonl
 from geartrain.trainer.rl import step_seed
-from geartrain.trainer.run import _due, resolve_reward
+from geartrain.trainer.preflight import resolve_reward
+from geartrain.trainer.run import _due
 from geartrain.trainer.sft import sft_batch
 
 

@@ -24,7 +24,7 @@ from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
 from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
-from geartrain.errors import CheckpointError, GeartrainError
+from geartrain.errors import CheckpointError
 from geartrain.export import ModelCard, base_model_name, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.rewards import RewardResult, correctness
@@ -43,7 +43,7 @@ from geartrain.trainer.metrics import (
     plot_curves,
     read_jsonl,
 )
-from geartrain.trainer.preflight import Preflight, preflight, resolve_reward
+from geartrain.trainer.preflight import Preflight, preflight
 from geartrain.trainer.rl import RLRoles, RLTrainer
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
 from geartrain.trainer.rundir import RunDirectory
