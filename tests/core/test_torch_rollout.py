@@ -112,7 +112,8 @@ def test_a_draw_at_the_top_of_the_cdf_takes_the_last_token_with_mass(monkeypatch
     """A uniform that rounds up to 1 in float32 runs the search past the cdf's end: the
     sampler must return the last token with mass, not the vocabulary's last id."""
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0, 0.5]])
-    monkeypatch.setattr(sampler, "uniforms", lambda seeds, counter: torch.full((len(seeds),), 1 - 2.0**-30, dtype=torch.float64))
+    top = 1 - 2.0**-30  # rounds up to 1.0 in float32
+    monkeypatch.setattr(sampler, "uniforms", lambda seeds, counter: torch.full((len(seeds),), top, dtype=torch.float64))
     token = sampler.sample_tokens(logits, SamplingParams(temperature=1.0, top_k=3), torch.tensor([1]), 0)
     assert token.tolist() == [3]  # top 3 = ids 1, 3, 2 in probability order; 3 is the highest id among them
 

@@ -84,7 +84,8 @@ class KilledRun:
     """The driver's output."""
 
 
-def kill_mid_run(tmp_path: Path, args: list[str], rank_log: str, *, after_step: int, next_call: str | None = None) -> KilledRun:
+def kill_mid_run(tmp_path: Path, args: list[str], rank_log: str, *, after_step: int,
+                 next_call: str | None = None) -> KilledRun:
     """Start the main job with ``args`` (output in ``tmp_path / "run"``), wait until step
     ``after_step`` is logged (and, with ``next_call``, until ``rank_log`` shows the start of
     one more call of that prefix: mid-step), SIGKILL the rank whose log is ``rank_log`` and

@@ -113,7 +113,8 @@ class _StepState:
     tensor keeps its address for the whole call (a captured step reads and writes them)."""
 
     def __init__(self, *, forward: Callable[..., Any], cache: Any, record: DeviceDecodeRecord, sampling: SamplingParams,
-                 seeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, width: int, pad_token_id: int) -> None:
+                 seeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, width: int,
+                 pad_token_id: int) -> None:
         rows = len(seeds)
         self.forward, self.cache, self.record, self.sampling = forward, cache, record, sampling
         self.seeds, self.mask, self.positions, self.width = seeds, mask, positions, width
@@ -149,7 +150,8 @@ class _DoneWatch:
     is copied to pinned host memory behind an event, and the host waits only when
     :data:`STEPS_IN_FLIGHT` steps are enqueued; elsewhere the flag is read at once."""
 
-    def __init__(self, flag: torch.Tensor, *, deferred: bool | None = None, event: Callable[[], Any] | None = None) -> None:
+    def __init__(self, flag: torch.Tensor, *, deferred: bool | None = None,
+                 event: Callable[[], Any] | None = None) -> None:
         """``deferred`` (default: on CUDA) reads the flag through events made by ``event``
         (default ``torch.cuda.Event``; tests pass a stand-in)."""
         self.flag = flag
