@@ -335,7 +335,8 @@ def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) ->
 
     tokens = response_tokens or a.response_tokens
     tag = "" if response_tokens is None else f"_{tokens}"
-    engine, mc = make_engine(a, "qwen2.5-0.5b", a.micro_tokens)
+    options = {"compile": True, "compile_backend": a.compile_backend} if a.grpo_compile == "on" else {}
+    engine, mc = make_engine(a, "qwen2.5-0.5b", a.micro_tokens, **options)
     a_saved, a.response_tokens = a.response_tokens, tokens
     ro = make_rollout(a, mc, a.grpo_prompts * a.n, static=a.device == "cuda", graph=a.grpo_decode_graph)
     a.response_tokens = a_saved
@@ -372,6 +373,7 @@ def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) ->
     record(f"grpo_geartrain{tag}", {"step_s": round(sorted(times)[len(times) // 2], 3), "steps": len(times),
                                     "prompts": a.grpo_prompts, "n": a.n, "prompt_tokens": a.prompt_tokens,
                                     "response_tokens": tokens, "decode_graph": a.grpo_decode_graph,
+                                    "compiled_layers": a.grpo_compile == "on",
                                     "mean_abs_logp_mismatch_per_step": [round(x, 5) for x in mismatch]})
     ro.shutdown()
     del engine
@@ -476,6 +478,8 @@ def main() -> int:
     ap.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"],
                     help="update MFU variants: eager decoder layers and/or options.compile (default both)")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of --compile on")
+    ap.add_argument("--grpo-compile", default="off", choices=["off", "on"],
+                    help="the GRPO step's engine with options.compile (once the MFU section shows it pays)")
     ap.add_argument("--decode-graphs", nargs="+", default=["step", "forward"],
                     choices=["step", "forward", "none", "dynamic"],
                     help="decode variants: rollout.options.decode_graph of the static path, or the dynamic loop")
