@@ -72,3 +72,29 @@ def test_ctrl_c_inside_a_save_names_the_previous_checkpoint(tmp_path: Path, monk
         "interrupted at step 4; the last complete checkpoint is step 2; continue with --resume"
     )
     assert max(CheckpointManager.step_of(p) for p in CheckpointManager(out / "checkpoints" / "actor").complete()) == 2
+
+
+def test_ctrl_c_inside_dcp_s_own_write_is_still_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """DCP catches everything a rank's write raises, KeyboardInterrupt included, and raises
+    its own CheckpointException: a Ctrl-C that lands while the shards are written must still
+    end the job with the one line and 130 (it once printed DCP's traceback and exited 1)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    real = FileSystemWriter.write_data
+
+    def interrupted_in_step_4(self, plan, planner):  # noqa: ANN001, ANN202
+        if "step_00000004" in str(self.path):
+            raise KeyboardInterrupt
+        return real(self, plan, planner)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", interrupted_in_step_4)
+    out = tmp_path / "run"
+    rc = train_from_cli(str(MAIN_CONFIG), [*FAST, "trainer.total_steps=6", f"trainer.output_dir={out}"])
+    err = capsys.readouterr().err
+    assert rc == 130, err[-3000:]
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.strip()][-1] == (
+        "interrupted at step 4; the last complete checkpoint is step 2; continue with --resume"
+    )
+    assert max(CheckpointManager.step_of(p) for p in CheckpointManager(out / "checkpoints" / "actor").complete()) == 2

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from geartrain.errors import CheckpointError
+from geartrain.errors import CheckpointError, exception_chain
 from geartrain.manifest import verify_manifest, write_manifest
 
 MARKER = "COMPLETE"
@@ -208,25 +208,10 @@ class DiskFullError(CheckpointError):
 _FULL_BELOW = 1 << 20
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or any(e is s for s in seen):
-            continue
-        seen.append(e)
-        todo += [e.__cause__, e.__context__]
-        failures = getattr(e, "failures", None)  # DCP's CheckpointException: rank -> wrapped error
-        if isinstance(failures, dict):
-            todo += [getattr(f, "exc", f) if isinstance(getattr(f, "exc", f), BaseException) else None for f in failures.values()]
-    return seen
-
-
 def disk_is_full(exc: BaseException, where: str | Path) -> bool:
     """Whether ``exc`` (raised while writing under ``where``) is a full disk: an ENOSPC in
     its chain, or, as writers that lose the errno leave it, almost no space left there."""
-    for e in _chain(exc):
+    for e in exception_chain(exc):
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             return True
         if "No space left on device" in str(e):

@@ -73,3 +73,24 @@ class DataError(GeartrainError):
 
 class CheckpointError(GeartrainError):
     """A checkpoint is missing, incomplete or does not match the model."""
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception behind it: its ``__cause__`` and ``__context__``, and the
+    per-rank errors a ``torch.distributed.checkpoint`` ``CheckpointException`` wraps (DCP
+    catches *any* exception of a rank's save or load, Ctrl-C's ``KeyboardInterrupt``
+    included, and raises one of its own)."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # DCP's CheckpointException: rank -> (error, traceback)
+        if isinstance(failures, dict):
+            for failure in failures.values():
+                inner = getattr(failure, "exc", failure[0] if isinstance(failure, tuple) and failure else failure)
+                todo.append(inner if isinstance(inner, BaseException) else None)
+    return seen

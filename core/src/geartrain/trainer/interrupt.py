@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from geartrain.errors import exception_chain
+
 #: Exit status of a process stopped by SIGINT (128 + 2), what shells and CI report.
 EXIT_INTERRUPTED = 130
 
@@ -34,3 +36,10 @@ def interrupted_message(position: RunPosition) -> str:
     else:
         where = f"the last complete checkpoint is step {position.checkpoint}; continue with --resume"
     return f"interrupted at step {position.step}; {where}"
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C's ``KeyboardInterrupt`` or was raised because of one: a
+    library that catches everything may hand it back wrapped (DCP's ``CheckpointException``
+    when the interrupt lands during a checkpoint's save)."""
+    return any(isinstance(e, KeyboardInterrupt) for e in exception_chain(exc))
