@@ -4,8 +4,12 @@ exit status a shell expects from SIGINT."""
 
 from __future__ import annotations
 
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from geartrain.errors import exception_chain
 
@@ -43,3 +47,35 @@ def is_interrupt(exc: BaseException) -> bool:
     library that catches everything may hand it back wrapped (DCP's ``CheckpointException``
     when the interrupt lands during a checkpoint's save)."""
     return any(isinstance(e, KeyboardInterrupt) for e in exception_chain(exc))
+
+
+class InterruptWatch:
+    """Notes that SIGINT arrived while it is entered (main thread only), then lets
+    Python's own handler raise ``KeyboardInterrupt`` as usual. Code that swallows the
+    ``KeyboardInterrupt`` and fails otherwise (C++ writing a checkpoint: torch.save's
+    zip writer reports "unexpected pos" once a write was cut) still ends as an interrupt:
+    :attr:`seen` says one arrived."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = True
+        if callable(self._previous):
+            self._previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> InterruptWatch:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is signal.default_int_handler:  # a shell's Ctrl-C; leave SIG_IGN and others alone
+                self._previous = previous
+                signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None and signal.getsignal(signal.SIGINT) == self._handle:
+            signal.signal(signal.SIGINT, self._previous)
+        self._previous = None

@@ -32,7 +32,13 @@ from geartrain.trainer.completions import CompletionsLogger
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
-from geartrain.trainer.interrupt import EXIT_INTERRUPTED, RunPosition, interrupted_message, is_interrupt
+from geartrain.trainer.interrupt import (
+    EXIT_INTERRUPTED,
+    InterruptWatch,
+    RunPosition,
+    interrupted_message,
+    is_interrupt,
+)
 from geartrain.trainer.loggers import Fanout, MlflowLogger, WandbLogger
 from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
 from geartrain.trainer.metrics import (
@@ -514,10 +520,12 @@ def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = Fa
     hf_logging.disable_progress_bar()  # the job's own progress bar is the one to read
     config = load_train_config(config_path, overrides)
     job = Job(config, resume=resume, overwrite=overwrite)
+    watch = InterruptWatch()
     try:
-        job.run()
+        with watch:
+            job.run()
     except BaseException as exc:
-        if not is_interrupt(exc):
+        if not (is_interrupt(exc) or watch.seen):
             raise
         logging.disable(logging.CRITICAL)  # nothing may follow the one line (threads winding down)
         print(f"\n{interrupted_message(job.position)}", file=sys.stderr, flush=True)
