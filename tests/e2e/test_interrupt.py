@@ -63,15 +63,8 @@ def test_ctrl_c_inside_a_save_names_the_previous_checkpoint(tmp_path: Path, monk
         return real(path, **kwargs)
 
     monkeypatch.setattr(checkpoint, "write_manifest", interrupted_in_step_4)
-    out = tmp_path / "run"
-    rc = train_from_cli(str(MAIN_CONFIG), [*FAST, "trainer.total_steps=6", f"trainer.output_dir={out}"])
-    assert rc == 130
-    err = capsys.readouterr().err
+    err = _interrupted_at_step_4(tmp_path, capsys)
     assert "Traceback" not in err
-    assert [line for line in err.splitlines() if line.strip()][-1] == (
-        "interrupted at step 4; the last complete checkpoint is step 2; continue with --resume"
-    )
-    assert max(CheckpointManager.step_of(p) for p in CheckpointManager(out / "checkpoints" / "actor").complete()) == 2
 
 
 def test_ctrl_c_inside_dcp_s_own_write_is_still_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -89,15 +82,8 @@ def test_ctrl_c_inside_dcp_s_own_write_is_still_one_line(tmp_path: Path, monkeyp
         return real(self, plan, planner)
 
     monkeypatch.setattr(FileSystemWriter, "write_data", interrupted_in_step_4)
-    out = tmp_path / "run"
-    rc = train_from_cli(str(MAIN_CONFIG), [*FAST, "trainer.total_steps=6", f"trainer.output_dir={out}"])
-    err = capsys.readouterr().err
-    assert rc == 130, err[-3000:]
+    err = _interrupted_at_step_4(tmp_path, capsys)
     assert "Traceback" not in err
-    assert [line for line in err.splitlines() if line.strip()][-1] == (
-        "interrupted at step 4; the last complete checkpoint is step 2; continue with --resume"
-    )
-    assert max(CheckpointManager.step_of(p) for p in CheckpointManager(out / "checkpoints" / "actor").complete()) == 2
 
 
 def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -123,6 +109,14 @@ def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(tmp_path: Pat
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 367 vs 337")
 
     monkeypatch.setattr(FileSystemWriter, "write_data", swallowed_in_step_4)
+    _interrupted_at_step_4(tmp_path, capsys)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the watch is gone after the job
+
+
+def _interrupted_at_step_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """Run 6 steps of the main job in this process (the caller makes step 4's save see
+    Ctrl-C); assert it ends with 130 and the one line naming checkpoint 2, the newest
+    complete one on disk. Returns what it printed on stderr."""
     out = tmp_path / "run"
     rc = train_from_cli(str(MAIN_CONFIG), [*FAST, "trainer.total_steps=6", f"trainer.output_dir={out}"])
     err = capsys.readouterr().err
@@ -130,4 +124,5 @@ def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(tmp_path: Pat
     assert [line for line in err.splitlines() if line.strip()][-1] == (
         "interrupted at step 4; the last complete checkpoint is step 2; continue with --resume"
     )
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the watch is gone after the job
+    assert max(CheckpointManager.step_of(p) for p in CheckpointManager(out / "checkpoints" / "actor").complete()) == 2
+    return err

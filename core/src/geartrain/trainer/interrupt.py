@@ -9,7 +9,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from geartrain.errors import exception_chain
 
@@ -58,24 +57,21 @@ class InterruptWatch:
 
     def __init__(self) -> None:
         self.seen = False
-        self._previous: Any = None
+        self._installed = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.seen = True
-        if callable(self._previous):
-            self._previous(signum, frame)
-        else:
-            raise KeyboardInterrupt
+        signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt
 
     def __enter__(self) -> InterruptWatch:
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            if previous is signal.default_int_handler:  # a shell's Ctrl-C; leave SIG_IGN and others alone
-                self._previous = previous
-                signal.signal(signal.SIGINT, self._handle)
+        # only over Python's own handler (a shell's Ctrl-C); SIG_IGN and others are left alone
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None and signal.getsignal(signal.SIGINT) == self._handle:
-            signal.signal(signal.SIGINT, self._previous)
-        self._previous = None
+        if self._installed and signal.getsignal(signal.SIGINT) == self._handle:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        self._installed = False
