@@ -62,10 +62,14 @@ class SlowTool:
         if self.k > self.turns:
             return StepResult(done=True)
         time.sleep(latency(self.episode, self.k, self.mean_s, self.kind))
-        return StepResult(observation=f"(result {self.k})", info={"tool_calls": 1, "tool_errors": 0, "tool_latencies_s": []})
+        return StepResult(
+            observation=f"(result {self.k})", info={"tool_calls": 1, "tool_errors": 0, "tool_latencies_s": []}
+        )
 
 
-def round_synchronous(rollout: Rollout, tok: Any, prompts: list[list[int]], turns: int, mean_s: float, kind: str, seed: int) -> list[Episode]:
+def round_synchronous(
+    rollout: Rollout, tok: Any, prompts: list[list[int]], turns: int, mean_s: float, kind: str, seed: int
+) -> list[Episode]:
     """The baseline: one synchronous round per turn, waiting for every episode's tool."""
     episodes = [Episode(index=i, group=i, prompt_ids=p, task={"episode": i}) for i, p in enumerate(prompts)]
     envs = [SlowTool(turns, mean_s, kind) for _ in episodes]
@@ -75,7 +79,10 @@ def round_synchronous(rollout: Rollout, tok: Any, prompts: list[list[int]], turn
     live = list(range(len(episodes)))
     while live:
         sampling = SamplingParams(
-            temperature=1.0, seed=seed, max_tokens=TOKENS_PER_TURN, stop_token_ids=[tok.eos_token_id],
+            temperature=1.0,
+            seed=seed,
+            max_tokens=TOKENS_PER_TURN,
+            stop_token_ids=[tok.eos_token_id],
             prompt_indices=[episodes[i].index * TURN_STRIDE + episodes[i].model_turns for i in live],
         )
         batch = rollout.generate([episodes[i].token_ids() for i in live], sampling)
@@ -90,20 +97,34 @@ def round_synchronous(rollout: Rollout, tok: Any, prompts: list[list[int]], turn
             if result.done:
                 episodes[i].done = True
             else:
-                episodes[i].segments.append(Segment(kind="observation", ids=tok.encode(result.observation, add_special_tokens=False), text=result.observation))
+                episodes[i].segments.append(
+                    Segment(
+                        kind="observation",
+                        ids=tok.encode(result.observation, add_special_tokens=False),
+                        text=result.observation,
+                    )
+                )
                 still.append(i)
         live = still
     pool.shutdown()
     return episodes
 
 
-def asynchronous(rollout: Rollout, tok: Any, prompts: list[list[int]], turns: int, mean_s: float, kind: str, seed: int) -> list[Episode]:
+def asynchronous(
+    rollout: Rollout, tok: Any, prompts: list[list[int]], turns: int, mean_s: float, kind: str, seed: int
+) -> list[Episode]:
     runner = EpisodeRunner(
-        rollout.generate, tok, lambda: SlowTool(turns, mean_s, kind),
+        rollout.generate,
+        tok,
+        lambda: SlowTool(turns, mean_s, kind),
         RunnerLimits(max_turns=turns + 1, max_tokens_per_turn=TOKENS_PER_TURN, max_model_len=MAX_MODEL_LEN),
         workers=len(prompts),
     )
-    episodes, _ = runner.run(prompts, [{"episode": i} for i in range(len(prompts))], SamplingParams(temperature=1.0, seed=seed, stop_token_ids=[tok.eos_token_id]))
+    episodes, _ = runner.run(
+        prompts,
+        [{"episode": i} for i in range(len(prompts))],
+        SamplingParams(temperature=1.0, seed=seed, stop_token_ids=[tok.eos_token_id]),
+    )
     return episodes
 
 
@@ -117,14 +138,20 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tok = tiny_tokenizer()
-    rollout = Rollout(RolloutConfig(backend="torch", max_model_len=MAX_MODEL_LEN), ModelConfig(tiny="qwen2", seed=0), EngineContext(role="rollout"))
+    rollout = Rollout(
+        RolloutConfig(backend="torch", max_model_len=MAX_MODEL_LEN),
+        ModelConfig(tiny="qwen2", seed=0),
+        EngineContext(role="rollout"),
+    )
     prompts = [[tok.bos_token_id, *tok.encode(f"task {i}:", add_special_tokens=False)] for i in range(args.episodes)]
-    print(f"# bench_agent: {args.episodes} episodes x {args.turns} tool calls (+ a final turn), {TOKENS_PER_TURN} tokens a turn, "
-          f"torch threads {args.threads}, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"# bench_agent: {args.episodes} episodes x {args.turns} tool calls (+ a final turn), {TOKENS_PER_TURN} tokens a turn, "
+        f"torch threads {args.threads}, load {os.getloadavg()[0]:.2f}"
+    )
     print("| tool latency | distribution | round-synchronous episodes/s | asynchronous episodes/s | speed-up |")
     print("|---|---|---|---|---|")
     for ms in [int(x) for x in args.latencies_ms.split(",")]:
-        for kind in (["exponential", "constant"] if ms else ["none"]):
+        for kind in ["exponential", "constant"] if ms else ["none"]:
             rates: dict[str, list[float]] = {"sync": [], "async": []}
             for rep in range(args.repeats):
                 for name, fn in (("sync", round_synchronous), ("async", asynchronous)):  # interleaved

@@ -292,8 +292,13 @@ def compile_bench(repeats: int, threads: int, backend: str = "inductor") -> None
     configs = {
         "tiny (qwen2 tiny: hidden 64, 2 layers)": ({}, 8, 64),
         "mid (hidden 512, 4 layers, 8 heads / 4 kv, mlp 1536)": (
-            dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
-                 num_key_value_heads=4),
+            dict(
+                hidden_size=512,
+                intermediate_size=1536,
+                num_hidden_layers=4,
+                num_attention_heads=8,
+                num_key_value_heads=4,
+            ),
             8,
             192,
         ),

@@ -132,12 +132,18 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     full, lora = results
-    print(f"{args.model} on {args.device}, {args.rows} rows of {args.prompt_tokens}+{args.response_tokens} tokens, "
-          f"{args.threads} threads, LoRA rank {args.rank} all-linear")
+    print(
+        f"{args.model} on {args.device}, {args.rows} rows of {args.prompt_tokens}+{args.response_tokens} tokens, "
+        f"{args.threads} threads, LoRA rank {args.rank} all-linear"
+    )
     for r in results:
-        print(f"  {r['which']:<5} trainable {r['trainable'] / 1e6:9.2f}M of {r['parameters'] / 1e6:9.2f}M  "
-              f"peak {r['peak_bytes'] / 2**30:7.3f} GiB  step {r['step_s']:.3f} s")
-    print(f"  LoRA / full: peak {lora['peak_bytes'] / max(full['peak_bytes'], 1):.3f}x, step time {lora['step_s'] / full['step_s']:.3f}x")
+        print(
+            f"  {r['which']:<5} trainable {r['trainable'] / 1e6:9.2f}M of {r['parameters'] / 1e6:9.2f}M  "
+            f"peak {r['peak_bytes'] / 2**30:7.3f} GiB  step {r['step_s']:.3f} s"
+        )
+    print(
+        f"  LoRA / full: peak {lora['peak_bytes'] / max(full['peak_bytes'], 1):.3f}x, step time {lora['step_s'] / full['step_s']:.3f}x"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=2)

@@ -51,8 +51,16 @@ class Echo:
 def main_job_batch(rows: int = 128, width: int = 21) -> Batch:
     ids = torch.randint(0, 100, (rows, width))
     ones = torch.ones(rows, width, dtype=torch.long)
-    return Batch({"input_ids": ids, "attention_mask": ones, "response_mask": ones, "log_probs": torch.randn(rows, width),
-                  "advantages": torch.randn(rows, width)}, meta={"uid": list(range(rows))})
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": ones,
+            "response_mask": ones,
+            "log_probs": torch.randn(rows, width),
+            "advantages": torch.randn(rows, width),
+        },
+        meta={"uid": list(range(rows))},
+    )
 
 
 def dispatch_overhead(ranks: int, calls: int) -> dict[str, float]:
@@ -62,8 +70,10 @@ def dispatch_overhead(ranks: int, calls: int) -> dict[str, float]:
         group = placement.group(f"echo{ranks}", Echo, world_size=ranks)
         batch = main_job_batch()
         out: dict[str, float] = {}
-        for name, call in (("all_noop", lambda: group.call("noop")),
-                           ("dp_batch", lambda: group.call("touch", batch, dispatch=Dispatch.DP))):
+        for name, call in (
+            ("all_noop", lambda: group.call("noop")),
+            ("dp_batch", lambda: group.call("touch", batch, dispatch=Dispatch.DP)),
+        ):
             for _ in range(10):
                 call()
             wall, cpu = time.perf_counter(), time.process_time()
@@ -78,8 +88,17 @@ def dispatch_overhead(ranks: int, calls: int) -> dict[str, float]:
 
 
 def step_times(ray: bool, steps: int, extra: tuple[str, ...] = ()) -> dict[str, float]:
-    overrides = [*extra, "sft.enabled=false", "validation.path=null", "trainer.tensorboard=false", "trainer.plot=false",
-                 "trainer.export_hf=false", "trainer.progress=false", "trainer.save_every=0", f"trainer.total_steps={steps}"]
+    overrides = [
+        *extra,
+        "sft.enabled=false",
+        "validation.path=null",
+        "trainer.tensorboard=false",
+        "trainer.plot=false",
+        "trainer.export_hf=false",
+        "trainer.progress=false",
+        "trainer.save_every=0",
+        f"trainer.total_steps={steps}",
+    ]
     if ray:
         overrides += ["cluster.placement=ray", "actor.engine.parallel.dp=2"]
     out_dir = Path(tempfile.mkdtemp(prefix="bench-ray-")) / "run"
@@ -123,12 +142,20 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     for ranks in (1, 2):
-        print(f"dispatch, {ranks} rank(s):", {k: round(v, 3) for k, v in dispatch_overhead(ranks, args.calls).items()}, flush=True)
+        print(
+            f"dispatch, {ranks} rank(s):",
+            {k: round(v, 3) for k, v in dispatch_overhead(ranks, args.calls).items()},
+            flush=True,
+        )
     inline = step_times(False, args.steps)
     print("main-job step inline:", {k: round(v, 4) for k, v in inline.items()}, flush=True)
     for prefetch in ("false", "true"):
         two = step_times(True, args.steps, (f"trainer.prefetch_generation={prefetch}",))
-        print(f"main-job step 2 Ray ranks, prefetch_generation={prefetch}:", {k: round(v, 4) for k, v in two.items()}, flush=True)
+        print(
+            f"main-job step 2 Ray ranks, prefetch_generation={prefetch}:",
+            {k: round(v, 4) for k, v in two.items()},
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -34,26 +34,50 @@ from geartrain.trainer.config import load_train_config
 from geartrain.trainer.run import Job
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = ["sft.enabled=false", "validation.path=null", "trainer.tensorboard=false", "trainer.plot=false",
-          "trainer.export_hf=false", "trainer.progress=false", "trainer.save_every=0", "cluster.placement=ray"]
-SEPARATE = ["rollout.placement=separate", "rollout.replicas=2", "rollout.resources_per_replica={cpus=0.5}",
-            "algorithm.max_staleness=1"]
+COMMON = [
+    "sft.enabled=false",
+    "validation.path=null",
+    "trainer.tensorboard=false",
+    "trainer.plot=false",
+    "trainer.export_hf=false",
+    "trainer.progress=false",
+    "trainer.save_every=0",
+    "cluster.placement=ray",
+]
+SEPARATE = [
+    "rollout.placement=separate",
+    "rollout.replicas=2",
+    "rollout.resources_per_replica={cpus=0.5}",
+    "algorithm.max_staleness=1",
+]
 
 
 def steps_per_s(extra: list[str], steps: int, token_s: float, alpha: float) -> dict[str, float]:
     out = Path(tempfile.mkdtemp(prefix="bench-separate-")) / "run"
-    config = load_train_config(ROOT / "examples/arithmetic/grpo.toml", [
-        *COMMON, f"trainer.total_steps={steps}", f"trainer.output_dir={out}",
-        f"rollout.options.simulated_token_s={token_s}", f"rollout.options.simulated_tail_alpha={alpha}", *extra])
+    config = load_train_config(
+        ROOT / "examples/arithmetic/grpo.toml",
+        [
+            *COMMON,
+            f"trainer.total_steps={steps}",
+            f"trainer.output_dir={out}",
+            f"rollout.options.simulated_token_s={token_s}",
+            f"rollout.options.simulated_tail_alpha={alpha}",
+            *extra,
+        ],
+    )
     start = time.perf_counter()
     Job(config, echo=lambda _: None).run()
     wall = time.perf_counter() - start
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steady = [r for r in records if r.get("step", 0) >= 3 and "timing/step_s" in r]
     walls = [r["timing/step_s"] for r in steady]
-    result = {"steps_per_s": len(walls) / sum(walls), "step_s_median": statistics.median(walls),
-              "generate_s_median": statistics.median(r["timing/generate_s"] for r in steady),
-              "update_s_median": statistics.median(r["timing/update_s"] for r in steady), "job_wall_s": wall}
+    result = {
+        "steps_per_s": len(walls) / sum(walls),
+        "step_s_median": statistics.median(walls),
+        "generate_s_median": statistics.median(r["timing/generate_s"] for r in steady),
+        "update_s_median": statistics.median(r["timing/update_s"] for r in steady),
+        "job_wall_s": wall,
+    }
     if "async/staleness_max" in steady[-1]:
         result["staleness_max"] = max(r["async/staleness_max"] for r in steady)
         result["staleness_mean"] = statistics.mean(r["async/staleness_mean"] for r in steady)
@@ -74,9 +98,16 @@ def main() -> None:
         colocated = steps_per_s([], args.steps, args.token_s, alpha)
         print(f"alpha {alpha}: colocated, synchronous:", {k: round(v, 4) for k, v in colocated.items()}, flush=True)
         separate = steps_per_s(SEPARATE, args.steps, args.token_s, alpha)
-        print(f"alpha {alpha}: separate, 2 replicas, max_staleness=1:", {k: round(v, 4) for k, v in separate.items()}, flush=True)
-        print(f"alpha {alpha}: speed-up {separate['steps_per_s'] / colocated['steps_per_s']:.2f}x; "
-              f"load average now: {os.getloadavg()}", flush=True)
+        print(
+            f"alpha {alpha}: separate, 2 replicas, max_staleness=1:",
+            {k: round(v, 4) for k, v in separate.items()},
+            flush=True,
+        )
+        print(
+            f"alpha {alpha}: speed-up {separate['steps_per_s'] / colocated['steps_per_s']:.2f}x; "
+            f"load average now: {os.getloadavg()}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,26 +26,47 @@ SECTION = "## Main job: seeds"
 
 def run_seed(seed: int, out_root: Path) -> dict[str, float | int | str]:
     out = out_root / f"seed{seed}"
-    cmd = [sys.executable, "-m", "geartrain.cli", "train", str(CONFIG), f"trainer.seed={seed}", f"model.seed={seed}",
-           f"sft.seed={seed}", f"data.seed={seed}", f"trainer.output_dir={out}", "trainer.progress=false", "--overwrite"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "geartrain.cli",
+        "train",
+        str(CONFIG),
+        f"trainer.seed={seed}",
+        f"model.seed={seed}",
+        f"sft.seed={seed}",
+        f"data.seed={seed}",
+        f"trainer.output_dir={out}",
+        "trainer.progress=false",
+        "--overwrite",
+    ]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     seconds = time.monotonic() - start
     if proc.returncode != 0:
-        return {"seed": seed, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed", "seconds": seconds}
+        return {
+            "seed": seed,
+            "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed",
+            "seconds": seconds,
+        }
     before = float(re.search(r"accuracy before GRPO: ([\d.]+)%", proc.stdout).group(1))
     after = float(re.search(r"accuracy after GRPO: ([\d.]+)%", proc.stdout).group(1))
     return {"seed": seed, "before": before, "after": after, "gain": after - before, "seconds": seconds}
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| seed | before GRPO | after GRPO | gain (points) | wall time (s) | >= 30 points |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| seed | before GRPO | after GRPO | gain (points) | wall time (s) | >= 30 points |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['seed']} | error: {r['error']} | | | {r['seconds']:.0f} | no |")
         else:
             ok = "yes" if r["gain"] >= 30 and r["seconds"] < 300 else "no"
-            lines.append(f"| {r['seed']} | {r['before']:.1f}% | {r['after']:.1f}% | {r['gain']:+.1f} | {r['seconds']:.0f} | {ok} |")
+            lines.append(
+                f"| {r['seed']} | {r['before']:.1f}% | {r['after']:.1f}% | {r['gain']:+.1f} | {r['seconds']:.0f} | {ok} |"
+            )
     return "\n".join(lines)
 
 
@@ -67,7 +88,7 @@ def main(argv: list[str]) -> None:
     for seed in seeds:
         rows.append(run_seed(seed, out_root))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = (
         f"{SECTION}\n\n`python bench/main_job_seeds.py` ({when}, {platform.machine()}, 2 CPU cores shared with other jobs; "
         "wall time = the whole `geartrain train` process, start-up included). Held-out accuracy: greedy exact match on "

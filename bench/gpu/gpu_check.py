@@ -4,6 +4,7 @@ Run on a machine with one CUDA GPU: size-1 NCCL group from the core, FSDP2 fp32 
 plain transformers on the same GPU, a training step vs AdamW, bf16 mixed precision (close to
 fp32), offload/onload (GPU memory freed, training identical), cpu_offload policy with pinned
 memory, torch rollout on CUDA after a weight sync (rollout log-probs == engine log-probs)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,6 @@ import sys
 import time
 
 import torch
-
-from geartrain.batch import Batch
 from geartrain.cluster.process_group import acquire_single_rank_group, release_single_rank_group
 from geartrain.config import EngineConfig, ModelConfig, OptimConfig
 from geartrain.engine import Engine
@@ -29,6 +28,7 @@ from geartrain.types import EngineContext
 
 results: dict[str, object] = {}
 import os
+
 DEV = os.environ.get("GT_DEVICE", "cuda")
 CUDA = DEV == "cuda"
 
@@ -39,8 +39,12 @@ def record(name: str, value: object, ok: bool | None = None) -> None:
 
 
 def engine(group, *, options=None, lr=1e-3, **fields) -> Engine:
-    cfg = EngineConfig(backend="fsdp", options=options or {}, optim=OptimConfig(lr=lr, weight_decay=0.01, clip_grad=1.0), **fields)
-    return Engine(cfg, ModelConfig(tiny="qwen2", seed=3), EngineContext(role="actor", seed=0, device=DEV, process_group=group))
+    cfg = EngineConfig(
+        backend="fsdp", options=options or {}, optim=OptimConfig(lr=lr, weight_decay=0.01, clip_grad=1.0), **fields
+    )
+    return Engine(
+        cfg, ModelConfig(tiny="qwen2", seed=3), EngineContext(role="actor", seed=0, device=DEV, process_group=group)
+    )
 
 
 def sync() -> None:
@@ -78,7 +82,9 @@ def main() -> int:
     eng.forward_backward(batch, token_mean_nll_loss)
     stats = eng.optimizer_step()
     opt = torch.optim.AdamW(hf.parameters(), lr=1e-3, weight_decay=0.01)
-    lp = token_outputs_from_logits(reference_logits(hf, batch), batch["input_ids"], batch["attention_mask"])["log_probs"]
+    lp = token_outputs_from_logits(reference_logits(hf, batch), batch["input_ids"], batch["attention_mask"])[
+        "log_probs"
+    ]
     lm = batch["loss_mask"].float()
     loss = -(lp * lm).sum() / lm.sum()
     loss.backward()
@@ -100,7 +106,11 @@ def main() -> int:
     record("offload_freed_bytes", freed, freed > 0 if CUDA else None)
     eng.onload()
     again = eng.compute_log_probs(batch).outputs["log_probs"]
-    record("onload_identical", bool(torch.equal(on_cpu(again), on_cpu(after))), bool(torch.equal(on_cpu(again), on_cpu(after))))
+    record(
+        "onload_identical",
+        bool(torch.equal(on_cpu(again), on_cpu(after))),
+        bool(torch.equal(on_cpu(again), on_cpu(after))),
+    )
 
     # torch rollout on CUDA after a weight sync: its log-probs of its samples == engine's
     try:
@@ -108,7 +118,11 @@ def main() -> int:
         from geartrain.rollout import Rollout
         from geartrain.types import SamplingParams
 
-        ro = Rollout(RolloutConfig(backend="torch"), ModelConfig(tiny="qwen2", seed=3), EngineContext(role="rollout", seed=0, device=DEV, process_group=group))
+        ro = Rollout(
+            RolloutConfig(backend="torch"),
+            ModelConfig(tiny="qwen2", seed=3),
+            EngineContext(role="rollout", seed=0, device=DEV, process_group=group),
+        )
         t0 = time.perf_counter()
         sync_stats = eng.sync_weights(ro)
         record("weight_sync_s", time.perf_counter() - t0)
@@ -151,10 +165,15 @@ def main() -> int:
             prompt = torch.randint(4, 120, (int(torch.randint(20, 60, (1,), generator=g)),), generator=g).tolist()
             for _ in range(8):
                 prompts.append(prompt)
-                responses.append(torch.randint(4, 120, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist())
+                responses.append(
+                    torch.randint(4, 120, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist()
+                )
         gb = sequence_batch(prompts, responses, 0, mask_key="loss_mask")
         for dtype in ("float32", "bfloat16"):
-            shared, plain = engine(group, param_dtype=dtype), engine(group, param_dtype=dtype, options={"share_prompt_prefix": False})
+            shared, plain = (
+                engine(group, param_dtype=dtype),
+                engine(group, param_dtype=dtype, options={"share_prompt_prefix": False}),
+            )
             oa = shared.forward_backward(gb, token_mean_nll_loss)
             ga = shared.optimizer_step()["grad_norm"]
             ob = plain.forward_backward(gb, token_mean_nll_loss)
@@ -163,7 +182,11 @@ def main() -> int:
             err = float((on_cpu(oa.outputs["log_probs"]) - on_cpu(ob.outputs["log_probs"])).abs()[lm].max())
             tol = 1e-4 if dtype == "float32" else 0.1
             record(f"shared_prompts_{dtype}_logprob_max_err_vs_plain", err, err < tol)
-            record(f"shared_prompts_{dtype}_grad_norm_vs_plain", [ga, gb_norm], abs(ga - gb_norm) < (1e-3 if dtype == "float32" else 0.05) * max(1.0, gb_norm))
+            record(
+                f"shared_prompts_{dtype}_grad_norm_vs_plain",
+                [ga, gb_norm],
+                abs(ga - gb_norm) < (1e-3 if dtype == "float32" else 0.05) * max(1.0, gb_norm),
+            )
             clocks = {}
             for name, e in (("shared", shared), ("plain", plain)):
                 for _ in range(2):
@@ -176,7 +199,10 @@ def main() -> int:
                     e.optimizer_step()
                 sync()
                 clocks[name] = (time.perf_counter() - t0) / 10
-            record(f"shared_prompts_{dtype}_step_s_shared_vs_plain", [round(clocks["shared"], 4), round(clocks["plain"], 4)])
+            record(
+                f"shared_prompts_{dtype}_step_s_shared_vs_plain",
+                [round(clocks["shared"], 4), round(clocks["plain"], 4)],
+            )
     except Exception as exc:
         record("shared_prompts_error", repr(exc), False)
 
@@ -185,7 +211,11 @@ def main() -> int:
         engc = engine(group, options={"cpu_offload": True})
         engc.forward_backward(batch, token_mean_nll_loss)
         sc = engc.optimizer_step()
-        record("cpu_offload_policy_grad_norm_vs_plain", [sc["grad_norm"], stats["grad_norm"]], abs(sc["grad_norm"] - stats["grad_norm"]) < 1e-3)
+        record(
+            "cpu_offload_policy_grad_norm_vs_plain",
+            [sc["grad_norm"], stats["grad_norm"]],
+            abs(sc["grad_norm"] - stats["grad_norm"]) < 1e-3,
+        )
     except Exception as exc:
         record("cpu_offload_error", repr(exc), False)
 

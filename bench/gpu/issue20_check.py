@@ -147,8 +147,10 @@ def attention(a: argparse.Namespace) -> None:
                 torch.autograd.grad((out.float() * w.float()).sum(), (q, k, v))
             sync(dev)
             ms = (time.perf_counter() - t0) / reps * 1e3
-            record(f"attention_{layout_name}_{kname}", {"tokens": n, "max_err_vs_sdpa": err, "grad_max_err": gerr,
-                                                        "fwd_bwd_ms": round(ms, 2)})
+            record(
+                f"attention_{layout_name}_{kname}",
+                {"tokens": n, "max_err_vs_sdpa": err, "grad_max_err": gerr, "fwd_bwd_ms": round(ms, 2)},
+            )
 
 
 # --------------------------------------------------------------------------- 2/3. update MFU
@@ -222,15 +224,22 @@ def update_mfu_variant(a: argparse.Namespace, model: str, micro_tokens: int, *, 
             record(f"{key}_first_step_s", round(time.perf_counter() - t, 2))
     step = sorted(times)[len(times) // 2]
     flops = 6 * n_params * tokens
-    record(key, {
-        "parameters": n_params, "tokens_per_step": tokens, "micro_batch_tokens": micro_tokens,
-        "step_s": round(step, 4), "tokens_per_s": round(tokens / step),
-        "achieved_tflops": round(flops / step / 1e12, 1),
-        "mfu": round(flops / step / peak, 3) if peak == peak else None, "grad_norm": stats.get("grad_norm"),
-        "attention_kernel": engine.handle.attention_kernel,
-        "compile": engine.handle.options.compile_backend if engine.handle.options.compile else "off",
-        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if a.device == "cuda" else None,
-    })
+    record(
+        key,
+        {
+            "parameters": n_params,
+            "tokens_per_step": tokens,
+            "micro_batch_tokens": micro_tokens,
+            "step_s": round(step, 4),
+            "tokens_per_s": round(tokens / step),
+            "achieved_tflops": round(flops / step / 1e12, 1),
+            "mfu": round(flops / step / peak, 3) if peak == peak else None,
+            "grad_norm": stats.get("grad_norm"),
+            "attention_kernel": engine.handle.attention_kernel,
+            "compile": engine.handle.options.compile_backend if engine.handle.options.compile else "off",
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if a.device == "cuda" else None,
+        },
+    )
     del engine
 
 
@@ -244,8 +253,13 @@ def make_rollout(a: argparse.Namespace, model_cfg: Any, rows: int, static: bool,
     if graph is not None:
         options["decode_graph"] = graph
     return Rollout(
-        RolloutConfig(backend="torch", dtype="bfloat16" if a.device == "cuda" else "float32",
-                      max_model_len=a.prompt_tokens + a.response_tokens, max_num_seqs=rows, options=options),
+        RolloutConfig(
+            backend="torch",
+            dtype="bfloat16" if a.device == "cuda" else "float32",
+            max_model_len=a.prompt_tokens + a.response_tokens,
+            max_num_seqs=rows,
+            options=options,
+        ),
         model_cfg,
         EngineContext(role="rollout", device=a.device),
     )
@@ -300,11 +314,15 @@ def decode(a: argparse.Namespace) -> None:
             step_bytes = n_params * itemsize + rows * mean_ctx * kv_bytes_per_token(model.config, itemsize)
             bound = rows / (step_bytes / bw)
             figures = {
-                "generated_tokens": generated, "seconds": round(dt, 3), "tokens_per_s": round(generated / dt),
+                "generated_tokens": generated,
+                "seconds": round(dt, 3),
+                "tokens_per_s": round(generated / dt),
                 "ms_per_decode_step": round(dt / tokens * 1e3, 3),
                 "bandwidth_bound_tokens_per_s": round(bound) if bw == bw else None,
                 "fraction_of_bound": round(generated / dt / bound, 3) if bw == bw else None,
-                "warmup_s": round(warm, 1), "prompt_tokens": a.prompt_tokens, "includes_prefill": True,
+                "warmup_s": round(warm, 1),
+                "prompt_tokens": a.prompt_tokens,
+                "includes_prefill": True,
                 "mean_abs_logp_vs_hf_forward": round(logp_gap_vs_forward(model, out), 5),
             }
             if a.profile_decode and rows == a.decode_batches[0]:
@@ -370,11 +388,20 @@ def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) ->
             times.append(dt)
         else:
             record(f"grpo_geartrain{tag}_first_step_s", round(dt, 2))
-    record(f"grpo_geartrain{tag}", {"step_s": round(sorted(times)[len(times) // 2], 3), "steps": len(times),
-                                    "prompts": a.grpo_prompts, "n": a.n, "prompt_tokens": a.prompt_tokens,
-                                    "response_tokens": tokens, "decode_graph": a.grpo_decode_graph,
-                                    "compiled_layers": a.grpo_compile == "on",
-                                    "mean_abs_logp_mismatch_per_step": [round(x, 5) for x in mismatch]})
+    record(
+        f"grpo_geartrain{tag}",
+        {
+            "step_s": round(sorted(times)[len(times) // 2], 3),
+            "steps": len(times),
+            "prompts": a.grpo_prompts,
+            "n": a.n,
+            "prompt_tokens": a.prompt_tokens,
+            "response_tokens": tokens,
+            "decode_graph": a.grpo_decode_graph,
+            "compiled_layers": a.grpo_compile == "on",
+            "mean_abs_logp_mismatch_per_step": [round(x, 5) for x in mismatch],
+        },
+    )
     ro.shutdown()
     del engine
 
@@ -433,11 +460,24 @@ def grpo_trl(a: argparse.Namespace) -> None:
         dataloader_num_workers=0,
         generation_kwargs={"min_new_tokens": a.response_tokens},
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **_: [rng.random() for _ in completions]],
-                          args=args, train_dataset=data, processing_class=tok, callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **_: [rng.random() for _ in completions]],
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[Clock()],
+    )
     trainer.train()
-    record("grpo_trl", {"version": trl.__version__, "step_s": round(sorted(times[1:])[len(times[1:]) // 2], 3),
-                        "first_step_s": round(times[0], 2), "steps": len(times) - 1})
+    record(
+        "grpo_trl",
+        {
+            "version": trl.__version__,
+            "step_s": round(sorted(times[1:])[len(times[1:]) // 2], 3),
+            "first_step_s": round(times[0], 2),
+            "steps": len(times) - 1,
+        },
+    )
     if "grpo_geartrain" in RESULTS:
         record("grpo_geartrain_over_trl", round(RESULTS["grpo_geartrain"]["step_s"] / RESULTS["grpo_trl"]["step_s"], 3))
 
@@ -445,8 +485,18 @@ def grpo_trl(a: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- 6. memory
 def memory(a: argparse.Namespace) -> None:
     model = "tiny" if a.dry_run else "qwen2.5-0.5b"
-    shape = ["--rows", str(a.grpo_prompts * a.n), "--samples", str(a.n), "--prompt-tokens", str(a.prompt_tokens),
-             "--response-tokens", str(a.response_tokens), "--micro-batch-tokens", str(a.micro_tokens)]
+    shape = [
+        "--rows",
+        str(a.grpo_prompts * a.n),
+        "--samples",
+        str(a.n),
+        "--prompt-tokens",
+        str(a.prompt_tokens),
+        "--response-tokens",
+        str(a.response_tokens),
+        "--micro-batch-tokens",
+        str(a.micro_tokens),
+    ]
     cmd = [sys.executable, "-m", "geartrain.cli", "bench", "memory", model, "--device", a.device, *shape]
     left = max(30, a.budget - (time.perf_counter() - START))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
@@ -462,8 +512,9 @@ def memory(a: argparse.Namespace) -> None:
             if left < 20:
                 record(f"largest_offload{offload}_ckpt{ckpt}", "skipped: time budget spent")
                 continue
-            best, outcomes = largest_trainable(candidates, device=a.device, cpu_offload=offload,
-                                               gradient_checkpointing=ckpt, timeout=left, **small)
+            best, outcomes = largest_trainable(
+                candidates, device=a.device, cpu_offload=offload, gradient_checkpointing=ckpt, timeout=left, **small
+            )
             record(f"largest_offload{offload}_ckpt{ckpt}", {"largest": best, "tries": outcomes})
 
 
@@ -472,17 +523,31 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dry-run", action="store_true", help="tiny model and shapes (the CPU check of this script)")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; later sections are skipped after it")
-    ap.add_argument("--sections", nargs="+",
-                    default=["attention", "mfu05", "decode", "mfu15", "grpo", "grpo1024", "memory"])
+    ap.add_argument(
+        "--sections", nargs="+", default=["attention", "mfu05", "decode", "mfu15", "grpo", "grpo1024", "memory"]
+    )
     ap.add_argument("--gradient-checkpointing", action="store_true")
-    ap.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"],
-                    help="update MFU variants: eager decoder layers and/or options.compile (default both)")
+    ap.add_argument(
+        "--compile",
+        nargs="+",
+        default=["off", "on"],
+        choices=["off", "on"],
+        help="update MFU variants: eager decoder layers and/or options.compile (default both)",
+    )
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of --compile on")
-    ap.add_argument("--grpo-compile", default="off", choices=["off", "on"],
-                    help="the GRPO step's engine with options.compile (once the MFU section shows it pays)")
-    ap.add_argument("--decode-graphs", nargs="+", default=["step", "forward"],
-                    choices=["step", "forward", "none", "dynamic"],
-                    help="decode variants: rollout.options.decode_graph of the static path, or the dynamic loop")
+    ap.add_argument(
+        "--grpo-compile",
+        default="off",
+        choices=["off", "on"],
+        help="the GRPO step's engine with options.compile (once the MFU section shows it pays)",
+    )
+    ap.add_argument(
+        "--decode-graphs",
+        nargs="+",
+        default=["step", "forward"],
+        choices=["step", "forward", "none", "dynamic"],
+        help="decode variants: rollout.options.decode_graph of the static path, or the dynamic loop",
+    )
     ap.add_argument("--decode-batches", nargs="+", type=int, help="decode batch sizes (default 64 256; 4 8 dry)")
     ap.add_argument("--grpo-decode-graph", default="step", choices=["step", "forward", "none"])
     ap.add_argument("--profile-decode", action="store_true", help="print the top ops of one decode call per variant")

@@ -46,7 +46,9 @@ def main() -> None:
     args = parser.parse_args()
     import datasets
 
-    splits = datasets.load_from_disk(args.from_disk) if args.from_disk else datasets.load_dataset("openai/gsm8k", "main")
+    splits = (
+        datasets.load_from_disk(args.from_disk) if args.from_disk else datasets.load_dataset("openai/gsm8k", "main")
+    )
     out = Path(args.out).expanduser()
     for split in ("train", "test"):
         print(f"{write_split(splits[split], out / f'{split}.parquet')}: {len(splits[split])} rows")

@@ -29,7 +29,14 @@ def test_sft_on_a_multi_turn_trace_masks_the_observation_tokens() -> None:
         {"role": "observation", "text": "(36)"},
         {"role": "model", "text": "36"},
     ]
-    rows = [PromptRow(prompt_ids=tok.encode("12*3=", add_special_tokens=False), prompt="12*3=", ground_truth="36", meta={"turns": turns})]
+    rows = [
+        PromptRow(
+            prompt_ids=tok.encode("12*3=", add_special_tokens=False),
+            prompt="12*3=",
+            ground_truth="36",
+            meta={"turns": turns},
+        )
+    ]
     batch = sft_batch(rows, tok, "response")
     width = batch.info["prompt_length"]
     ids, loss = batch["input_ids"][0, width:].tolist(), batch["loss_mask"][0, width:].tolist()
@@ -64,19 +71,35 @@ def test_grpo_advantages_cover_every_model_turn_and_skip_observations() -> None:
 
 def test_a_ranks_share_of_tasks_becomes_episode_rows_with_the_whole_episode_for_the_reward() -> None:
     tok = tiny_tokenizer()
-    rollout = Rollout(RolloutConfig(backend="torch", max_model_len=48), ModelConfig(tiny="qwen2", seed=0), EngineContext(role="rollout"))
+    rollout = Rollout(
+        RolloutConfig(backend="torch", max_model_len=48),
+        ModelConfig(tiny="qwen2", seed=0),
+        EngineContext(role="rollout"),
+    )
     try:
-        rows = [PromptRow(prompt_ids=[tok.bos_token_id, *tok.encode(p, add_special_tokens=False)], prompt=p, ground_truth="6", meta={"k": i})
-                for i, p in enumerate(["2*3=", "1*6="])]
+        rows = [
+            PromptRow(
+                prompt_ids=[tok.bos_token_id, *tok.encode(p, add_special_tokens=False)],
+                prompt=p,
+                ground_truth="6",
+                meta={"k": i},
+            )
+            for i, p in enumerate(["2*3=", "1*6="])
+        ]
         prompts = PromptBatch(rows=rows, indices=[0, 1], epoch=0)
         share = episode_prompt_batch(prompts)
         assert share["task"][1] == {"k": 1, "prompt": "1*6=", "ground_truth": "6"}
-        agent = AgentConfig(environment=str(CALCULATOR / "calculator.py") + ":Calculator", max_turns=2, max_tokens_per_turn=6)
+        agent = AgentConfig(
+            environment=str(CALCULATOR / "calculator.py") + ":Calculator", max_turns=2, max_tokens_per_turn=6
+        )
         sampling = SamplingParams(n=3, temperature=1.0, seed=3, stop_token_ids=[tok.eos_token_id])
         batch, _ = run_episode_share(rollout.generate, tok, share, sampling, agent, base_dir=None, max_model_len=48)
         assert len(batch) == 6 and batch["prompt_index"] == [0, 0, 0, 1, 1, 1]
         # the same episodes when this rank holds only the second task (placement invariance)
-        alone, _ = run_episode_share(rollout.generate, tok, share.index([1]), sampling, agent, base_dir=None, max_model_len=48)
+        alone, _ = run_episode_share(
+            rollout.generate, tok, share.index([1]), sampling, agent, base_dir=None, max_model_len=48
+        )
+
         def real(b, r):  # a row's tokens, padding removed
             return b["input_ids"][r][b["attention_mask"][r].bool()].tolist()
 
@@ -97,6 +120,8 @@ def test_length_normalised_losses_use_the_episode_budget() -> None:
     from geartrain.trainer.loss_config import actor_loss_config, critic_loss_config
 
     plain = TrainConfig.model_validate({"sampling": {"max_tokens": 16}})
-    agent = TrainConfig.model_validate({"sampling": {"max_tokens": 16}, "rollout": {"agent": {"environment": "tools", "max_episode_tokens": 48}}})
+    agent = TrainConfig.model_validate(
+        {"sampling": {"max_tokens": 16}, "rollout": {"agent": {"environment": "tools", "max_episode_tokens": 48}}}
+    )
     assert actor_loss_config(plain).norm_length == 16
     assert actor_loss_config(agent).norm_length == 48 and critic_loss_config(agent).norm_length == 48

@@ -41,7 +41,11 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def rollout() -> Iterator[Rollout]:
-    r = Rollout(RolloutConfig(backend="torch", max_model_len=MAX_MODEL_LEN), ModelConfig(tiny="qwen2", seed=0), EngineContext(role="rollout"))
+    r = Rollout(
+        RolloutConfig(backend="torch", max_model_len=MAX_MODEL_LEN),
+        ModelConfig(tiny="qwen2", seed=0),
+        EngineContext(role="rollout"),
+    )
     yield r
     r.shutdown()
 
@@ -89,11 +93,28 @@ def prompts_of(tok: Any, n: int) -> list[list[int]]:
     return [[tok.bos_token_id, *tok.encode(f"task {i}:", add_special_tokens=False)] for i in range(n)]
 
 
-def run(rollout: Rollout, tok: Any, n: int = 4, *, factory: Any = None, limits: RunnerLimits | None = None, seed: int = 7, **kw: Any) -> tuple[list[Any], dict[str, float], Spy]:
+def run(
+    rollout: Rollout,
+    tok: Any,
+    n: int = 4,
+    *,
+    factory: Any = None,
+    limits: RunnerLimits | None = None,
+    seed: int = 7,
+    **kw: Any,
+) -> tuple[list[Any], dict[str, float], Spy]:
     spy = Spy(rollout)
-    runner = EpisodeRunner(spy, tok, factory or (lambda: Scripted()), limits or RunnerLimits(max_turns=5, max_tokens_per_turn=6, max_model_len=MAX_MODEL_LEN), **kw)
+    runner = EpisodeRunner(
+        spy,
+        tok,
+        factory or (lambda: Scripted()),
+        limits or RunnerLimits(max_turns=5, max_tokens_per_turn=6, max_model_len=MAX_MODEL_LEN),
+        **kw,
+    )
     episodes, metrics = runner.run(
-        prompts_of(tok, n), [{"episode": i} for i in range(n)], SamplingParams(temperature=1.0, seed=seed, stop_token_ids=[tok.eos_token_id])
+        prompts_of(tok, n),
+        [{"episode": i} for i in range(n)],
+        SamplingParams(temperature=1.0, seed=seed, stop_token_ids=[tok.eos_token_id]),
     )
     return episodes, metrics, spy
 
@@ -116,10 +137,14 @@ def test_three_turn_episode_loss_mask_is_exactly_the_model_tokens(rollout: Rollo
         turns = sampled[ep.index]
         obs = [tok.encode(f" obs{k};", add_special_tokens=False) for k in (1, 2)]
         expected_ids = turns[0] + obs[0] + turns[1] + obs[1] + turns[2]
-        expected_mask = [1] * len(turns[0]) + [0] * len(obs[0]) + [1] * len(turns[1]) + [0] * len(obs[1]) + [1] * len(turns[2])
+        expected_mask = (
+            [1] * len(turns[0]) + [0] * len(obs[0]) + [1] * len(turns[1]) + [0] * len(obs[1]) + [1] * len(turns[2])
+        )
         n = len(expected_ids)
         assert batch["input_ids"][row, width : width + n].tolist() == expected_ids
-        assert batch["response_mask"][row].tolist() == [0] * width + expected_mask + [0] * (batch["input_ids"].shape[1] - width - n)
+        assert batch["response_mask"][row].tolist() == [0] * width + expected_mask + [0] * (
+            batch["input_ids"].shape[1] - width - n
+        )
         assert batch["attention_mask"][row, width : width + n].tolist() == [1] * n
         lps = batch["rollout_log_probs"][row, width : width + n]
         assert bool((lps[torch.tensor(expected_mask) == 0] == 0).all())
@@ -162,13 +187,20 @@ def test_trainer_log_probs_of_an_episode_equal_the_rollouts(rollout: Rollout, to
 def test_episodes_do_not_depend_on_what_they_were_batched_with(rollout: Rollout, tok: Any) -> None:
     """Placement invariance: all 4 episodes in one runner (one rank) or 2 + 2 (two ranks)."""
     whole, _, _ = run(rollout, tok, n=4)
-    runner = EpisodeRunner(rollout.generate, tok, lambda: Scripted(), RunnerLimits(max_turns=5, max_tokens_per_turn=6, max_model_len=MAX_MODEL_LEN))
+    runner = EpisodeRunner(
+        rollout.generate,
+        tok,
+        lambda: Scripted(),
+        RunnerLimits(max_turns=5, max_tokens_per_turn=6, max_model_len=MAX_MODEL_LEN),
+    )
     prompts = prompts_of(tok, 4)
     split = []
     for part in ([0, 1], [2, 3]):
         eps, _ = runner.run(
-            [prompts[i] for i in part], [{"episode": i} for i in part],
-            SamplingParams(temperature=1.0, seed=7, stop_token_ids=[tok.eos_token_id]), episode_indices=part,
+            [prompts[i] for i in part],
+            [{"episode": i} for i in part],
+            SamplingParams(temperature=1.0, seed=7, stop_token_ids=[tok.eos_token_id]),
+            episode_indices=part,
         )
         split += eps
     assert [e.token_ids() for e in split] == [e.token_ids() for e in whole]
@@ -264,9 +296,19 @@ def test_tool_errors_become_counted_observations() -> None:
     assert "unknown tool 'nope'" in str(unknown.observation) and unknown.info["tool_errors"] == 1
     final = env.step("36")
     assert final.done and final.info["tool_calls"] == 0
-    records = [{"model_turns": 1, "tool_calls": s.info["tool_calls"], "tool_errors": s.info["tool_errors"],
-                "tool_latencies_s": s.info["tool_latencies_s"], "truncated": False, "finish": "done",
-                "model_tokens": 1, "observation_tokens": 1} for s in (ok, raised, hung, malformed, unknown)]
+    records = [
+        {
+            "model_turns": 1,
+            "tool_calls": s.info["tool_calls"],
+            "tool_errors": s.info["tool_errors"],
+            "tool_latencies_s": s.info["tool_latencies_s"],
+            "truncated": False,
+            "finish": "done",
+            "model_tokens": 1,
+            "observation_tokens": 1,
+        }
+        for s in (ok, raised, hung, malformed, unknown)
+    ]
     m = episode_metrics(records)
     assert m["agent/tool_calls"] == 5 and m["agent/tool_errors"] == 4
     assert m["agent/tool_success_rate"] == pytest.approx(0.2)
@@ -298,7 +340,12 @@ def test_schema_from_the_signature() -> None:
 
     assert schema_of(f) == {
         "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "number"}, "d": {"type": "array"}},
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "string"},
+            "c": {"type": "number"},
+            "d": {"type": "array"},
+        },
         "required": ["a"],
     }
     assert Tool(fn=f).spec()["function"]["description"] == "Doc."
@@ -334,7 +381,9 @@ def test_chat_template_observations_are_the_bridge_tokens_all_masked(rollout: Ro
     episodes, _, _ = run(rollout, tok, n=2, chat_template=True, observation_role="tool")
     for ep in episodes:
         observations = [s for s in ep.segments if s.kind == "observation"]
-        assert [s.ids for s in observations] == [tok.encode(f"\ntool:  obs{k};\nassistant: ", add_special_tokens=False) for k in (1, 2)]
+        assert [s.ids for s in observations] == [
+            tok.encode(f"\ntool:  obs{k};\nassistant: ", add_special_tokens=False) for k in (1, 2)
+        ]
     batch = episode_batch(episodes, tok.pad_token_id)
     width = batch.info["prompt_length"]
     for row, ep in enumerate(episodes):

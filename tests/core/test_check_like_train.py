@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from geartrain.cli import main
 from geartrain.testing.fakes import FakeBackends
 
@@ -36,10 +35,12 @@ def _job(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
     out = tmp_path / "run"
     job = tmp_path / "job.toml"
-    job.write_text('[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "fake"\n'
-                   '[rollout]\nbackend = "fake"\n'
-                   '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
-                   f'[trainer]\noutput_dir = "{out}"\n')
+    job.write_text(
+        '[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "fake"\n'
+        '[rollout]\nbackend = "fake"\n'
+        '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
+        f'[trainer]\noutput_dir = "{out}"\n'
+    )
     return job, out
 
 

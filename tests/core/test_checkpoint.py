@@ -7,11 +7,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-
 from geartrain.checkpoint import MARKER, CheckpointManager
 from geartrain.errors import CheckpointError
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from geartrain import CheckpointError, CheckpointManager, load_state, save_state
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 

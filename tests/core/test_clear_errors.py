@@ -12,13 +12,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from geartrain import plugins
 from geartrain.cli import main
+from geartrain.config import ModelConfig
 from geartrain.data import PromptDataset
 from geartrain.errors import ConfigError, DataError, PluginError
 from geartrain.modeling import load_tokenizer
-from geartrain.config import ModelConfig
 from geartrain.trainer import load_train_config
 from geartrain.trainer.preflight import preflight
 
@@ -45,7 +44,10 @@ def geartrain(capsys: pytest.CaptureFixture[str]):  # noqa: ANN201
 @pytest.mark.parametrize(
     ("make", "expected"),
     [
-        (lambda d: (d / "job.toml").write_bytes(b"[trainer]\ntotal_steps = 3\n# caf\xe9\n") and d / "job.toml", "is not UTF-8 text (byte 0xe9 on line 3)"),
+        (
+            lambda d: (d / "job.toml").write_bytes(b"[trainer]\ntotal_steps = 3\n# caf\xe9\n") and d / "job.toml",
+            "is not UTF-8 text (byte 0xe9 on line 3)",
+        ),
         (lambda d: d, "is a directory, not a config file"),
     ],
     ids=["not-utf8", "directory"],
@@ -84,8 +86,14 @@ def _job(tmp_path: Path, prompts: list[str], *, max_model_len: int) -> Path:
 
 
 def test_check_finds_a_missing_reward_file_and_data_before_any_training(tmp_path: Path, geartrain) -> None:
-    proc = geartrain("check", str(MAIN_CONFIG), "--no-plugins", "--overwrite", "reward.function=rewards/missing.py:score",
-                     f"data.path={tmp_path / 'nope.jsonl'}")
+    proc = geartrain(
+        "check",
+        str(MAIN_CONFIG),
+        "--no-plugins",
+        "--overwrite",
+        "reward.function=rewards/missing.py:score",
+        f"data.path={tmp_path / 'nope.jsonl'}",
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "reward.function: reward function file" in proc.stderr and "missing.py' does not exist" in proc.stderr
     assert f"data.path: {tmp_path / 'nope.jsonl'}: no such data file" in proc.stderr
@@ -108,15 +116,26 @@ def test_check_notes_prompts_whose_responses_would_be_cut_short(tmp_path: Path) 
 
 
 def test_check_of_the_main_job_parses_its_data_and_resolves_its_reward(geartrain) -> None:
-    proc = geartrain("check", str(MAIN_CONFIG), "--no-plugins", "--overwrite")  # whatever a `make train` left in outputs/
+    proc = geartrain(
+        "check", str(MAIN_CONFIG), "--no-plugins", "--overwrite"
+    )  # whatever a `make train` left in outputs/
     assert proc.returncode == 0, proc.stderr
-    assert "checked: reward 'task.py:exact_match' resolves and scores the first rows; data.path 7844 rows" in proc.stdout
+    assert (
+        "checked: reward 'task.py:exact_match' resolves and scores the first rows; data.path 7844 rows" in proc.stdout
+    )
 
 
 def test_preflight_collects_every_problem(tmp_path: Path) -> None:
-    config = load_train_config(MAIN_CONFIG, ["reward.function=nope_module:fn", f"data.path={tmp_path}/a.jsonl",
-                                             f"validation.path={tmp_path}/b.parquet", "sft.path=missing.jsonl"],
-                               check_plugins=False)
+    config = load_train_config(
+        MAIN_CONFIG,
+        [
+            "reward.function=nope_module:fn",
+            f"data.path={tmp_path}/a.jsonl",
+            f"validation.path={tmp_path}/b.parquet",
+            "sft.path=missing.jsonl",
+        ],
+        check_plugins=False,
+    )
     with pytest.raises(ConfigError) as err:
         preflight(config)
     keys = [key for key, _ in err.value.problems]
@@ -141,7 +160,8 @@ def test_an_allow_list_naming_a_missing_plugin_warns_with_the_installed_names(mo
 
 def test_a_skeleton_plugin_says_it_is_not_implemented_without_advising_a_reinstall(installed) -> None:  # noqa: ANN001
     installed(
-        "gtfake-skeleton", "0.0.1",
+        "gtfake-skeleton",
+        "0.0.1",
         {"gtfake_skeleton": "raise NotImplementedError('gtfake-skeleton 0.0.1 is a skeleton: not implemented yet')\n"},
         {"geartrain.engines": {"skel": "gtfake_skeleton"}},
     )

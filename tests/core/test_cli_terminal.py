@@ -45,8 +45,12 @@ def test_plugins_fit_80_columns() -> None:
 
 
 def test_a_closed_pipe_is_not_a_traceback() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "geartrain.cli", "config", "--schema"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "geartrain.cli", "config", "--schema"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     proc.stdout.close()  # the reader is gone before the first line (what `| head` does after its lines)
     _, err = proc.communicate(timeout=120)
@@ -61,7 +65,9 @@ def test_help_has_no_restructuredtext_and_imports_no_torch() -> None:
         assert "``" not in out.stdout and ":func:" not in out.stdout and ":mod:" not in out.stdout, out.stdout
     schema = _cli("config", "--schema").stdout
     assert "``" not in schema and ":func:" not in schema
-    code = ("import sys\nfrom geartrain.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'tensordict', 'pydantic') if m in sys.modules))")
+    code = (
+        "import sys\nfrom geartrain.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'tensordict', 'pydantic') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
-
 from geartrain import hookimpl
 from geartrain.batch import Batch
 from geartrain.cluster import create_worker_group
@@ -108,7 +107,9 @@ def test_a_hand_built_context_gets_the_size_one_group_and_gives_it_back(ddp_engi
     assert out.metrics["loss"] == pytest.approx(float(weight @ torch.tensor([4.0, 1.0]) + 2 * bias), rel=1e-6)
     assert engine.handle.module.weight.grad.tolist() == [[4.0, 1.0]]  # the gradient, all-reduced over one rank
 
-    rollout = Rollout(RolloutConfig(backend="torch", max_model_len=16), ModelConfig(tiny="qwen2"), EngineContext(role="rollout"))
+    rollout = Rollout(
+        RolloutConfig(backend="torch", max_model_len=16), ModelConfig(tiny="qwen2"), EngineContext(role="rollout")
+    )
     assert rollout.ctx.process_group is group  # one shared size-1 group per backend
     rollout.shutdown()
     assert dist.is_initialized(), "the engine still holds the group"
@@ -148,7 +149,9 @@ class _FakeMetricsEngine:
     @hookimpl
     def data_parallel_coordinates(self, model):  # noqa: ANN001, ANN201
         # peers: both ranks hold the same slice (like sequence-parallel peers)
-        return DataParallelCoordinates(rank=0, size=1) if self.peers else DataParallelCoordinates(rank=model.rank, size=2)
+        return (
+            DataParallelCoordinates(rank=0, size=1) if self.peers else DataParallelCoordinates(rank=model.rank, size=2)
+        )
 
     @hookimpl
     def forward_backward(self, model, batch, loss_fn, forward_only):  # noqa: ANN001, ANN201
@@ -186,7 +189,9 @@ def test_hook_data_parallel_coordinates_count_peers_once_in_metric_sums(tmp_path
     share a slice counted once) and every rank sees the same global metrics."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(_reduce_on_rank, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        _reduce_on_rank, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for got in ranks:
         assert got[False] == {"loss": 0.25 + 0.5, "tokens": 3 * 3 + 3 * 4, "only_on_rank_1": 2.0}

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
-
 from geartrain.config import (
     EngineConfig,
     ModelConfig,
@@ -16,6 +14,7 @@ from geartrain.config import (
 )
 from geartrain.errors import ConfigError
 from geartrain.validation import load_config
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Job(BaseModel):
@@ -45,7 +44,17 @@ def simple_engine():
 
     from geartrain import hookspecs
 
-    for hook in ("build_model", "shard", "forward_backward", "optimizer_step", "reshard_for_rollout", "save_checkpoint", "load_checkpoint", "config_schema", "capabilities"):
+    for hook in (
+        "build_model",
+        "shard",
+        "forward_backward",
+        "optimizer_step",
+        "reshard_for_rollout",
+        "save_checkpoint",
+        "load_checkpoint",
+        "config_schema",
+        "capabilities",
+    ):
         params = list(inspect.signature(getattr(hookspecs, hook)).parameters)
         ret = "Options" if hook == "config_schema" else ("['cpu']" if hook == "capabilities" else "None")
         ns = {"Options": Options}
@@ -63,8 +72,16 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_toml_and_yaml_give_the_same_config(tmp_path: Path) -> None:
-    toml = write(tmp_path, "a.toml", "steps = 3\n[actor]\nbackend = 'simple-test'\n[actor.optim]\nlr = 2e-5\n[rollout]\nmax_model_len = 64\n")
-    yaml = write(tmp_path, "a.yaml", "steps: 3\nactor:\n  backend: simple-test\n  optim:\n    lr: 2.0e-5\nrollout:\n  max_model_len: 64\n")
+    toml = write(
+        tmp_path,
+        "a.toml",
+        "steps = 3\n[actor]\nbackend = 'simple-test'\n[actor.optim]\nlr = 2e-5\n[rollout]\nmax_model_len = 64\n",
+    )
+    yaml = write(
+        tmp_path,
+        "a.yaml",
+        "steps: 3\nactor:\n  backend: simple-test\n  optim:\n    lr: 2.0e-5\nrollout:\n  max_model_len: 64\n",
+    )
     a, b = load_config(Job, toml), load_config(Job, yaml)
     assert a == b
     assert a.actor.optim.lr == 2e-5 and a.rollout.max_model_len == 64
@@ -89,13 +106,19 @@ def test_backend_options_are_validated_by_the_backend_schema(tmp_path: Path) -> 
     good = load_config(Job, write(tmp_path, "g.toml", "[actor]\nbackend = 'simple-test'\n[actor.options]\nchunk = 4\n"))
     assert good.actor.options.chunk == 4
     with pytest.raises(ConfigError) as err:
-        load_config(Job, write(tmp_path, "b.toml", "[actor]\nbackend = 'simple-test'\n[actor.options]\nchunk = 0\ncolour = 'red'\n"))
+        load_config(
+            Job,
+            write(tmp_path, "b.toml", "[actor]\nbackend = 'simple-test'\n[actor.options]\nchunk = 0\ncolour = 'red'\n"),
+        )
     assert {p for p, _ in err.value.problems} == {"actor.options.chunk", "actor.options.colour"}
 
 
 def test_capabilities_a_backend_lacks_are_refused_up_front(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
-        load_config(Job, write(tmp_path, "sp.toml", "[actor]\nbackend = 'simple-test'\n[actor.parallel]\ndp = 2\nsp = 2\ntp = 2\n"))
+        load_config(
+            Job,
+            write(tmp_path, "sp.toml", "[actor]\nbackend = 'simple-test'\n[actor.parallel]\ndp = 2\nsp = 2\ntp = 2\n"),
+        )
     problems = dict(err.value.problems)
     assert "does not declare 'data_parallel'" in problems["actor.parallel.dp"]
     assert "does not declare 'sequence_parallel'" in problems["actor.parallel.sp"]
@@ -106,12 +129,25 @@ def test_a_missing_backend_is_a_problem_at_its_path(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(Job, write(tmp_path, "m.toml", "[actor]\nbackend = 'megatron'\n"))
     problems = dict(err.value.problems)
-    assert "pip install ./plugins/megatron_engine   (the geartrain-megatron package, from the root of a geartrain checkout)" in problems["actor.backend"]
+    assert (
+        "pip install ./plugins/megatron_engine   (the geartrain-megatron package, from the root of a geartrain checkout)"
+        in problems["actor.backend"]
+    )
 
 
 def test_dotted_overrides(tmp_path: Path) -> None:
     path = write(tmp_path, "o.toml", "steps = 1\n")
-    cfg = load_config(Job, path, ["steps=5", "actor.backend=simple-test", "actor.optim.lr=1e-4", "rollout.backend=torch", "actor.optim.betas=[0.8, 0.9]"])
+    cfg = load_config(
+        Job,
+        path,
+        [
+            "steps=5",
+            "actor.backend=simple-test",
+            "actor.optim.lr=1e-4",
+            "rollout.backend=torch",
+            "actor.optim.betas=[0.8, 0.9]",
+        ],
+    )
     assert cfg.steps == 5 and cfg.actor.optim.lr == 1e-4 and cfg.actor.optim.betas == (0.8, 0.9)
     with pytest.raises(ConfigError, match="key.path=value"):
         load_config(Job, path, ["steps"])
@@ -169,15 +205,31 @@ def test_roles_follow_the_actor_backend_and_only_built_roles_are_checked() -> No
 
 
 def test_optimizer_total_steps_are_derived_from_the_trainer() -> None:
-    job = _job(["trainer.total_steps=7", "algorithm.ppo_epochs=2", "algorithm.mini_batches=3", "actor.engine.optim.lr_schedule=cosine"], check_plugins=False)
+    job = _job(
+        [
+            "trainer.total_steps=7",
+            "algorithm.ppo_epochs=2",
+            "algorithm.mini_batches=3",
+            "actor.engine.optim.lr_schedule=cosine",
+        ],
+        check_plugins=False,
+    )
     assert job.actor.engine.optim.total_steps == 7 * 2 * 3
-    ppo = _job(["algorithm.name=ppo", "trainer.total_steps=7", "algorithm.critic_warmup_steps=2", "algorithm.mini_batches=2"], check_plugins=False)
+    ppo = _job(
+        ["algorithm.name=ppo", "trainer.total_steps=7", "algorithm.critic_warmup_steps=2", "algorithm.mini_batches=2"],
+        check_plugins=False,
+    )
     assert (ppo.actor.engine.optim.total_steps, ppo.critic.engine.optim.total_steps) == (5 * 2, 7 * 2)
     sft = _job(["sft.enabled=true", "sft.steps=9"], check_plugins=False)
     assert sft.sft.optim.total_steps == 9
-    assert _job(["trainer.total_steps=4", "actor.engine.optim.total_steps=8", "algorithm.mini_batches=2"], check_plugins=False)
+    assert _job(
+        ["trainer.total_steps=4", "actor.engine.optim.total_steps=8", "algorithm.mini_batches=2"], check_plugins=False
+    )
     with pytest.raises(ConfigError) as err:
-        _job(["trainer.total_steps=4", "actor.engine.optim.total_steps=4", "algorithm.mini_batches=2"], check_plugins=False)
+        _job(
+            ["trainer.total_steps=4", "actor.engine.optim.total_steps=4", "algorithm.mini_batches=2"],
+            check_plugins=False,
+        )
     message = dict(err.value.problems)["actor.engine.optim.total_steps"]
     assert message.startswith("4 disagrees with the 8 optimizer steps")
     assert "trainer.total_steps (4) x algorithm.ppo_epochs (1) x algorithm.mini_batches (2)" in message
@@ -211,12 +263,20 @@ def test_a_backend_config_error_carries_the_section_path(tmp_path: Path, capsys:
         assert err.value.problems == [("critic.engine.parallel.dp", "the picky engine wants dp = 3")]
         # options given in code are checked against the backend's schema, with their path
         with pytest.raises(ConfigError) as err:
-            Engine(EngineConfig(backend="simple-test", options={"chunk": 0}), ModelConfig(tiny="qwen2"), EngineContext(role="actor"))
+            Engine(
+                EngineConfig(backend="simple-test", options={"chunk": 0}),
+                ModelConfig(tiny="qwen2"),
+                EngineContext(role="actor"),
+            )
         assert [p for p, _ in err.value.problems] == ["actor.engine.options.chunk"]
 
         data = write(tmp_path, "d.jsonl", '{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
-        job = write(tmp_path, "job.toml", f'[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "picky"\n[data]\npath = "{data}"\nbatch_size = 2\n'
-                    f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n[validation]\nevery_n_steps = 0\n')
+        job = write(
+            tmp_path,
+            "job.toml",
+            f'[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "picky"\n[data]\npath = "{data}"\nbatch_size = 2\n'
+            f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n[validation]\nevery_n_steps = 0\n',
+        )
         assert cli.main(["train", str(job)]) == 2
         err_text = capsys.readouterr().err
         assert "actor.engine.parallel.dp: the picky engine wants dp = 3" in err_text
@@ -231,7 +291,9 @@ def test_an_engine_built_in_code_needs_the_decay_horizon() -> None:
 
     cosine = OptimConfig(lr=1e-3, lr_schedule="cosine")  # a section alone may leave it to the job
     with pytest.raises(ConfigError) as err:
-        Engine(EngineConfig(backend="simple-test", optim=cosine), ModelConfig(tiny="qwen2"), EngineContext(role="critic"))
+        Engine(
+            EngineConfig(backend="simple-test", optim=cosine), ModelConfig(tiny="qwen2"), EngineContext(role="critic")
+        )
     assert [p for p, _ in err.value.problems] == ["critic.engine.optim.total_steps"]
 
 
@@ -240,7 +302,9 @@ def test_every_field_of_a_job_has_a_description() -> None:
     from geartrain.trainer.config import TrainConfig
 
     rows = describe_fields(TrainConfig)
-    assert len(rows) > 150 and {"actor.engine.optim.lr", "rollout.max_model_len", "trainer.total_steps"} <= {r.path for r in rows}
+    assert len(rows) > 150 and {"actor.engine.optim.lr", "rollout.max_model_len", "trainer.total_steps"} <= {
+        r.path for r in rows
+    }
     undescribed = [r.path for r in rows if not r.description]
     assert not undescribed, f"config fields without a description (add an attribute docstring): {undescribed}"
     # a section is described by its own docstring, never by the base class's (trainer was)
@@ -271,7 +335,10 @@ def test_config_schema_prints_every_field_and_check_explains_a_bad_key(capsys: p
     job = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
     assert cli.main(["check", str(job), "actor.engine.optim.lr=-1", "--no-plugins", "--config-only"]) == 2
     err = capsys.readouterr().err
-    assert "actor.engine.optim.lr: should be greater than or equal to 0; got -1 (the command-line override 'actor.engine.optim.lr=-1')" in err
+    assert (
+        "actor.engine.optim.lr: should be greater than or equal to 0; got -1 (the command-line override 'actor.engine.optim.lr=-1')"
+        in err
+    )
     assert "actor.engine.optim.lr is: Peak learning rate (AdamW)" in err
 
 
@@ -313,6 +380,8 @@ def test_actor_lora_reaches_the_engine_and_an_adapter_sync_sizes_the_rollout() -
     job = _job(["actor.lora.rank=16", "actor.lora.sync=adapter"], check_plugins=False)
     assert job.actor.engine.lora is job.actor.lora and job.actor.lora.rank == 16
     assert job.rollout.max_lora_rank == 16
-    assert _job(["actor.lora.rank=8"], check_plugins=False).rollout.max_lora_rank is None  # merged: no LoRA in the rollout
+    assert (
+        _job(["actor.lora.rank=8"], check_plugins=False).rollout.max_lora_rank is None
+    )  # merged: no LoRA in the rollout
     with pytest.raises(ConfigError, match="set LoRA once"):
         _job(["actor.lora.rank=8", "actor.engine.lora.rank=4"], check_plugins=False)

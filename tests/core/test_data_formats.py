@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from geartrain import DataError
 from geartrain.cli import main
 from geartrain.data import DataConfig, PromptDataset
@@ -39,7 +38,9 @@ def test_every_file_format_and_a_directory_give_the_same_rows(tmp_path: Path, to
     (tmp_path / "b.json").write_text(json.dumps(ROWS, indent=1))
     (tmp_path / "c.json").write_text("".join(json.dumps(r) + "\n" for r in ROWS))  # JSON lines named .json
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
-    (tmp_path / "e.csv").write_text("question,answer,level\n" + "".join(f"{r['question']},{r['answer']},{r['level']}\n" for r in ROWS))
+    (tmp_path / "e.csv").write_text(
+        "question,answer,level\n" + "".join(f"{r['question']},{r['answer']},{r['level']}\n" for r in ROWS)
+    )
     for name in ("a.jsonl", "b.json", "c.json", "d.parquet"):
         assert _seen(PromptDataset(tmp_path / name, tok, CFG)) == EXPECTED, name
     csv_rows = _seen(PromptDataset(tmp_path / "e.csv", tok, CFG))
@@ -73,8 +74,10 @@ def test_a_hub_id_fails_at_once_with_the_fix(tmp_path: Path, capsys: pytest.Capt
     job.write_text('[model]\ntiny = "qwen2"\n[reward]\nfunction = "gsm8k"\n[data]\npath = "openai/gsm8k"\n')
     assert main(["check", str(job), "--no-plugins"]) == 2  # refused before datasets is asked anything
     err = capsys.readouterr().err
-    assert "data.path: 'openai/gsm8k' is not a file or directory here; if it is a Hugging Face hub id, hub datasets " \
-           "are not downloaded by geartrain: save it with `datasets.load_dataset(...).save_to_disk(dir)`" in err
+    assert (
+        "data.path: 'openai/gsm8k' is not a file or directory here; if it is a Hugging Face hub id, hub datasets "
+        "are not downloaded by geartrain: save it with `datasets.load_dataset(...).save_to_disk(dir)`" in err
+    )
 
 
 def test_unknown_suffix_and_empty_directory_are_named(tmp_path: Path, tok) -> None:
@@ -97,17 +100,32 @@ def test_the_gsm8k_prep_script_writes_what_the_recipe_and_its_reward_read(tmp_pa
     assert spec is not None and spec.loader is not None
     prep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prep)
-    raw = [{"question": "Tom has 3 apples and buys 1,200 more. How many?", "answer": "3 + 1200 = 1203\n#### 1,203"},
-           {"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}]
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(raw), "test": datasets.Dataset.from_list(raw[:1])}) \
-        .save_to_disk(str(tmp_path / "hub_copy"))
+    raw = [
+        {"question": "Tom has 3 apples and buys 1,200 more. How many?", "answer": "3 + 1200 = 1203\n#### 1,203"},
+        {"question": "What is 2+2?", "answer": "2+2=4\n#### 4"},
+    ]
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(raw), "test": datasets.Dataset.from_list(raw[:1])}
+    ).save_to_disk(str(tmp_path / "hub_copy"))
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, str(root / "examples/gsm8k/prepare_data.py"), "--from-disk", str(tmp_path / "hub_copy"),
-                    "--out", str(tmp_path / "gsm8k")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "examples/gsm8k/prepare_data.py"),
+            "--from-disk",
+            str(tmp_path / "hub_copy"),
+            "--out",
+            str(tmp_path / "gsm8k"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     rows = PromptDataset(tmp_path / "gsm8k" / "train.parquet", tok, DataConfig(apply_chat_template=False)).rows
     assert [r.ground_truth for r in rows] == ["1203", "4"]
     assert rows[0].prompt.endswith(prep.INSTRUCTION)
-    assert get_reward("gsm8k")("so 1203.\n#### 1203", rows[0].ground_truth, prompt=rows[0].prompt, meta={})["score"] == 1.0
+    assert (
+        get_reward("gsm8k")("so 1203.\n#### 1203", rows[0].ground_truth, prompt=rows[0].prompt, meta={})["score"] == 1.0
+    )
     assert len(PromptDataset(tmp_path / "gsm8k" / "test.parquet", tok, DataConfig(apply_chat_template=False))) == 1

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-
 from geartrain import CheckpointError
 from geartrain.dcp_guard import check_dcp_pickles, read_dcp_metadata
 
@@ -27,7 +26,10 @@ class _Payload:
 
 
 def _save(ckpt: Path, lr: object = 3e-4) -> None:
-    state = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "optim": {"param_groups": [{"lr": lr, "betas": (0.9, 0.99)}]}}
+    state = {
+        "model": {"w": torch.arange(6.0).reshape(2, 3)},
+        "optim": {"param_groups": [{"lr": lr, "betas": (0.9, 0.99)}]},
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DCP warns that it runs without a process group
         dcp.save(state, checkpoint_id=str(ckpt / "dist"))
@@ -53,5 +55,9 @@ def test_a_planted_payload_is_refused_and_never_runs(tmp_path: Path, planted: st
     assert not marker.exists(), "the payload ran"
     message = str(err.value)
     assert "refusing to load it" in message and "never unpickles code" in message
-    expected = {".metadata": "dist/.metadata", "common.pt": "dist/common.pt", "value": "(value 'optim.param_groups.0.lr')"}
+    expected = {
+        ".metadata": "dist/.metadata",
+        "common.pt": "dist/common.pt",
+        "value": "(value 'optim.param_groups.0.lr')",
+    }
     assert expected[planted] in message, message

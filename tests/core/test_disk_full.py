@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from geartrain import CheckpointManager
 from geartrain.checkpoint import DiskFullError, device_of
 
 
 def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -26,7 +29,9 @@ def small_disk(tmp_path: Path):  # noqa: ANN201
     """A 4 MiB tmpfs, or skip where mounting is not allowed (the injected test still runs)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); the injected ENOSPC test covers the message")
     yield mount
@@ -38,6 +43,7 @@ def _file_writer(mib: int):  # noqa: ANN202
         with open(d / "state.bin", "wb") as fh:
             for _ in range(mib):
                 fh.write(b"\x01" * (1 << 20))
+
     return write
 
 
@@ -55,8 +61,10 @@ def test_a_full_tmpfs_is_one_line_and_older_checkpoints_stay(small_disk: Path, w
         mgr.save(2, writer(8))
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith(f"no space left on tmpfs (mounted at {small_disk}) while saving step 2; "
-                              f"the last complete checkpoint is step 1 ({small_disk / 'ckpt' / 'step_00000001'})"), message
+    assert message.startswith(
+        f"no space left on tmpfs (mounted at {small_disk}) while saving step 2; "
+        f"the last complete checkpoint is step 1 ({small_disk / 'ckpt' / 'step_00000001'})"
+    ), message
     assert _tree(small_disk / "ckpt") == before, "an older checkpoint was touched (or the partial save left behind)"
     assert mgr.latest_intact(lambda _: None) == small_disk / "ckpt" / "step_00000001"
     mgr.save(3, writer(1))  # the space of the failed save was given back
@@ -72,8 +80,10 @@ def test_an_injected_enospc_is_one_line(tmp_path: Path) -> None:
 
     with pytest.raises(DiskFullError) as err:
         mgr.save(0, full)
-    assert str(err.value) == (f"no space left on {device_of(tmp_path)} while saving step 0; no checkpoint was completed in "
-                              f"{tmp_path / 'ckpt'}. Free space there (or lower trainer.keep_last), then continue with --resume")
+    assert str(err.value) == (
+        f"no space left on {device_of(tmp_path)} while saving step 0; no checkpoint was completed in "
+        f"{tmp_path / 'ckpt'}. Free space there (or lower trainer.keep_last), then continue with --resume"
+    )
     assert list((tmp_path / "ckpt").iterdir()) == []
 
 

@@ -9,7 +9,15 @@ import pytest
 import torch
 from geartrain.batch import Batch
 from geartrain.cluster import make_placement
-from geartrain.cluster.dispatch import cat_rollout_batches, dp_rows, gather, partition, prompt_batch, reduce_metrics, shard_value
+from geartrain.cluster.dispatch import (
+    cat_rollout_batches,
+    dp_rows,
+    gather,
+    partition,
+    prompt_batch,
+    reduce_metrics,
+    shard_value,
+)
 from geartrain.errors import GeartrainError
 from geartrain.trainer.config import ClusterConfig
 from geartrain.types import StepOutput
@@ -19,7 +27,10 @@ def _batch(lengths: list[int], width: int = 12) -> Batch:
     mask = torch.zeros(len(lengths), width, dtype=torch.long)
     for i, n in enumerate(lengths):
         mask[i, :n] = 1
-    return Batch({"attention_mask": mask, "row": torch.arange(len(lengths))}, meta={"name": [f"r{i}" for i in range(len(lengths))]})
+    return Batch(
+        {"attention_mask": mask, "row": torch.arange(len(lengths))},
+        meta={"name": [f"r{i}" for i in range(len(lengths))]},
+    )
 
 
 def test_balanced_partition_evens_tokens_and_keeps_sizes() -> None:
@@ -44,8 +55,11 @@ def test_gather_restores_the_callers_order() -> None:
     shares = [shard_value(batch, [r]) for r in rows]
     # each rank returns 2 rows per input row (n = 2 samples), a step output and metrics
     results = [
-        (s.repeat_interleave(2), StepOutput(outputs={"x": s["row"].float()[:, None] * 10}, metrics={"loss": 1.0}),
-         {"hybrid/bytes": 5.0, "timing/s": float(d), "actor/x": float(d)})
+        (
+            s.repeat_interleave(2),
+            StepOutput(outputs={"x": s["row"].float()[:, None] * 10}, metrics={"loss": 1.0}),
+            {"hybrid/bytes": 5.0, "timing/s": float(d), "actor/x": float(d)},
+        )
         for d, s in enumerate(shares)
     ]
     out, step, metrics = gather(results, rows, len(batch))
@@ -58,8 +72,10 @@ def test_gather_restores_the_callers_order() -> None:
 def test_rollout_batches_of_different_widths_are_realigned() -> None:
     def rollout(prompt: list[int], response: list[int]) -> Batch:
         ids = torch.tensor([prompt + response])
-        return Batch({"input_ids": ids, "response_mask": torch.tensor([[0] * len(prompt) + [1] * len(response)])},
-                     info={"prompt_length": len(prompt)})
+        return Batch(
+            {"input_ids": ids, "response_mask": torch.tensor([[0] * len(prompt) + [1] * len(response)])},
+            info={"prompt_length": len(prompt)},
+        )
 
     merged = cat_rollout_batches([rollout([1, 2], [3]), rollout([4], [5, 6, 7])])
     assert merged.info["prompt_length"] == 2
@@ -73,7 +89,10 @@ def test_prompt_batch_and_mini_batch_lists_split() -> None:
     per_rank = dp_rows([_batch([1, 2, 3, 4]), _batch([5, 6])], 2, balance=False)
     assert per_rank == [[[0, 1], [0]], [[2, 3], [1]]]
     # a clear error with the fix, not a plain ValueError
-    with pytest.raises(GeartrainError, match=r"2 rows cannot be split across 3 data-parallel ranks: .*at least 3 rows .*data\.batch_size.* or lower parallel\.dp"):
+    with pytest.raises(
+        GeartrainError,
+        match=r"2 rows cannot be split across 3 data-parallel ranks: .*at least 3 rows .*data\.batch_size.* or lower parallel\.dp",
+    ):
         dp_rows(_batch([1, 2]), 3, balance=False)
     assert reduce_metrics([{"a": 1.0}, {"a": 2.0}]) == {"a": 1.0}
 

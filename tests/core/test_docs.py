@@ -13,20 +13,35 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from geartrain import hookspecs
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS_DOC = ROOT / "docs" / "plugins.md"
 HOOKS = sorted(
-    name for name in dir(hookspecs) if getattr(getattr(hookspecs, name), f"{hookspecs.PROJECT_NAME}_spec", None) is not None
+    name
+    for name in dir(hookspecs)
+    if getattr(getattr(hookspecs, name), f"{hookspecs.PROJECT_NAME}_spec", None) is not None
 )
 SOURCED_BLOCK = re.compile(r"<!-- source: (?P<path>[^ ]+) -->\n```[a-z]*\n(?P<code>.*?)```", re.S)
 
 
 def test_the_spec_has_the_hooks_the_design_names() -> None:
-    for required in ("build_model", "shard", "forward_backward", "reshard_for_rollout", "save_checkpoint", "load_checkpoint",
-                     "optimizer_step", "offload", "onload", "build_rollout", "generate", "update_weights", "release", "resume"):
+    for required in (
+        "build_model",
+        "shard",
+        "forward_backward",
+        "reshard_for_rollout",
+        "save_checkpoint",
+        "load_checkpoint",
+        "optimizer_step",
+        "offload",
+        "onload",
+        "build_rollout",
+        "generate",
+        "update_weights",
+        "release",
+        "resume",
+    ):
         assert required in HOOKS
 
 
@@ -77,9 +92,17 @@ def _hook_tests() -> dict[str, list[tuple[Path, str, set[str]]]]:
             if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
                 sibling = ast.parse((path.parent / f"{node.module}.py").read_text())
                 names = {a.name for a in node.names}
-                defs.update({n.name: n for n in sibling.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names})
+                defs.update(
+                    {
+                        n.name: n
+                        for n in sibling.body
+                        if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names
+                    }
+                )
         defs.update({n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))})
-        defs.update({t.id: n for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)})
+        defs.update(
+            {t.id: n for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        )
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef) or not (m := HOOK_TEST.match(node.name)):
                 continue
@@ -90,9 +113,12 @@ def _hook_tests() -> dict[str, list[tuple[Path, str, set[str]]]]:
                 current = todo.pop()
                 for sub in ast.walk(current):
                     name = (
-                        sub.attr if isinstance(sub, ast.Attribute)
-                        else sub.id if isinstance(sub, ast.Name)
-                        else sub.name if isinstance(sub, ast.FunctionDef)
+                        sub.attr
+                        if isinstance(sub, ast.Attribute)
+                        else sub.id
+                        if isinstance(sub, ast.Name)
+                        else sub.name
+                        if isinstance(sub, ast.FunctionDef)
                         else None
                     )
                     if isinstance(sub, ast.Constant) and isinstance(sub.value, str):  # code run as a script
@@ -140,14 +166,17 @@ def test_every_conformance_tolerance_is_a_documented_class_attribute(suite: Path
     literal = [
         (node.arg, ast.unparse(node.value), node.value.lineno)
         for node in ast.walk(tree)
-        if isinstance(node, ast.keyword) and node.arg in TOLERANCE_KEYWORDS
-        and isinstance(node.value, ast.Constant) and node.value.value != 0
+        if isinstance(node, ast.keyword)
+        and node.arg in TOLERANCE_KEYWORDS
+        and isinstance(node.value, ast.Constant)
+        and node.value.value != 0
     ]
     assert not literal, f"{suite.name} compares with literal tolerances {literal}: use a documented class attribute"
     suite_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Conformance"))
     body = suite_class.body
     tolerances = [
-        (i, n.target.id) for i, n in enumerate(body)
+        (i, n.target.id)
+        for i, n in enumerate(body)
         if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id.endswith("_atol")
     ]
     assert tolerances, f"{suite.name} declares no tolerance"
@@ -176,7 +205,11 @@ def test_one_rule_for_metric_reduction_the_core_sums_over_data_parallel_ranks() 
     for path in docs:
         for sentence in _sentences(path.read_text(encoding="utf-8")):
             lower = sentence.lower()
-            if "metric" not in lower or not re.search(r"\breduc\w*", lower) or not re.search(r"data-parallel|ranks", lower):
+            if (
+                "metric" not in lower
+                or not re.search(r"\breduc\w*", lower)
+                or not re.search(r"data-parallel|ranks", lower)
+            ):
                 continue
             if not re.search(r"\bengines?\b|\bbackends?\b|\bhooks?\b|\byour\b", lower):
                 continue  # about the core's own reduction (cluster.reduce, dispatch), not an engine's

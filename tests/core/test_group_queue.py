@@ -15,7 +15,9 @@ N = 2  # samples per prompt
 
 
 def _prompts(request: int, size: int) -> PromptBatch:
-    rows = [PromptRow(prompt=f"p{request}.{i}", prompt_ids=[request, i], ground_truth=None, meta={}) for i in range(size)]
+    rows = [
+        PromptRow(prompt=f"p{request}.{i}", prompt_ids=[request, i], ground_truth=None, meta={}) for i in range(size)
+    ]
     return PromptBatch(rows=rows, indices=[10 * request + i for i in range(size)], epoch=0)
 
 

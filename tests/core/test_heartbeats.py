@@ -34,8 +34,10 @@ def _wait(predicate, timeout: float) -> bool:  # noqa: ANN001
 
 def test_a_stopped_process_is_silent_after_the_timeout_and_only_it(tmp_path: Path) -> None:
     paths = [str(tmp_path / f"actor-rank{r}.beat") for r in range(2)]
-    ranks = [subprocess.Popen([sys.executable, "-c", BEAT, p], env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-             for p in paths]
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", BEAT, p], env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        for p in paths
+    ]
     try:
         assert _wait(lambda: all(os.path.exists(p) for p in paths), 60), "no heartbeat started"
         beats = _Heartbeats(paths)

@@ -24,6 +24,9 @@ def test_core_source_never_imports_a_plugin() -> None:
     offenders = [
         str(p.relative_to(root))
         for p in root.rglob("*.py")
-        if any(f"import geartrain_{x}" in p.read_text() or f"from geartrain_{x}" in p.read_text() for x in ("fsdp", "megatron", "vllm", "sglang"))
+        if any(
+            f"import geartrain_{x}" in p.read_text() or f"from geartrain_{x}" in p.read_text()
+            for x in ("fsdp", "megatron", "vllm", "sglang")
+        )
     ]
     assert offenders == []

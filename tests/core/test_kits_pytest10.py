@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-AUTHOR_TESTS = '''
+AUTHOR_TESTS = """
 from geartrain.testing.engine_suite import EngineConformance
 from geartrain.testing.fakes import FakeBackends
 from geartrain.testing.rollout_suite import RolloutConformance
@@ -24,14 +24,24 @@ class TestTorchRollout(RolloutConformance):
 class TestEngineKitFixtures(EngineConformance):
     backend = "fake"
     families = ("qwen2",)
-'''
+"""
 
 
 def test_the_kits_fixtures_run_with_pytest_10_deprecations_as_errors(tmp_path: Path) -> None:
     (tmp_path / "test_author.py").write_text(AUTHOR_TESTS)
     cmd = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error::pytest.PytestRemovedIn10Warning",
-        "-rA", str(tmp_path / "test_author.py"), "-k", "test_batch_layout or test_one_rank_consumes_the_whole_batch",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "error::pytest.PytestRemovedIn10Warning",
+        "-rA",
+        str(tmp_path / "test_author.py"),
+        "-k",
+        "test_batch_layout or test_one_rank_consumes_the_whole_batch",
     ]
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     text = out.stdout + out.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from geartrain.errors import GeartrainError
 from geartrain.layout import check_generate_inputs, rollout_batch, sequence_batch
 from geartrain.types import SamplingParams
@@ -52,7 +51,11 @@ def test_sft_names_the_mask_and_carries_no_log_probs() -> None:
         ([[1, 2]], SamplingParams(temperature=-1.0), "sampling.temperature must be >= 0"),
         ([[1, 2], []], SamplingParams(), "prompt 1 is empty"),
         ([[1] * 8], SamplingParams(), "prompt 0 has 8 tokens.*max_model_len=8"),
-        ([[1, 2], [3, 200, -1]], SamplingParams(), r"prompt 1 has token ids outside the vocabulary \(size 128\): \[200, -1\]"),
+        (
+            [[1, 2], [3, 200, -1]],
+            SamplingParams(),
+            r"prompt 1 has token ids outside the vocabulary \(size 128\): \[200, -1\]",
+        ),
     ],
 )
 def test_bad_generate_inputs_are_refused_naming_backend_prompt_and_limit(
@@ -63,7 +66,9 @@ def test_bad_generate_inputs_are_refused_naming_backend_prompt_and_limit(
 
 
 def test_good_inputs_pass() -> None:
-    check_generate_inputs("x", [[1] * 7, [0, 127]], SamplingParams(n=2, top_p=1.0, temperature=0.0), max_model_len=8, vocab_size=128)
+    check_generate_inputs(
+        "x", [[1] * 7, [0, 127]], SamplingParams(n=2, top_p=1.0, temperature=0.0), max_model_len=8, vocab_size=128
+    )
 
 
 def test_cut_at_stop_keeps_the_sequence_and_prefers_the_earliest_end():

@@ -18,8 +18,13 @@ LOCK = f"{ROOT}/.venv.lock"
 def _dry(target: str) -> list[str]:
     if shutil.which("make") is None:
         pytest.fail("this test needs make")
-    out = subprocess.run(["make", "-n", "--no-print-directory", target, "FLOCK=echo"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        ["make", "-n", "--no-print-directory", target, "FLOCK=echo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 

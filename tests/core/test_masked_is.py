@@ -24,7 +24,9 @@ def test_masked_weights_keep_only_the_tokens_inside_the_band() -> None:
 
 def _grad(correction: str) -> torch.Tensor:
     log_probs = OLD.clone().requires_grad_(True)  # on-policy w.r.t. old: ratio 1
-    batch = Batch({"loss_mask": MASK, "old_log_probs": OLD, "rollout_log_probs": ROLLOUT, "advantages": torch.ones(1, 5)})
+    batch = Batch(
+        {"loss_mask": MASK, "old_log_probs": OLD, "rollout_log_probs": ROLLOUT, "advantages": torch.ones(1, 5)}
+    )
     loss_fn = make_actor_loss(ActorLossConfig(tis_cap=2.0, is_correction=correction, is_mask_low=0.5))
     loss, _ = loss_fn({"log_probs": log_probs}, batch, LossContext(global_tokens=4, global_sequences=1))
     loss.backward()

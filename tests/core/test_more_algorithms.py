@@ -135,7 +135,19 @@ def test_docs_table_lists_every_registered_algorithm():
     from geartrain.algorithms import ADVANTAGES, AGG_MODES, POLICY_LOSSES
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "algorithms.md").read_text()
-    names = [*ADVANTAGES.names(), *POLICY_LOSSES.names(), *AGG_MODES, "k1", "k2", "k3", "abs", "k1+", "k2+", "k3+", "abs+"]
+    names = [
+        *ADVANTAGES.names(),
+        *POLICY_LOSSES.names(),
+        *AGG_MODES,
+        "k1",
+        "k2",
+        "k3",
+        "abs",
+        "k1+",
+        "k2+",
+        "k3+",
+        "abs+",
+    ]
     missing = [name for name in names if f"| `{name}`" not in doc]
     assert not missing, f"docs/algorithms.md has no row for {missing}"
 
@@ -167,11 +179,17 @@ def test_gdpo_normalises_each_reward_component_in_its_group_then_whitens_the_wei
     # one component, the score itself: GRPO's advantage, whitened over the tokens
     scores, _ = outcome([1.0, 0.0, 1.0, 3.0], lengths)
     single, _ = compute_advantages("gdpo", scores, mask, group_ids=groups)
-    grpo_adv = [0.5 / (math.sqrt(0.5) + eps), -0.5 / (math.sqrt(0.5) + eps), -1 / (math.sqrt(2) + eps), 1 / (math.sqrt(2) + eps)]
+    grpo_adv = [
+        0.5 / (math.sqrt(0.5) + eps),
+        -0.5 / (math.sqrt(0.5) + eps),
+        -1 / (math.sqrt(2) + eps),
+        1 / (math.sqrt(2) + eps),
+    ]
     assert per_row(single, mask) == pytest.approx(_whiten_by_hand(grpo_adv, lengths), rel=1e-9)
     with pytest.raises(ValueError, match="1 weights for 2 reward components"):
-        compute_advantages("gdpo", rewards, mask, group_ids=groups, components=components,
-                           config=AdvantageConfig(gdpo_weights=(1.0,)))
+        compute_advantages(
+            "gdpo", rewards, mask, group_ids=groups, components=components, config=AdvantageConfig(gdpo_weights=(1.0,))
+        )
 
 
 def test_gdpo_reads_the_reward_terms_the_config_names():

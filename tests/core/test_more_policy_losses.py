@@ -201,7 +201,9 @@ def test_dro_is_the_policy_gradient_with_a_quadratic_log_ratio_penalty():
     loss, grad, out = run("dro", logp, old, adv, mask, dro_beta=0.5)
     d = [math.log(0.5 / 0.9), math.log(0.25 / 0.1)]
     # verl: -(A logp - beta / 2 d^2); gradient in logp: -(A - beta d)
-    assert loss == pytest.approx([-(2.0 * math.log(0.5) - 0.25 * d[0] ** 2), -(-1.0 * math.log(0.25) - 0.25 * d[1] ** 2), 0.0])
+    assert loss == pytest.approx(
+        [-(2.0 * math.log(0.5) - 0.25 * d[0] ** 2), -(-1.0 * math.log(0.25) - 0.25 * d[1] ** 2), 0.0]
+    )
     assert grad == pytest.approx([-(2.0 - 0.5 * d[0]), -(-1.0 - 0.5 * d[1]), 0.0])
     assert out.metrics(mask)["actor/ppo_kl"] == pytest.approx(-(d[0] + d[1]) / 2, rel=1e-12)  # verl: mean of -d
     with pytest.raises(ValueError, match="dro_beta > 0"):

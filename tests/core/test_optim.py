@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from geartrain.config import OptimConfig
 from geartrain.optim import build_optimizer, clipped_step, lr_factor
 
@@ -15,8 +14,18 @@ from geartrain.optim import build_optimizer, clipped_step, lr_factor
 def test_schedules_follow_the_documented_formula() -> None:
     cos = OptimConfig(lr=1.0, lr_schedule="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
     # warmup (s+1)/W, then r + (1-r)(1+cos(pi p))/2 with p = (s-W)/(N-W), flat at r from s = N
-    assert [lr_factor(s, cos) for s in range(8)] == pytest.approx([0.5, 1.0, 1.0, 0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2, 0.55,
-                                                                  0.1 + 0.9 * (1 + math.cos(3 * math.pi / 4)) / 2, 0.1, 0.1])
+    assert [lr_factor(s, cos) for s in range(8)] == pytest.approx(
+        [
+            0.5,
+            1.0,
+            1.0,
+            0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2,
+            0.55,
+            0.1 + 0.9 * (1 + math.cos(3 * math.pi / 4)) / 2,
+            0.1,
+            0.1,
+        ]
+    )
     lin = OptimConfig(lr=1.0, lr_schedule="linear", total_steps=4, min_lr_ratio=0.2)
     assert [lr_factor(s, lin) for s in range(6)] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.2])
     const = OptimConfig(lr=1.0, warmup_steps=4)

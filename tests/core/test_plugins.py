@@ -12,9 +12,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import geartrain
+import pytest
 from geartrain import plugins
 from geartrain.errors import PluginError, PluginNotFoundError
 
@@ -50,7 +49,12 @@ def test_torch_rollout_is_registered_through_the_core_entry_point() -> None:
 
 
 def test_an_installed_engine_is_discovered_and_dispatched(installed) -> None:
-    installed("gtfake-alpha", "1.2.3", {"gtfake_alpha": fake_engine("alpha")}, {"geartrain.engines": {"alpha": "gtfake_alpha"}})
+    installed(
+        "gtfake-alpha",
+        "1.2.3",
+        {"gtfake_alpha": fake_engine("alpha")},
+        {"geartrain.engines": {"alpha": "gtfake_alpha"}},
+    )
     info = plugins.backend_info("engine", "alpha")
     assert (info.distribution, info.version, info.source) == ("gtfake-alpha", "1.2.3", "entry-point")
     pm = plugins.create_manager("engine", "alpha")
@@ -68,7 +72,9 @@ def test_each_manager_holds_exactly_one_backend(installed) -> None:
 
 
 def test_an_extension_wraps_a_hook(installed) -> None:
-    extension = HEADER + """
+    extension = (
+        HEADER
+        + """
 calls = []
 
 @hookimpl(wrapper=True)
@@ -78,6 +84,7 @@ def forward_backward(model, batch, loss_fn, forward_only):
     calls.append("after")
     return result + "+wrapped"
 """
+    )
     installed("gtfake-eng", "1.0", {"gtfake_eng": fake_engine("eng")}, {"geartrain.engines": {"eng": "gtfake_eng"}})
     installed("gtfake-ext", "0.1", {"gtfake_ext": extension}, {"geartrain.extensions": {"trace": "gtfake_ext"}})
     pm = plugins.create_manager("engine", "eng", ["trace"])
@@ -93,9 +100,14 @@ def forward_backward(model, batch, loss_fn, forward_only):
             "failed to import gtfake_broken: ModuleNotFoundError: No module named 'gtfake_not_installed_dependency'",
             "pip install --force-reinstall gtfake-broken",
         ),
-        (fake_engine("x", drop="forward_backward"), "does not implement required hook(s): forward_backward", "implement them with @geartrain.hookimpl"),
         (
-            fake_engine("x", drop="optimizer_step") + "\n@hookimpl\ndef optimizer_step(model, learning_rate):\n    return {}\n",
+            fake_engine("x", drop="forward_backward"),
+            "does not implement required hook(s): forward_backward",
+            "implement them with @geartrain.hookimpl",
+        ),
+        (
+            fake_engine("x", drop="optimizer_step")
+            + "\n@hookimpl\ndef optimizer_step(model, learning_rate):\n    return {}\n",
             "does not match the spec optimizer_step(model)",
             "name the hook's arguments as the spec does",
         ),
@@ -109,7 +121,9 @@ def forward_backward(model, batch, loss_fn, forward_only):
 )
 def test_a_broken_plugin_gets_one_clear_error_and_spares_the_others(installed, module, expected, fix) -> None:
     installed("gtfake-broken", "0.0.7", {"gtfake_broken": module}, {"geartrain.engines": {"broken": "gtfake_broken"}})
-    installed("gtfake-good", "2.0", {"gtfake_good": fake_engine("good")}, {"geartrain.engines": {"good": "gtfake_good"}})
+    installed(
+        "gtfake-good", "2.0", {"gtfake_good": fake_engine("good")}, {"geartrain.engines": {"good": "gtfake_good"}}
+    )
     with pytest.raises(PluginError) as err:
         plugins.create_manager("engine", "broken")
     text = str(err.value)
@@ -123,7 +137,12 @@ def test_a_broken_plugin_gets_one_clear_error_and_spares_the_others(installed, m
 
 
 def test_asking_for_a_missing_backend_lists_the_installed_ones_and_the_pip_command(installed) -> None:
-    installed("gtfake-alpha", "1.2.3", {"gtfake_alpha": fake_engine("alpha")}, {"geartrain.engines": {"alpha": "gtfake_alpha"}})
+    installed(
+        "gtfake-alpha",
+        "1.2.3",
+        {"gtfake_alpha": fake_engine("alpha")},
+        {"geartrain.engines": {"alpha": "gtfake_alpha"}},
+    )
     with pytest.raises(PluginNotFoundError) as err:
         plugins.create_manager("engine", "megatron")
     text = str(err.value)
@@ -135,7 +154,9 @@ def test_asking_for_a_missing_backend_lists_the_installed_ones_and_the_pip_comma
 
 
 def test_allow_list_limits_what_loads(installed, monkeypatch: pytest.MonkeyPatch) -> None:
-    installed("gtfake-alpha", "1.0", {"gtfake_alpha": fake_engine("alpha")}, {"geartrain.engines": {"alpha": "gtfake_alpha"}})
+    installed(
+        "gtfake-alpha", "1.0", {"gtfake_alpha": fake_engine("alpha")}, {"geartrain.engines": {"alpha": "gtfake_alpha"}}
+    )
     monkeypatch.setenv(plugins.ALLOW_LIST_ENV, "")
     assert [i for i in plugins.list_plugins() if i.source == "entry-point"] == []
     with pytest.raises(PluginNotFoundError, match="does not allow it"):
@@ -147,7 +168,12 @@ def test_allow_list_limits_what_loads(installed, monkeypatch: pytest.MonkeyPatch
 
 
 def test_allow_list_skips_a_broken_plugin_without_importing_it(installed, monkeypatch: pytest.MonkeyPatch) -> None:
-    installed("gtfake-broken", "1.0", {"gtfake_broken": "raise RuntimeError('boom')\n"}, {"geartrain.engines": {"broken": "gtfake_broken"}})
+    installed(
+        "gtfake-broken",
+        "1.0",
+        {"gtfake_broken": "raise RuntimeError('boom')\n"},
+        {"geartrain.engines": {"broken": "gtfake_broken"}},
+    )
     monkeypatch.setenv(plugins.ALLOW_LIST_ENV, "torch")
     assert [i.name for i in plugins.list_plugins()] == ["torch"]
     assert "gtfake_broken" not in sys.modules
@@ -174,12 +200,21 @@ def test_programmatic_registration_and_its_validation() -> None:
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "geartrain.cli", *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+        [sys.executable, "-m", "geartrain.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
 def test_cli_lists_plugins_as_json_and_table(installed) -> None:
-    site = installed("gtfake-broken", "0.0.7", {"gtfake_broken": "import gtfake_missing\n"}, {"geartrain.engines": {"broken": "gtfake_broken"}})
+    site = installed(
+        "gtfake-broken",
+        "0.0.7",
+        {"gtfake_broken": "import gtfake_missing\n"},
+        {"geartrain.engines": {"broken": "gtfake_broken"}},
+    )
     env = {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     out = _cli("plugins", "--json", env=env)
     assert out.returncode == 0, out.stderr

@@ -45,8 +45,12 @@ def test_the_session_dies_with_a_killed_driver_and_only_then(tmp_path: Path, end
     from geartrain.cluster.ray_reaper import session_processes
 
     session = str(tmp_path / "session_2026-11-26_00-00-00_000000_1")
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, "x", end], stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), SESSION=session))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "x", end],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), SESSION=session),
+    )
     try:
         assert driver.stdout is not None
         raylet, agent = map(int, driver.stdout.readline().split())

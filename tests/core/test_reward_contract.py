@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from geartrain import GeartrainError
 from geartrain.cli import main
 from geartrain.errors import ConfigError
@@ -46,8 +45,9 @@ def test_batched_reward_is_detected_and_called_once_with_columns() -> None:
 
     assert detect_batched(exact) and detect_batched(trl_length) and detect_batched(marked)
     assert not detect_batched(lambda response, ground_truth: 0.0)
-    out = RewardScorer(exact).score(["4", "5", "6"], ["4", "4", "6"], prompts=["p"] * 3,
-                                    metas=[{"level": 1}, {"level": 2}, {"level": 3}])
+    out = RewardScorer(exact).score(
+        ["4", "5", "6"], ["4", "4", "6"], prompts=["p"] * 3, metas=[{"level": 1}, {"level": 2}, {"level": 3}]
+    )
     assert out.scores.tolist() == [1.0, 0.0, 1.0]
     assert calls == [(["4", "5", "6"], ["4", "4", "6"], [1, 2, 3])]  # one call for the batch, columns as lists
 
@@ -88,7 +88,8 @@ def _job(tmp_path: Path, reward_py: str, reward_toml: str) -> Path:
     (tmp_path / "reward.py").write_text(textwrap.dedent(reward_py))
     job = tmp_path / "job.toml"
     job.write_text(
-        '[model]\ntiny = "qwen2"\n' + reward_toml
+        '[model]\ntiny = "qwen2"\n'
+        + reward_toml
         + '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
         + f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n'
     )
@@ -98,18 +99,28 @@ def _job(tmp_path: Path, reward_py: str, reward_toml: str) -> Path:
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ("def score(response, ground_truth):\n    return 1 / 0\n",
-         "reward.function: 'reward.py:score' raised ZeroDivisionError: division by zero (on "),
-        ("def score(response):\n    return 1.0\n",
-         "reward.function: reward function 'reward.py:score': a per-sample reward is called as"),
-        ("def score(response, ground_truth):\n    return 'yes'\n",
-         "reward.function: 'reward.py:score' returned str 'yes' on "),
-        ("def score(prompts, completions, **kw):\n    return {'score': 1.0}\n",
-         "reward.function: 'reward.py:score' raised TypeError: a batched reward must return a list of 4 scores"),
+        (
+            "def score(response, ground_truth):\n    return 1 / 0\n",
+            "reward.function: 'reward.py:score' raised ZeroDivisionError: division by zero (on ",
+        ),
+        (
+            "def score(response):\n    return 1.0\n",
+            "reward.function: reward function 'reward.py:score': a per-sample reward is called as",
+        ),
+        (
+            "def score(response, ground_truth):\n    return 'yes'\n",
+            "reward.function: 'reward.py:score' returned str 'yes' on ",
+        ),
+        (
+            "def score(prompts, completions, **kw):\n    return {'score': 1.0}\n",
+            "reward.function: 'reward.py:score' raised TypeError: a batched reward must return a list of 4 scores",
+        ),
     ],
     ids=["raises", "signature", "return-type", "batched-return"],
 )
-def test_check_calls_the_reward_and_reports_what_step_1_would(geartrain, tmp_path: Path, body: str, expected: str) -> None:
+def test_check_calls_the_reward_and_reports_what_step_1_would(
+    geartrain, tmp_path: Path, body: str, expected: str
+) -> None:
     proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:score"\n')), "--no-plugins")
     assert proc.returncode == 2, proc.stdout
     assert expected in proc.stderr, proc.stderr
@@ -117,10 +128,14 @@ def test_check_calls_the_reward_and_reports_what_step_1_would(geartrain, tmp_pat
 
 
 def test_check_passes_a_good_reward_and_reports_each_function(geartrain, tmp_path: Path) -> None:
-    body = "def exact(response, ground_truth):\n    return float(response == ground_truth)\n" \
-           "def short(prompts, completions):\n    return [-len(c) / 10 for c in completions]\n"
-    toml = ('[[reward.functions]]\nname = "exact"\nfunction = "reward.py:exact"\n'
-            '[[reward.functions]]\nname = "short"\nfunction = "reward.py:short"\nweight = 0.5\n')
+    body = (
+        "def exact(response, ground_truth):\n    return float(response == ground_truth)\n"
+        "def short(prompts, completions):\n    return [-len(c) / 10 for c in completions]\n"
+    )
+    toml = (
+        '[[reward.functions]]\nname = "exact"\nfunction = "reward.py:exact"\n'
+        '[[reward.functions]]\nname = "short"\nfunction = "reward.py:short"\nweight = 0.5\n'
+    )
     proc = geartrain("check", str(_job(tmp_path, body, toml)), "--no-plugins")
     assert proc.returncode == 0, proc.stderr
     assert "checked: reward 'exact', 'short' resolves and scores the first rows" in proc.stdout
@@ -128,11 +143,15 @@ def test_check_passes_a_good_reward_and_reports_each_function(geartrain, tmp_pat
 
 def test_function_and_functions_exclude_each_other_and_names_are_unique() -> None:
     with pytest.raises(ConfigError, match="reward.function or \\[\\[reward.functions\\]\\], not both"):
-        load_train_config(None, ["reward.function=gsm8k", 'reward.functions=[{name = "a", function = "gsm8k"}]'],
-                          check_plugins=False)
+        load_train_config(
+            None, ["reward.function=gsm8k", 'reward.functions=[{name = "a", function = "gsm8k"}]'], check_plugins=False
+        )
     with pytest.raises(ConfigError, match="two reward.functions are named 'a'"):
-        load_train_config(None, ['reward.functions=[{name = "a", function = "gsm8k"}, {name = "a", function = "x"}]'],
-                          check_plugins=False)
+        load_train_config(
+            None,
+            ['reward.functions=[{name = "a", function = "gsm8k"}, {name = "a", function = "x"}]'],
+            check_plugins=False,
+        )
 
 
 # ------------------------------------------------------------------ item 3: no silent defaults
@@ -143,7 +162,9 @@ def test_a_job_with_its_own_data_must_name_its_model_and_reward(geartrain, tmp_p
     proc = geartrain("check", str(job))
     assert proc.returncode == 2
     assert 'model.path: not set: name the policy to train, model.path = "<hub id or directory>"' in proc.stderr
-    job.write_text('[model]\ntiny = "qwen2"\n[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n')
+    job.write_text(
+        '[model]\ntiny = "qwen2"\n[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
+    )
     proc = geartrain("check", str(job), "--no-plugins")
     assert proc.returncode == 2
     assert "reward.function: not set: name how responses are scored" in proc.stderr
@@ -160,9 +181,11 @@ def test_a_trl_function_gets_the_answer_column_by_its_own_name(geartrain, tmp_pa
         "    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]\n"
     )
     job = tmp_path / "job.toml"
-    job.write_text('[model]\ntiny = "qwen2"\n[reward]\nfunction = "reward.py:reversed_word"\n'
-                   '[data]\npath = "words.jsonl"\nanswer_key = "answer"\nbatch_size = 2\napply_chat_template = false\n'
-                   f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n')
+    job.write_text(
+        '[model]\ntiny = "qwen2"\n[reward]\nfunction = "reward.py:reversed_word"\n'
+        '[data]\npath = "words.jsonl"\nanswer_key = "answer"\nbatch_size = 2\napply_chat_template = false\n'
+        f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n'
+    )
     proc = geartrain("check", str(job), "--no-plugins")
     assert proc.returncode == 0, proc.stderr
     from geartrain.trainer.preflight import preflight
@@ -178,7 +201,10 @@ def test_a_reward_that_raises_on_some_rows_only_passes_check_with_a_note(geartra
     body = "def score(response, ground_truth):\n    if ground_truth == 'olleh':\n        raise KeyError('no')\n    return 1.0\n"
     proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:score"\n')), "--no-plugins")
     assert proc.returncode == 0, proc.stderr
-    assert "raised KeyError: 'no'" in proc.stdout + proc.stderr and "1 of 4 probed rows raised" in proc.stdout + proc.stderr
+    assert (
+        "raised KeyError: 'no'" in proc.stdout + proc.stderr
+        and "1 of 4 probed rows raised" in proc.stdout + proc.stderr
+    )
 
 
 def test_a_reward_file_may_use_dataclasses_with_postponed_annotations(tmp_path: Path) -> None:
@@ -191,7 +217,8 @@ def test_a_reward_file_may_use_dataclasses_with_postponed_annotations(tmp_path: 
     import cloudpickle
     from geartrain.trainer.preflight import resolve_reward
 
-    (tmp_path / "scored.py").write_text(textwrap.dedent("""
+    (tmp_path / "scored.py").write_text(
+        textwrap.dedent("""
         from __future__ import annotations
         from dataclasses import dataclass
 
@@ -203,7 +230,8 @@ def test_a_reward_file_may_use_dataclasses_with_postponed_annotations(tmp_path: 
         def reward(response: str, ground_truth: str) -> float:
             w = Weights()
             return w.exact if response.strip() == ground_truth else w.partial * (ground_truth in response)
-    """))
+    """)
+    )
     fn = resolve_reward("scored.py:reward", str(tmp_path))
     assert fn("42", "42") == 1.0 and fn("x 42", "42") == 0.5 and fn("7", "42") == 0.0
     assert "geartrain_user_scored" not in sys.modules

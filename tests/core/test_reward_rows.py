@@ -52,4 +52,6 @@ def test_shares_gathered_in_order_summarise_the_whole_batch() -> None:
 def test_reward_workers_need_ray_and_no_reward_model() -> None:
     with pytest.raises(ConfigError, match=r"reward\.workers.*cluster\.placement"):
         load_train_config(JOB, ["reward.workers=2"], check_plugins=False)
-    assert load_train_config(JOB, ["reward.workers=2", "cluster.placement=ray"], check_plugins=False).reward.workers == 2
+    assert (
+        load_train_config(JOB, ["reward.workers=2", "cluster.placement=ray"], check_plugins=False).reward.workers == 2
+    )

@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-
 from geartrain.rewards import RewardScorer
 from geartrain.trainer.watchdog import TrainingStalledError, Watchdog, WatchdogConfig
 

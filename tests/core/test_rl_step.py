@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from geartrain.cluster import Dispatch
 from geartrain.config import EngineConfig, OptimConfig, RolloutConfig
 from geartrain.data import DataConfig, PromptDataset, PromptLoader
@@ -33,7 +32,18 @@ from geartrain.trainer.run import Job
 PROMPTS, N, MAX_TOKENS = 2, 3, 3
 # what the rollout returns, then what the trainer adds before anyone computes on it
 ROLLOUT_KEYS = {"input_ids", "attention_mask", "response_mask", "rollout_log_probs", "prompt_index", "finish_reason"}
-SCORED_KEYS = ROLLOUT_KEYS | {"rollout_rank", "prompt", "ground_truth", "data_meta", "uid", "response_text", "loss_mask", "score", "correct", "reward_terms"}
+SCORED_KEYS = ROLLOUT_KEYS | {
+    "rollout_rank",
+    "prompt",
+    "ground_truth",
+    "data_meta",
+    "uid",
+    "response_text",
+    "loss_mask",
+    "score",
+    "correct",
+    "reward_terms",
+}
 ADVANTAGE_KEYS = {"advantages", "returns"}
 
 
@@ -58,7 +68,9 @@ def fake_engine(lr: float) -> RoleEngine:
     return RoleEngine(engine=EngineConfig(backend="fake", optim=OptimConfig(lr=lr, weight_decay=0.0)))
 
 
-def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool, reuse: bool = True) -> tuple[RLTrainer, list[GroupCall]]:
+def build(
+    tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool, reuse: bool = True
+) -> tuple[RLTrainer, list[GroupCall]]:
     config = TrainConfig(
         algorithm=algorithm,
         actor=ActorConfig(engine=fake_engine(0.1).engine),
@@ -67,7 +79,9 @@ def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool, reus
         rollout=RolloutConfig(backend="fake", max_model_len=64),
         sampling=SamplingConfig(n=N, max_tokens=MAX_TOKENS),
         reward=RewardConfig(function="arithmetic"),
-        trainer=TrainerConfig(output_dir=str(tmp_path), free_memory=free_memory, progress=False, reuse_update_log_probs=reuse),
+        trainer=TrainerConfig(
+            output_dir=str(tmp_path), free_memory=free_memory, progress=False, reuse_update_log_probs=reuse
+        ),
     )
     tokenizer = tiny_tokenizer()
     rows = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(PROMPTS)]
@@ -76,8 +90,12 @@ def build(tmp_path: Path, algorithm: AlgorithmConfig, *, free_memory: bool, reus
     roles = Job(config, reward_fn=length_reward).build_roles(config.model)
     log: list[GroupCall] = []
     wrap = lambda g: RecordingWorkerGroup(g, log) if g is not None else None  # noqa: E731
-    recorded = RLRoles(actor=wrap(roles.actor), reward=wrap(roles.reward), reference=wrap(roles.reference), critic=wrap(roles.critic))
-    _open_groups.extend(g for g in (recorded.actor, recorded.reward, recorded.reference, recorded.critic) if g is not None)
+    recorded = RLRoles(
+        actor=wrap(roles.actor), reward=wrap(roles.reward), reference=wrap(roles.reference), critic=wrap(roles.critic)
+    )
+    _open_groups.extend(
+        g for g in (recorded.actor, recorded.reward, recorded.reference, recorded.critic) if g is not None
+    )
     return RLTrainer(config, recorded, tokenizer, loader), log
 
 
@@ -90,7 +108,11 @@ def test_grpo_step_calls_keys_dispatch_and_metrics(tmp_path: Path, fakes: FakeBa
     # the separate old-log-prob forward (reuse off); the next test covers the reuse
     trainer, log = build(tmp_path, AlgorithmConfig(name="grpo"), free_memory=False, reuse=False)
     # a rule reward and GRPO without KL build no reference, critic or reward engine
-    assert [(c.role, c.hook) for c in fakes.calls] == [("actor", "build_model"), ("actor", "shard"), ("rollout", "build_rollout")]
+    assert [(c.role, c.hook) for c in fakes.calls] == [
+        ("actor", "build_model"),
+        ("actor", "shard"),
+        ("rollout", "build_rollout"),
+    ]
     fakes.clear()
     metrics = trainer.step(1)
 
@@ -111,7 +133,11 @@ def test_grpo_step_calls_keys_dispatch_and_metrics(tmp_path: Path, fakes: FakeBa
     generate = fakes.of("rollout", "generate")[0]
     assert generate.detail == {"prompts": PROMPTS, "n": N, "seed": generate.detail["seed"]}
     old, update = fakes.of("actor", "forward_backward")
-    assert (old.keys, old.rows, old.detail) == (SCORED_KEYS, PROMPTS * N, {"forward_only": True, "loss": False, "need_entropy": True})
+    assert (old.keys, old.rows, old.detail) == (
+        SCORED_KEYS,
+        PROMPTS * N,
+        {"forward_only": True, "loss": False, "need_entropy": True},
+    )
     assert (update.keys, update.rows) == (SCORED_KEYS | {"old_log_probs"} | ADVANTAGE_KEYS, PROMPTS * N)
     assert update.detail == {"forward_only": False, "loss": True, "need_entropy": False}
 
@@ -121,7 +147,9 @@ def test_grpo_step_calls_keys_dispatch_and_metrics(tmp_path: Path, fakes: FakeBa
     mask = update.batch["response_mask"].bool()
     for row, length in enumerate(lengths):
         assert mask[row].sum() == length
-        torch.testing.assert_close(update.batch["advantages"][row][mask[row]], torch.full((length,), length - 2.0), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            update.batch["advantages"][row][mask[row]], torch.full((length,), length - 2.0), atol=1e-5, rtol=0
+        )
 
     # metrics by hand (see the fakes' closed forms)
     assert metrics["hybrid/weight_sync_bytes"] == 4.0 and metrics["hybrid/weight_sync_buckets"] == 1.0  # theta, fp32
@@ -187,7 +215,11 @@ def test_one_optimizer_step_reuses_the_updates_forward(tmp_path: Path, fakes: Fa
         ("actor", "update_once", Dispatch.DP),
     ]
     (update,) = fakes.of("actor", "forward_backward")
-    assert update.keys == SCORED_KEYS | ADVANTAGE_KEYS and update.detail == {"forward_only": False, "loss": True, "need_entropy": True}
+    assert update.keys == SCORED_KEYS | ADVANTAGE_KEYS and update.detail == {
+        "forward_only": False,
+        "loss": True,
+        "need_entropy": True,
+    }
     # the same numbers as with the separate forward (test above): they come from the update's own
     assert metrics["actor/entropy"] == 1.0
     assert metrics["rollout_mismatch/mean_abs_diff"] == pytest.approx(0.0225, abs=1e-6)
@@ -231,7 +263,9 @@ def test_ppo_hybrid_switch_reference_and_critic(tmp_path: Path, fakes: FakeBacke
     # GAE with gamma = lam = 1: returns = the sequence's reward at every response token
     mask = critic_update.batch["response_mask"].bool()
     for row, length in enumerate(by_hand_lengths()):
-        torch.testing.assert_close(critic_update.batch["returns"][row][mask[row]], torch.full((length,), float(length)), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            critic_update.batch["returns"][row][mask[row]], torch.full((length,), float(length)), atol=1e-5, rtol=0
+        )
 
     # step 2: the actor did not change, so no weight sync; the rollout resumes first
     fakes.clear()

@@ -15,11 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from geartrain.trainer import run_job
 from geartrain.trainer.rundir import RunDirectory
 from geartrain.trainer.runlock import LOCK_NAME, RunLock, RunLockedError
-
 from test_run_safety import _config, _finished_run, _tree
 
 HOLD = (
@@ -33,8 +31,12 @@ HOLD = (
 
 def _live_run(out: Path) -> subprocess.Popen[str]:
     """A process that holds ``out``'s lock, as a training job does for its whole life."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 

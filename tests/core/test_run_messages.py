@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from geartrain import ConfigError, DataError
 from geartrain.batch import Batch
 from geartrain.data import DataConfig, PromptDataset
@@ -32,7 +31,9 @@ def _skipping_step(scores: list[float]) -> dict[str, float]:
 
 
 @pytest.mark.parametrize(("score", "said"), [(1e300, "not finite"), (float("nan"), "not finite"), (-1e20, "too large")])
-def test_the_watchdog_names_scores_that_overflow_not_the_learning_rate(score: float, said: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_watchdog_names_scores_that_overflow_not_the_learning_rate(
+    score: float, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
     dog = Watchdog(WatchdogConfig(max_skipped_steps=2))
     with caplog.at_level(logging.WARNING, logger="geartrain.watchdog"):
         dog.observe(1, _skipping_step([0.5, score, 0.0]))
@@ -52,7 +53,12 @@ def test_a_real_lr_overflow_still_gets_the_learning_rate_advice() -> None:
 
 
 def test_reward_metrics_max_abs() -> None:
-    assert reward_metrics(Batch({"score": torch.tensor([0.5, -2.0]), "correct": torch.tensor([0.0, 1.0])}))["reward/max_abs"] == 2.0
+    assert (
+        reward_metrics(Batch({"score": torch.tensor([0.5, -2.0]), "correct": torch.tensor([0.0, 1.0])}))[
+            "reward/max_abs"
+        ]
+        == 2.0
+    )
     scores = torch.tensor([1e300])  # a float32 score tensor holds inf
     assert reward_metrics(Batch({"score": scores, "correct": torch.zeros(1)}))["reward/max_abs"] == float("inf")
 
@@ -61,12 +67,16 @@ def test_reward_metrics_max_abs() -> None:
 def test_a_group_baseline_with_one_sample_is_refused(advantage: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_train_config(MAIN_CONFIG, ["sampling.n=1", f"algorithm.advantage={advantage}"], check_plugins=False)
-    assert f"algorithm.advantage = '{advantage}' takes its baseline from the other samples of the same prompt" in str(err.value)
+    assert f"algorithm.advantage = '{advantage}' takes its baseline from the other samples of the same prompt" in str(
+        err.value
+    )
     assert "sampling.n = 1 it would train with no baseline" in str(err.value)
 
 
 def test_an_estimator_without_a_group_runs_with_one_sample() -> None:
-    config = load_train_config(MAIN_CONFIG, ["sampling.n=1", "algorithm.advantage=reinforce_plus_plus"], check_plugins=False)
+    config = load_train_config(
+        MAIN_CONFIG, ["sampling.n=1", "algorithm.advantage=reinforce_plus_plus"], check_plugins=False
+    )
     assert config.sampling.n == 1
 
 
@@ -77,8 +87,13 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
 
 @pytest.mark.parametrize(
     ("row", "said"),
-    [({"prompt": " \t\n ", "answer": "1"}, "'prompt' is only whitespace"),
-     ({"messages": [{"role": "user", "content": "  "}], "answer": "1"}, "every message of 'messages' is empty or whitespace")],
+    [
+        ({"prompt": " \t\n ", "answer": "1"}, "'prompt' is only whitespace"),
+        (
+            {"messages": [{"role": "user", "content": "  "}], "answer": "1"},
+            "every message of 'messages' is empty or whitespace",
+        ),
+    ],
     ids=["prompt", "messages"],
 )
 def test_a_whitespace_only_prompt_is_refused_with_its_row(tmp_path: Path, row: dict, said: str) -> None:
@@ -88,7 +103,9 @@ def test_a_whitespace_only_prompt_is_refused_with_its_row(tmp_path: Path, row: d
     assert str(err.value).startswith(f"{path}, line 2: {said}"), str(err.value)
 
 
-def test_characters_outside_the_tokenizer_are_counted_and_warned_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_characters_outside_the_tokenizer_are_counted_and_warned_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "1+2=é", "answer": "3"}, {"prompt": "ß 4+ß=", "answer": "4"}]
     path = _jsonl(tmp_path / "train.jsonl", rows)
     with caplog.at_level(logging.WARNING, logger="geartrain.data"):

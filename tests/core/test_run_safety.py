@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from geartrain import CheckpointManager, ConfigError, GeartrainError
 from geartrain.trainer import load_train_config, run_job
 from geartrain.trainer.config_diff import diff_configs
@@ -35,7 +34,9 @@ def _finished_run(out: Path) -> dict[str, str]:
     config = _config(out)
     out.mkdir(parents=True)
     (out / "config.json").write_text(config.model_dump_json(indent=2))
-    (out / "metrics.jsonl").write_text("".join(json.dumps({"phase": "rl", "step": s, "reward/mean": s / 4}) + "\n" for s in range(5)))
+    (out / "metrics.jsonl").write_text(
+        "".join(json.dumps({"phase": "rl", "step": s, "reward/mean": s / 4}) + "\n" for s in range(5))
+    )
     mgr = CheckpointManager(out / "checkpoints" / "actor", keep_last=2)
     for step in (2, 4):
         mgr.save(step, lambda d, s=step: (d / "state.bin").write_bytes(bytes([s]) * 4096))
@@ -43,7 +44,11 @@ def _finished_run(out: Path) -> dict[str, str]:
 
 
 def _tree(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_a_fresh_run_into_a_finished_run_refuses_and_changes_nothing(tmp_path: Path) -> None:
@@ -88,7 +93,10 @@ def test_resume_and_overwrite_exclude_each_other(tmp_path: Path) -> None:
     ("setup", "expected"),
     [
         (lambda out: out.write_text("x"), "is a file, not a directory"),
-        (lambda out: (out.mkdir(), (out / "checkpoints").write_text("x")), "checkpoints is a file where geartrain keeps a directory"),
+        (
+            lambda out: (out.mkdir(), (out / "checkpoints").write_text("x")),
+            "checkpoints is a file where geartrain keeps a directory",
+        ),
         (lambda out: (out.mkdir(), (out / "metrics.jsonl").mkdir()), "metrics.jsonl is not a regular file"),
     ],
     ids=["output-dir-is-a-file", "checkpoints-is-a-file", "metrics-is-a-dir"],
@@ -126,19 +134,25 @@ def test_an_unwritable_output_dir_is_one_clear_error(tmp_path: Path) -> None:
 def test_resume_lists_every_change_and_refuses_the_ones_that_cannot_apply(tmp_path: Path) -> None:
     out = tmp_path / "run"
     before = _finished_run(out)
-    changed = _config(out, "actor.engine.optim.lr=1e-2", "model.config_overrides.hidden_size=64", "trainer.total_steps=6")
+    changed = _config(
+        out, "actor.engine.optim.lr=1e-2", "model.config_overrides.hidden_size=64", "trainer.total_steps=6"
+    )
     with pytest.raises(ConfigError) as err:
         run_job(changed, resume=True)
     message = str(err.value)
     assert "actor.engine.optim.lr: 0.0003 -> 0.01: refused, the optimizer and LR schedule are restored" in message
-    assert "model.config_overrides.hidden_size: 128 -> 64: refused, the checkpoint holds this model's weights" in message
+    assert (
+        "model.config_overrides.hidden_size: 128 -> 64: refused, the checkpoint holds this model's weights" in message
+    )
     assert "trainer.total_steps: 4 -> 6 (applied" in message
     assert _tree(out) == before
 
 
 def test_config_diff_verdicts() -> None:
     saved = _config(Path("out")).model_dump(mode="json")
-    new = _config(Path("out"), "sampling.temperature=0.7", "data.batch_size=8", "trainer.seed=3", "validation.every_n_steps=5").model_dump(mode="json")
+    new = _config(
+        Path("out"), "sampling.temperature=0.7", "data.batch_size=8", "trainer.seed=3", "validation.every_n_steps=5"
+    ).model_dump(mode="json")
     verdicts = {c.key: c.verdict for c in diff_configs(saved, new)}
     assert verdicts == {
         "data.batch_size": "refused",

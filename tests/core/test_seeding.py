@@ -51,7 +51,6 @@ def test_ray_needs_colocated_roles_on_the_actors_ranks() -> None:
 
 def test_tensor_uniforms_equal_the_reference_bit_for_bit() -> None:
     import torch
-
     from geartrain.seeding import sample_seed, uniform, uniforms
 
     seeds = [sample_seed(s, p, j) for s in (0, 7, 2**40 + 3) for p in (0, 1, 99) for j in (0, 5)]

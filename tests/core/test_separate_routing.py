@@ -22,10 +22,13 @@ def _request(replica: int, publishes: int, ready: float | None) -> _Request:
 
 def test_a_replica_draining_a_long_sample_before_its_new_weights_is_passed_over() -> None:
     now = 100.0
-    generation = _generation([
-        [_request(0, publishes=2, ready=now + 5.0)],  # sent before the 3rd weights: they wait for it
-        [_request(1, publishes=2, ready=now + 0.5), _request(1, publishes=3, ready=now + 9.0)],
-    ], publishes=3)
+    generation = _generation(
+        [
+            [_request(0, publishes=2, ready=now + 5.0)],  # sent before the 3rd weights: they wait for it
+            [_request(1, publishes=2, ready=now + 0.5), _request(1, publishes=3, ready=now + 9.0)],
+        ],
+        publishes=3,
+    )
     assert generation._available(0, now) == now + 5.0
     assert generation._available(1, now) == now + 0.5  # the long request came after the weights
     generation.publishes = 4  # newer weights: now they wait for replica 1's long request too
@@ -34,8 +37,9 @@ def test_a_replica_draining_a_long_sample_before_its_new_weights_is_passed_over(
 
 def test_a_request_not_back_yet_makes_the_start_unknown_and_finished_ones_are_forgotten() -> None:
     now = 100.0
-    generation = _generation([[_request(0, publishes=0, ready=None)], [_request(1, publishes=0, ready=now - 1.0)]],
-                             publishes=1)
+    generation = _generation(
+        [[_request(0, publishes=0, ready=None)], [_request(1, publishes=0, ready=now - 1.0)]], publishes=1
+    )
     assert generation._available(0, now) == float("inf")
     assert generation._available(1, now) == now
     assert generation.routed[1] == []  # done before now: no longer tracked

@@ -20,8 +20,11 @@ PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 
 def _rollout() -> Rollout:
     options = {"simulated_token_s": TOKEN_S, "simulated_tail_alpha": 0.8, "simulated_max_tokens": 60}
-    return Rollout(RolloutConfig(backend="torch", max_model_len=64, options=options), ModelConfig(tiny="qwen2", seed=0),
-                   EngineContext(role="rollout"))
+    return Rollout(
+        RolloutConfig(backend="torch", max_model_len=64, options=options),
+        ModelConfig(tiny="qwen2", seed=0),
+        EngineContext(role="rollout"),
+    )
 
 
 def _lengths(rollout: Rollout) -> list[int]:

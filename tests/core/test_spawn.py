@@ -6,14 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
 from geartrain.testing.spawn import run_ranks
 
 
 def _sum_ranks(rank: int, world: int, scale: float) -> dict[str, object]:
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)  # over the spawned world
-    return {"rank": rank, "world": dist.get_world_size(), "sum": float(value) * scale, "threads": torch.get_num_threads()}
+    return {
+        "rank": rank,
+        "world": dist.get_world_size(),
+        "sum": float(value) * scale,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _fail_on_rank_one(rank: int, world: int) -> None:

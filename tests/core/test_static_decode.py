@@ -43,8 +43,14 @@ def make_rollout(family: str, static: bool) -> Rollout:
     [
         SamplingParams(n=3, temperature=0.9, top_p=0.9, max_tokens=12, seed=4),
         SamplingParams(n=2, temperature=0.0, max_tokens=10, seed=0, stop_token_ids=[40, 41, 42]),
-        SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=1, stop_sequences=[[50, 51], [60]],
-                       max_tokens_per_prompt=[3, 12, 7, 1]),
+        SamplingParams(
+            n=4,
+            temperature=1.0,
+            max_tokens=12,
+            seed=1,
+            stop_sequences=[[50, 51], [60]],
+            max_tokens_per_prompt=[3, 12, 7, 1],
+        ),
     ],
     ids=["top_p", "greedy_stop_tokens", "stop_sequences_budgets"],
 )
@@ -104,8 +110,9 @@ def test_static_cache_buffers_are_reused_across_calls_and_freed_by_release() -> 
         ro.shutdown()
 
 
-STOPPING = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=1, stop_sequences=[[50, 51], [60]],
-                          max_tokens_per_prompt=[3, 12, 7, 1])
+STOPPING = SamplingParams(
+    n=3, temperature=1.0, max_tokens=12, seed=1, stop_sequences=[[50, 51], [60]], max_tokens_per_prompt=[3, 12, 7, 1]
+)
 
 
 def _static_equals_dynamic(sampling: SamplingParams) -> list[int]:
@@ -169,8 +176,18 @@ def test_the_decode_step_reads_nothing_back_to_the_host(monkeypatch: pytest.Monk
     branch): the whole step (forward, sampling, stop rules) must trace as one graph."""
     traced = torch.compile(static_decode._StepState.advance, backend="eager", fullgraph=True)
     monkeypatch.setattr(static_decode._StepState, "advance", lambda self: traced(self))
-    _static_equals_dynamic(SamplingParams(n=2, temperature=0.9, top_p=0.9, top_k=20, max_tokens=6, seed=3,
-                                          stop_token_ids=[40], stop_sequences=[[50, 51]]))
+    _static_equals_dynamic(
+        SamplingParams(
+            n=2,
+            temperature=0.9,
+            top_p=0.9,
+            top_k=20,
+            max_tokens=6,
+            seed=3,
+            stop_token_ids=[40],
+            stop_sequences=[[50, 51]],
+        )
+    )
 
 
 def test_graph_mode_defaults_and_fallback() -> None:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from geartrain.trainer.metrics import Progress, TensorBoardLogger, TqdmLoggingHandler, plotted
 
 
@@ -49,8 +48,18 @@ def test_sft_metrics_have_one_tensorboard_prefix(tmp_path: Path) -> None:
 
 
 def test_curves_leave_out_series_that_are_zero_throughout() -> None:
-    records = [{"step": s, "reward/mean": s / 4, "actor/kl_loss": 0.0, "actor/ppo_kl": 0.0, "actor/entropy": 2.0 - s / 10,
-                "timing/weight_sync_s": 0.0, "timing/generate_s": 0.1} for s in range(4)]
+    records = [
+        {
+            "step": s,
+            "reward/mean": s / 4,
+            "actor/kl_loss": 0.0,
+            "actor/ppo_kl": 0.0,
+            "actor/entropy": 2.0 - s / 10,
+            "timing/weight_sync_s": 0.0,
+            "timing/generate_s": 0.1,
+        }
+        for s in range(4)
+    ]
     panels = dict(plotted(records))
     assert panels["KL / entropy"] == ["actor/entropy"]
     assert panels["seconds per phase"] == ["timing/generate_s"]

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 from geartrain import EngineContext, GeartrainError, ModelConfig, Rollout, RolloutConfig, SamplingParams
+from geartrain.layout import cut_at_stop
 from geartrain.rollouts import sampler, torch_rollout
 from geartrain.testing import RolloutConformance
 from geartrain.testing.rollout_suite import encode_prompts, named_tensors, teacher_forced_log_probs
-from geartrain.layout import cut_at_stop
 from geartrain.testing.tiny import tiny_model
 
 
@@ -372,7 +372,9 @@ def test_new_tests_in_a_subclass_need_no_listing() -> None:
 
     standard = {n for n in vars(RolloutConformance) if n.startswith("test_")}
     assert {n for n in dir(Extra) if n.startswith("test_")} == standard | {"test_something_else"}
-    assert all(getattr(Extra, n) is vars(RolloutConformance)[n] for n in standard), "standard tests must stay as they are"
+    assert all(getattr(Extra, n) is vars(RolloutConformance)[n] for n in standard), (
+        "standard tests must stay as they are"
+    )
 
     # the new test is the plugin's own: a subclass may replace it without listing it, while
     # the guard still covers the standard tests further down the hierarchy
@@ -414,7 +416,9 @@ def test_samples_of_one_prompt_share_its_prefill() -> None:
     try:
         rows: list[int] = []
         model = r.handle.model
-        hook = model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        hook = model.register_forward_pre_hook(
+            lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+        )
         prompts = encode_prompts()[:3]
         shared = r.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=6, seed=5))
         hook.remove()
@@ -437,7 +441,9 @@ def test_stop_sequences_cut_each_row_where_a_one_shot_generation_first_ends_in_o
     free = rollout.generate(prompts, SamplingParams(n=3, temperature=1.0, max_tokens=24, seed=5))
     # stop on two-token sequences that occur in some rows' free generations, not in others
     seqs = [free["input_ids"][0, free.info["prompt_length"] + 3 : free.info["prompt_length"] + 5].tolist(), [7, 7]]
-    stopped = rollout.generate(prompts, SamplingParams(n=3, temperature=1.0, max_tokens=24, seed=5, stop_sequences=seqs))
+    stopped = rollout.generate(
+        prompts, SamplingParams(n=3, temperature=1.0, max_tokens=24, seed=5, stop_sequences=seqs)
+    )
     width_free, width_stop = free.info["prompt_length"], stopped.info["prompt_length"]
     cuts = 0
     for row in range(len(free)):
@@ -456,7 +462,9 @@ def test_stop_sequences_cut_each_row_where_a_one_shot_generation_first_ends_in_o
 def test_stop_sequences_never_match_the_prompt(rollout: Rollout) -> None:
     prompt = encode_prompts()[:1]
     tail = prompt[0][-2:]
-    batch = rollout.generate(prompt, SamplingParams(n=2, temperature=0.0, max_tokens=6, stop_sequences=[tail[-1:] * 30]))
+    batch = rollout.generate(
+        prompt, SamplingParams(n=2, temperature=0.0, max_tokens=6, stop_sequences=[tail[-1:] * 30])
+    )
     assert batch["response_mask"].sum(-1).tolist() == [6, 6]
 
 
@@ -464,12 +472,17 @@ def test_max_tokens_per_prompt_gives_each_prompt_its_budget(rollout: Rollout) ->
     prompts = encode_prompts()
     budgets = [1, 9, 4, 16][: len(prompts)]
     free = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=3))
-    per = rollout.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=3, max_tokens_per_prompt=budgets))
+    per = rollout.generate(
+        prompts, SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=3, max_tokens_per_prompt=budgets)
+    )
     lengths = per["response_mask"].sum(-1).tolist()
     assert lengths == [b for b in budgets for _ in range(2)]
     w_free, w_per = free.info["prompt_length"], per.info["prompt_length"]
     for row, budget in enumerate(b for b in budgets for _ in range(2)):
-        assert per["input_ids"][row, w_per : w_per + budget].tolist() == free["input_ids"][row, w_free : w_free + budget].tolist()
+        assert (
+            per["input_ids"][row, w_per : w_per + budget].tolist()
+            == free["input_ids"][row, w_free : w_free + budget].tolist()
+        )
     assert per["finish_reason"] == ["length"] * len(per)
 
 
@@ -488,13 +501,25 @@ def test_hook_update_adapter_refuses_bad_adapters_and_keeps_serving_the_base() -
         config = {"r": 4, "lora_alpha": 8}
         cases = [
             ({f"base_model.model.{module}.lora_A.weight": a}, config, "not both A and B"),
-            ({f"base_model.model.{module}.lora_A.weight": a, f"base_model.model.{module}.lora_B.weight": b},
-             {"r": 8, "lora_alpha": 8}, "max_lora_rank"),
-            ({"base_model.model.model.layers.0.nope.lora_A.weight": a, "base_model.model.model.layers.0.nope.lora_B.weight": b},
-             config, "no module 'model.layers.0.nope'"),
+            (
+                {f"base_model.model.{module}.lora_A.weight": a, f"base_model.model.{module}.lora_B.weight": b},
+                {"r": 8, "lora_alpha": 8},
+                "max_lora_rank",
+            ),
+            (
+                {
+                    "base_model.model.model.layers.0.nope.lora_A.weight": a,
+                    "base_model.model.model.layers.0.nope.lora_B.weight": b,
+                },
+                config,
+                "no module 'model.layers.0.nope'",
+            ),
             ({f"base_model.model.{module}.weight": a}, config, "not a LoRA tensor name"),
-            ({f"base_model.model.{module}.lora_A.weight": a.T, f"base_model.model.{module}.lora_B.weight": b},
-             config, "needs A"),
+            (
+                {f"base_model.model.{module}.lora_A.weight": a.T, f"base_model.model.{module}.lora_B.weight": b},
+                config,
+                "needs A",
+            ),
         ]
         for tensors, cfg, message in cases:
             with pytest.raises(GeartrainError, match=message):

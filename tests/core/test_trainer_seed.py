@@ -4,7 +4,6 @@ item 7): the model's initialisation, the data order, the SFT order."""
 from __future__ import annotations
 
 import torch
-
 from geartrain.data import PromptDataset, PromptLoader
 from geartrain.modeling import build_hf_model, tiny_tokenizer
 from geartrain.trainer import load_train_config
@@ -13,7 +12,9 @@ ROWS = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(32)]
 
 
 def _job(*overrides: str):  # noqa: ANN202
-    return load_train_config(None, ["model.tiny=qwen2", "data.apply_chat_template=false", *overrides], check_plugins=False)
+    return load_train_config(
+        None, ["model.tiny=qwen2", "data.apply_chat_template=false", *overrides], check_plugins=False
+    )
 
 
 def _weights(config) -> torch.Tensor:  # noqa: ANN001

@@ -24,7 +24,12 @@ def check_agent_job_learns(backend: str, out: Path, *, steps: int = 50, min_gain
     """``steps`` GRPO steps must raise held-out accuracy by ``min_gain`` points."""
     schedule = (f"trainer.total_steps={steps}", f"validation.every_n_steps={steps}")
     proc = run_geartrain(
-        "train", str(AGENT_CONFIG), f"rollout.backend={backend}", f"trainer.output_dir={out}", *schedule, *SHORT,
+        "train",
+        str(AGENT_CONFIG),
+        f"rollout.backend={backend}",
+        f"trainer.output_dir={out}",
+        *schedule,
+        *SHORT,
         timeout=1500,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

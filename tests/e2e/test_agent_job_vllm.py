@@ -7,7 +7,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from agent_backends import check_agent_job_learns
 
 pytestmark = [

@@ -17,8 +17,13 @@ def test_main_job_config_checks_with_its_plugins() -> None:
 
 
 ARITHMETIC_RECIPES = {
-    "grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "grpo", "rloo": "rloo",
-    "reinforce_pp": "reinforce_plus_plus", "gspo": "grpo", "ppo": "gae",
+    "grpo": "grpo",
+    "dr_grpo": "dr_grpo",
+    "dapo": "grpo",
+    "rloo": "rloo",
+    "reinforce_pp": "reinforce_plus_plus",
+    "gspo": "grpo",
+    "ppo": "gae",
 }
 
 
@@ -65,7 +70,16 @@ def test_gsm8k_vllm_recipe_checks_with_the_vllm_plugin() -> None:
 
 
 def test_a_typo_is_reported_with_its_path() -> None:
-    proc = run_geartrain("check", "--overwrite", str(GSM8K), "--no-plugins", "--config-only", "algorithm.clip_ratio=-1", "trainer.totl_steps=3", timeout=120)
+    proc = run_geartrain(
+        "check",
+        "--overwrite",
+        str(GSM8K),
+        "--no-plugins",
+        "--config-only",
+        "algorithm.clip_ratio=-1",
+        "trainer.totl_steps=3",
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "algorithm.clip_ratio" in proc.stderr and "trainer.totl_steps" in proc.stderr
 
@@ -86,6 +100,8 @@ def test_agent_job_config_checks_and_a_missing_environment_is_named(tmp_path) ->
     proc = run_geartrain("check", "--overwrite", str(config), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "ok (grpo with actor engine 'fsdp' and rollout 'torch')" in proc.stdout
-    proc = run_geartrain("check", "--overwrite", str(config), "rollout.agent.environment=missing.py:Calculator", timeout=120)
+    proc = run_geartrain(
+        "check", "--overwrite", str(config), "rollout.agent.environment=missing.py:Calculator", timeout=120
+    )
     assert proc.returncode != 0
     assert "rollout.agent.environment" in proc.stderr and "missing.py" in proc.stderr

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import MAIN_CONFIG
-
 from geartrain.trainer import load_train_config, run_job
 from geartrain.trainer.metrics import read_jsonl
 
@@ -30,10 +29,17 @@ UNSTABLE = ("timing/", "perf/", "hybrid/")
 
 
 def _run(out: Path, save_every: int, reward: Path) -> list[dict]:
-    overrides = [*SMALL, f"reward.function={reward}:score", f"trainer.save_every={save_every}", f"trainer.output_dir={out}"]
+    overrides = [
+        *SMALL,
+        f"reward.function={reward}:score",
+        f"trainer.save_every={save_every}",
+        f"trainer.output_dir={out}",
+    ]
     run_job(load_train_config(MAIN_CONFIG, overrides))
     return [
-        {k: v for k, v in r.items() if not k.startswith(UNSTABLE)} for r in read_jsonl(out / "metrics.jsonl") if r["phase"] == "rl"
+        {k: v for k, v in r.items() if not k.startswith(UNSTABLE)}
+        for r in read_jsonl(out / "metrics.jsonl")
+        if r["phase"] == "rl"
     ]
 
 

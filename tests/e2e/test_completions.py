@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import MAIN_CONFIG
 from geartrain.trainer import load_train_config, run_job
 
@@ -17,16 +16,29 @@ DIGITS = [str(d) for d in range(10)]
 
 
 def test_completions_jsonl_with_each_reward_and_stop_strings(tmp_path: Path) -> None:
-    (tmp_path / "r.py").write_text("def brevity(prompts, completions):\n    return [-float(len(c)) for c in completions]\n")
+    (tmp_path / "r.py").write_text(
+        "def brevity(prompts, completions):\n    return [-float(len(c)) for c in completions]\n"
+    )
     out = tmp_path / "run"
-    config = load_train_config(MAIN_CONFIG, [
-        "sft.enabled=false", "trainer.progress=false", "trainer.export_hf=false", "trainer.plot=false",
-        "trainer.total_steps=3", "validation.every_n_steps=0", "validation.max_prompts=4", "trainer.log_completions=4",
-        "reward.function=''",
-        f'reward.functions=[{{name = "exact", function = "task.py:exact_match"}}, '
-        f'{{name = "short", function = "{tmp_path / "r.py"}:brevity", weight = 0.1}}]',
-        f"sampling.stop={json.dumps(DIGITS)}", f"trainer.output_dir={out}",
-    ], check_plugins=False)
+    config = load_train_config(
+        MAIN_CONFIG,
+        [
+            "sft.enabled=false",
+            "trainer.progress=false",
+            "trainer.export_hf=false",
+            "trainer.plot=false",
+            "trainer.total_steps=3",
+            "validation.every_n_steps=0",
+            "validation.max_prompts=4",
+            "trainer.log_completions=4",
+            "reward.function=''",
+            f'reward.functions=[{{name = "exact", function = "task.py:exact_match"}}, '
+            f'{{name = "short", function = "{tmp_path / "r.py"}:brevity", weight = 0.1}}]',
+            f"sampling.stop={json.dumps(DIGITS)}",
+            f"trainer.output_dir={out}",
+        ],
+        check_plugins=False,
+    )
     run_job(config)
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]

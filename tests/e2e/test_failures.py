@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import MAIN_CONFIG, QUICK, run_geartrain
-
 from geartrain.trainer import load_train_config, run_job
 from geartrain.trainer.metrics import read_jsonl
 
@@ -43,8 +42,14 @@ def test_raising_reward_function_scores_zero_and_the_run_goes_on(tmp_path: Path)
     )
     data = _write_jsonl(tmp_path / "train.jsonl", _rows(16))
     config = load_train_config(
-        MAIN_CONFIG, [*FAST, f"data.path={data}", f"validation.path={data}", f"reward.function={reward}:score",
-                      f"trainer.output_dir={tmp_path / 'run'}"]
+        MAIN_CONFIG,
+        [
+            *FAST,
+            f"data.path={data}",
+            f"validation.path={data}",
+            f"reward.function={reward}:score",
+            f"trainer.output_dir={tmp_path / 'run'}",
+        ],
     )
     result = run_job(config)
     assert result.steps == 2
@@ -77,7 +82,8 @@ def test_prompt_budget_that_cannot_fit_the_rollout_is_a_config_error() -> None:
 
 def test_malformed_row_stops_the_cli_with_the_file_and_line(tmp_path: Path) -> None:
     data = _write_jsonl(tmp_path / "train.jsonl", [*_rows(2), {"prompt": "1+1="}, *_rows(5, start=20)])
-    proc = run_geartrain("train", str(MAIN_CONFIG), *FAST, f"data.path={data}", f"trainer.output_dir={tmp_path / 'run'}",
-                         timeout=300)
+    proc = run_geartrain(
+        "train", str(MAIN_CONFIG), *FAST, f"data.path={data}", f"trainer.output_dir={tmp_path / 'run'}", timeout=300
+    )
     assert proc.returncode == 2
     assert f"{data}, line 3" in proc.stderr and "ground_truth" in proc.stderr, proc.stderr[-2000:]

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import ROOT, run_geartrain
 from geartrain.trainer import load_train_config, run_job
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import ROOT, run_geartrain
 
 GUESS = ROOT / "examples" / "guess_number"
@@ -51,9 +50,15 @@ def test_the_sft_traces_follow_the_rules_they_teach() -> None:
 def test_episodes_in_the_trainer_get_the_secret_s_hints_and_reward(tmp_path: Path) -> None:
     out = tmp_path / "guess"
     result = run_geartrain(
-        "train", str(GUESS / "grpo.toml"),
-        f"trainer.output_dir={out}", "sft.steps=40", "trainer.total_steps=2", "validation.every_n_steps=2",
-        "trainer.log_completions=128", "trainer.export_hf=false", "trainer.tensorboard=false",
+        "train",
+        str(GUESS / "grpo.toml"),
+        f"trainer.output_dir={out}",
+        "sft.steps=40",
+        "trainer.total_steps=2",
+        "validation.every_n_steps=2",
+        "trainer.log_completions=128",
+        "trainer.export_hf=false",
+        "trainer.tensorboard=false",
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]

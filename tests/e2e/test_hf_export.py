@@ -11,12 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from e2e_helpers import MAIN_CONFIG, run_geartrain
 
-RUN = ["sft.enabled=false", "trainer.progress=false", "trainer.plot=false", "trainer.total_steps=2",
-       "trainer.save_every=1", "validation.every_n_steps=0", "validation.max_prompts=8",
-       "actor.engine.optim.lr_schedule=constant", "actor.engine.optim.warmup_steps=0"]
+RUN = [
+    "sft.enabled=false",
+    "trainer.progress=false",
+    "trainer.plot=false",
+    "trainer.total_steps=2",
+    "trainer.save_every=1",
+    "validation.every_n_steps=0",
+    "validation.max_prompts=8",
+    "actor.engine.optim.lr_schedule=constant",
+    "actor.engine.optim.warmup_steps=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +32,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # a reward that differs between samples of a random policy, so every step changes the weights
     (root / "r.py").write_text("def shorter(response, ground_truth):\n    return -float(len(response))\n")
     out = root / "run"
-    proc = run_geartrain("train", str(MAIN_CONFIG), *RUN, f"reward.function={root / 'r.py'}:shorter",
-                         f"trainer.output_dir={out}")
+    proc = run_geartrain(
+        "train", str(MAIN_CONFIG), *RUN, f"reward.function={root / 'r.py'}:shorter", f"trainer.output_dir={out}"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -37,8 +45,13 @@ def test_the_export_is_a_complete_readable_model_directory(run: Path) -> None:
     assert config["architectures"] == ["Qwen2ForCausalLM"]
     assert json.loads((hf / "generation_config.json").read_text())["eos_token_id"] == 2
     card = (hf / "README.md").read_text()
-    for line in ("- algorithm: GRPO", "- steps: 2", "- geartrain version: 0.1.0", "| val/accuracy |",
-                 "- base model: tiny qwen2 (random weights)"):
+    for line in (
+        "- algorithm: GRPO",
+        "- steps: 2",
+        "- geartrain version: 0.1.0",
+        "| val/accuracy |",
+        "- base model: tiny qwen2 (random weights)",
+    ):
         assert line in card, card
     for path in [hf, *hf.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
@@ -52,7 +65,7 @@ def test_transformers_and_vllm_load_it(run: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(hf).eval()
     tokenizer = AutoTokenizer.from_pretrained(hf)
     ids = tokenizer("12+34=", return_tensors="pt", add_special_tokens=False).input_ids
-    greedy = model.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1]:]
+    greedy = model.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1] :]
     text = pipeline("text-generation", model=hf)("12+34=", max_new_tokens=5, do_sample=False, return_full_text=False)
     assert text[0]["generated_text"] == tokenizer.decode(greedy, skip_special_tokens=True)
 

@@ -11,13 +11,20 @@ import time
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import MAIN_CONFIG, ROOT, geartrain_cmd, rl_records
 from geartrain import CheckpointManager
 from geartrain.trainer.run import train_from_cli
 
-FAST = ["sft.enabled=false", "trainer.progress=false", "trainer.tensorboard=false", "trainer.export_hf=false",
-        "trainer.plot=false", "validation.every_n_steps=0", "validation.max_prompts=8", "trainer.save_every=2"]
+FAST = [
+    "sft.enabled=false",
+    "trainer.progress=false",
+    "trainer.tensorboard=false",
+    "trainer.export_hf=false",
+    "trainer.plot=false",
+    "validation.every_n_steps=0",
+    "validation.max_prompts=8",
+    "trainer.save_every=2",
+]
 LINE = re.compile(r"^interrupted at step (\d+); the last complete checkpoint is step (\d+); continue with --resume$")
 
 
@@ -25,11 +32,15 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # a terminal's foreground job gets SIGINT with the default disposition (a background
     # shell job would have it ignored)
-    proc = subprocess.Popen(geartrain_cmd("train", str(MAIN_CONFIG), *FAST, "trainer.total_steps=1000",
-                                          f"trainer.output_dir={out}"),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        geartrain_cmd("train", str(MAIN_CONFIG), *FAST, "trainer.total_steps=1000", f"trainer.output_dir={out}"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "metrics.jsonl").exists() or len(rl_records(out / "metrics.jsonl")) < 4:
@@ -51,8 +62,9 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path: Path) -> None:
     assert max(complete) == ckpt  # the checkpoint named is the newest complete one on disk
 
 
-def test_ctrl_c_inside_a_save_names_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_inside_a_save_names_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import geartrain.checkpoint as checkpoint
 
     real = checkpoint.write_manifest
@@ -67,8 +79,9 @@ def test_ctrl_c_inside_a_save_names_the_previous_checkpoint(tmp_path: Path, monk
     assert "Traceback" not in err
 
 
-def test_ctrl_c_inside_dcp_s_own_write_is_still_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_inside_dcp_s_own_write_is_still_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """DCP catches everything a rank's write raises, KeyboardInterrupt included, and raises
     its own CheckpointException: a Ctrl-C that lands while the shards are written must still
     end the job with the one line and 130 (it once printed DCP's traceback and exited 1)."""
@@ -86,8 +99,9 @@ def test_ctrl_c_inside_dcp_s_own_write_is_still_one_line(tmp_path: Path, monkeyp
     assert "Traceback" not in err
 
 
-def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """torch.save's C++ zip writer can drop the KeyboardInterrupt raised in its Python write
     callback and fail later with "unexpected pos" (seen in a CI run): SIGINT arrived, so the
     job still ends as interrupted."""

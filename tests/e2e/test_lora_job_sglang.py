@@ -18,9 +18,8 @@ import tomllib  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from geartrain.modeling import tiny_model  # noqa: E402
-
 from e2e_helpers import ROOT, printed_accuracies, rl_records, run_geartrain  # noqa: E402
+from geartrain.modeling import tiny_model  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,10 +41,18 @@ def adapter_bytes(config: dict) -> int:
 
 def test_lora_job_with_sglang_in_adapter_only_mode(out_dir: Path) -> None:
     proc = run_geartrain(
-        "train", str(LORA_CONFIG), "rollout.backend=sglang", "actor.lora.sync=adapter",
-        f"trainer.total_steps={STEPS}", f"validation.every_n_steps={STEPS}", "validation.max_prompts=32",
-        "trainer.save_every=0", "trainer.tensorboard=false", "trainer.export_hf=false",
-        f"trainer.output_dir={out_dir}", timeout=900,
+        "train",
+        str(LORA_CONFIG),
+        "rollout.backend=sglang",
+        "actor.lora.sync=adapter",
+        f"trainer.total_steps={STEPS}",
+        f"validation.every_n_steps={STEPS}",
+        "validation.max_prompts=32",
+        "trainer.save_every=0",
+        "trainer.tensorboard=false",
+        "trainer.export_hf=false",
+        f"trainer.output_dir={out_dir}",
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed_accuracies(proc.stdout)  # make train's accuracy lines are there

@@ -18,7 +18,6 @@ pytest.importorskip("peft")
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-
 from geartrain.config import ModelConfig, RolloutConfig  # noqa: E402
 from geartrain.rollout import Rollout  # noqa: E402
 from geartrain.testing.lora_sync import SYNC_MODES, lora_sync_gaps  # noqa: E402
@@ -35,7 +34,10 @@ ATOL = 1e-5
 
 def test_sglang_log_probs_equal_the_lora_engine_after_merged_and_adapter_sync(tmp_path: Path) -> None:
     config = RolloutConfig(
-        backend="sglang", max_model_len=64, kv_cache_bytes=16 << 20, max_lora_rank=8,
+        backend="sglang",
+        max_model_len=64,
+        kv_cache_bytes=16 << 20,
+        max_lora_rank=8,
         options={"work_dir": str(tmp_path / "sglang"), "seed": 0},
     )
     rollout = Rollout(config, MODEL, EngineContext(role="rollout"))

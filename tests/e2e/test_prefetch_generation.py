@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from e2e_helpers import MAIN_CONFIG
-
 from geartrain.cluster import InlineWorkerGroup
 from geartrain.trainer import load_train_config, run_job
 from geartrain.trainer.metrics import read_jsonl
@@ -41,11 +40,18 @@ UNSTABLE = ("timing/", "perf/", "hybrid/")
 
 
 def _run(out: Path, reward: Path, prefetch: bool, extra: list[str]) -> list[dict[str, Any]]:
-    overrides = [*SMALL, *extra, f"reward.function={reward}:score", f"trainer.prefetch_generation={str(prefetch).lower()}",
-                 f"trainer.output_dir={out}"]
+    overrides = [
+        *SMALL,
+        *extra,
+        f"reward.function={reward}:score",
+        f"trainer.prefetch_generation={str(prefetch).lower()}",
+        f"trainer.output_dir={out}",
+    ]
     run_job(load_train_config(MAIN_CONFIG, overrides))
     return [
-        {k: v for k, v in r.items() if not k.startswith(UNSTABLE)} for r in read_jsonl(out / "metrics.jsonl") if r["phase"] == "rl"
+        {k: v for k, v in r.items() if not k.startswith(UNSTABLE)}
+        for r in read_jsonl(out / "metrics.jsonl")
+        if r["phase"] == "rl"
     ]
 
 
@@ -60,6 +66,7 @@ def test_prefetched_generation_trains_exactly_like_the_synchronous_run(
     reward.write_text("def score(response, ground_truth):\n    return float(len(response))\n")
     saved_states: list[dict[str, Any]] = []
     loader_state = RLTrainer.loader_state
+
     def recording_loader_state(self: RLTrainer) -> dict[str, Any]:
         saved_states.append(copy.deepcopy(loader_state(self)))
         return saved_states[-1]

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import MAIN_CONFIG, rl_records
-
 from geartrain.cli import main
 from geartrain.errors import ConfigError
 from geartrain.trainer import load_train_config, run_job
@@ -49,7 +48,11 @@ def length_reward(tmp_path: Path) -> str:
 
 
 def _tree(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +63,33 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_a_fresh_run_into_a_finished_run_refuses_and_keeps_it(finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_fresh_run_into_a_finished_run_refuses_and_keeps_it(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = _tree(finished_run)
     assert "checkpoints/actor/step_00000002/MANIFEST.json" in before
     # the issue's probe: a typo in data.path, into a finished run, without --resume
     rc = main(["train", str(MAIN_CONFIG), *TINY, "data.path=data/trian.jsonl", f"trainer.output_dir={finished_run}"])
     err = capsys.readouterr().err
     assert rc == 2 and "already holds a run" in err and "--resume" in err and "--overwrite" in err
-    rc = main(["train", str(MAIN_CONFIG), *TINY, "data.path=data/trian.jsonl", f"trainer.output_dir={finished_run}", "--overwrite"])
+    rc = main(
+        [
+            "train",
+            str(MAIN_CONFIG),
+            *TINY,
+            "data.path=data/trian.jsonl",
+            f"trainer.output_dir={finished_run}",
+            "--overwrite",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "no such data file" in err and "nothing was trained or changed" in err
     assert _tree(finished_run) == before
 
 
-def test_resume_refuses_a_changed_lr_and_falls_back_from_a_damaged_checkpoint(finished_run: Path, tmp_path: Path) -> None:
+def test_resume_refuses_a_changed_lr_and_falls_back_from_a_damaged_checkpoint(
+    finished_run: Path, tmp_path: Path
+) -> None:
     import shutil
 
     out = tmp_path / "run"
@@ -109,7 +125,13 @@ def test_resume_refuses_a_changed_lr_and_falls_back_from_a_damaged_checkpoint(fi
 
 
 def test_an_lr_that_overflows_stops_the_run(tmp_path: Path, length_reward: str) -> None:
-    config = _config(tmp_path / "run", length_reward, "actor.engine.optim.lr=1e37", "trainer.total_steps=6", "watchdog.max_skipped_steps=2")
+    config = _config(
+        tmp_path / "run",
+        length_reward,
+        "actor.engine.optim.lr=1e37",
+        "trainer.total_steps=6",
+        "watchdog.max_skipped_steps=2",
+    )
     with pytest.raises(TrainingStalledError, match="the last 2 steps skipped every optimizer step") as err:
         run_job(config)
     assert "actor.engine.optim.lr" in str(err.value)
@@ -117,8 +139,12 @@ def test_an_lr_that_overflows_stops_the_run(tmp_path: Path, length_reward: str) 
     assert [r["actor/skipped"] for r in records[1:]] == [0.0, 1.0, 1.0]  # stopped at step 3, not 6
 
 
-def test_greedy_sampling_warns_that_nothing_is_learned(tmp_path: Path, length_reward: str, caplog: pytest.LogCaptureFixture) -> None:
-    config = _config(tmp_path / "run", length_reward, "sampling.temperature=0", "sampling.n=8", "watchdog.zero_advantage_steps=2")
+def test_greedy_sampling_warns_that_nothing_is_learned(
+    tmp_path: Path, length_reward: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(
+        tmp_path / "run", length_reward, "sampling.temperature=0", "sampling.n=8", "watchdog.zero_advantage_steps=2"
+    )
     with caplog.at_level(logging.WARNING, logger="geartrain.watchdog"):
         run_job(config)
     warned = [r.getMessage() for r in caplog.records if r.name == "geartrain.watchdog"]
@@ -127,7 +153,9 @@ def test_greedy_sampling_warns_that_nothing_is_learned(tmp_path: Path, length_re
     assert [r["advantages/abs_mean"] for r in rl_records(tmp_path / "run" / "metrics.jsonl")[1:]] == [0.0, 0.0]
 
 
-def test_a_reward_that_always_raises_is_logged_once_and_stops_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_reward_that_always_raises_is_logged_once_and_stops_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # A reward that passes the start-up check (its first 4 calls: the check's rows) and
     # raises on every call of the run; one that raises at once is refused before step 1
     # (tests/core/test_reward_contract.py).
@@ -142,7 +170,12 @@ def test_a_reward_that_always_raises_is_logged_once_and_stops_the_run(tmp_path: 
         "        return 0.0\n"
         "    return {'points': 1}['score']\n"
     )
-    config = _config(tmp_path / "run", f"reward.function={reward}:score", "trainer.total_steps=5", "watchdog.max_failed_reward_steps=2")
+    config = _config(
+        tmp_path / "run",
+        f"reward.function={reward}:score",
+        "trainer.total_steps=5",
+        "watchdog.max_failed_reward_steps=2",
+    )
     with caplog.at_level(logging.WARNING), pytest.raises(TrainingStalledError, match="for 2 steps in a row"):
         run_job(config)
     tracebacks = [r for r in caplog.records if r.name == "geartrain.rewards" and r.exc_info]
@@ -204,10 +237,19 @@ def test_resume_never_runs_a_planted_dcp_metadata(finished_run: Path, tmp_path: 
     if manifest == "empty":
         assert "every checkpoint under" in str(err.value) and "is damaged" in str(err.value)
     else:
-        assert "dcp/.metadata: refusing to load it" in str(err.value) and "not one of DCP's metadata classes" in str(err.value)
+        assert "dcp/.metadata: refusing to load it" in str(err.value) and "not one of DCP's metadata classes" in str(
+            err.value
+        )
 
 
-SFT = ["sft.enabled=true", "sft.steps=2", "sft.min_steps=1", "sft.dev_path=null", "sft.batch_size=8", "trainer.total_steps=1"]
+SFT = [
+    "sft.enabled=true",
+    "sft.steps=2",
+    "sft.min_steps=1",
+    "sft.dev_path=null",
+    "sft.batch_size=8",
+    "trainer.total_steps=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +299,9 @@ def test_a_swapped_sft_model_is_refused_on_resume(sft_runs: tuple[Path, Path], t
     assert run_job(_config(out, *SFT, "trainer.total_steps=2"), resume=True).steps == 2
 
 
-def test_overwrite_into_a_live_run_is_refused_and_the_run_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_overwrite_into_a_live_run_is_refused_and_the_run_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # issue 24 item 1's probe: `make train`'s --overwrite into out/x while a run trains there
     # deleted that run's files and both ran on, mixing their files
     import os
@@ -269,10 +313,16 @@ def test_overwrite_into_a_live_run_is_refused_and_the_run_goes_on(tmp_path: Path
 
     out = tmp_path / "run"
     reward = tmp_path / "slow.py"
-    reward.write_text("import time\ndef score(response, ground_truth):\n    time.sleep(0.02)\n    return float(len(response))\n")
+    reward.write_text(
+        "import time\ndef score(response, ground_truth):\n    time.sleep(0.02)\n    return float(len(response))\n"
+    )
     live_args = [*TINY, "trainer.total_steps=200", f"reward.function={reward}:score", f"trainer.output_dir={out}"]
-    live = subprocess.Popen(geartrain_cmd("train", str(MAIN_CONFIG), *live_args), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    live = subprocess.Popen(
+        geartrain_cmd("train", str(MAIN_CONFIG), *live_args),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 300
         while not ((out / "metrics.jsonl").exists() and len(rl_records(out / "metrics.jsonl")) >= 2):
@@ -281,8 +331,11 @@ def test_overwrite_into_a_live_run_is_refused_and_the_run_goes_on(tmp_path: Path
         rc = main(["train", str(MAIN_CONFIG), *TINY, f"trainer.output_dir={out}", "--overwrite"])
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1, err
-        assert re.search(rf"'{re.escape(str(out))}' is in use by a live run \(pid {live.pid} on host \S+, started .*"
-                         r"geartrain.* train .*\); nothing was changed", err), err
+        assert re.search(
+            rf"'{re.escape(str(out))}' is in use by a live run \(pid {live.pid} on host \S+, started .*"
+            r"geartrain.* train .*\); nothing was changed",
+            err,
+        ), err
         assert (out / "checkpoints").is_dir() and live.poll() is None, "the live run lost its files or stopped"
         live.send_signal(signal.SIGKILL)  # the owner dies: its lock is stale now
         live.wait()
@@ -294,5 +347,7 @@ def test_overwrite_into_a_live_run_is_refused_and_the_run_goes_on(tmp_path: Path
     from geartrain.trainer.run import Job
 
     Job(_config(out, "trainer.total_steps=3"), resume=True, echo=said.append).run()
-    assert any(f"took over the lock of {out} left by a run that is gone (pid {live.pid} on host" in s for s in said), said
+    assert any(f"took over the lock of {out} left by a run that is gone (pid {live.pid} on host" in s for s in said), (
+        said
+    )
     assert (out / ".geartrain.lock").read_text() == "" and os.path.exists(out / "metrics.jsonl")

@@ -42,7 +42,10 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
 
     child = subprocess.Popen(
         geartrain_cmd("train", str(MAIN_CONFIG), *ARGS, f"trainer.output_dir={killed_dir}"),
-        cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 400
@@ -71,5 +74,9 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
         for key in ("reward/mean", "actor/grad_norm", "actor/pg_loss", "val/accuracy"):
             if key in ref:
                 assert mine[key] == pytest.approx(ref[key], abs=1e-6), (mine["step"], key)
-    sft_steps = [r["step"] for r in map(json.loads, (killed_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "sft"]
+    sft_steps = [
+        r["step"]
+        for r in map(json.loads, (killed_dir / "metrics.jsonl").read_text().splitlines())
+        if r["phase"] == "sft"
+    ]
     assert sft_steps == list(range(1, 21))  # the warm start ran once and was not repeated

@@ -7,15 +7,14 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from geartrain.cluster import Dispatch, InlineWorkerGroup, create_worker_group
 from geartrain.data import PromptRow
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.testing import tiny_tokenizer
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.metrics import JsonlLogger, plot_curves, read_jsonl
-from geartrain.trainer.rl import step_seed
 from geartrain.trainer.preflight import resolve_reward
+from geartrain.trainer.rl import step_seed
 from geartrain.trainer.run import _due
 from geartrain.trainer.sft import sft_batch
 
@@ -35,7 +34,13 @@ def test_jsonl_resume_drops_rl_records_after_the_checkpoint_and_a_cut_line(tmp_p
     log.close()
     records = read_jsonl(path)
     assert [(r["phase"], r["step"]) for r in records] == [
-        ("sft", 1), ("sft", 2), ("rl", 0), ("rl", 1), ("rl", 2), ("rl", 3), ("rl", 4)
+        ("sft", 1),
+        ("sft", 2),
+        ("rl", 0),
+        ("rl", 1),
+        ("rl", 2),
+        ("rl", 3),
+        ("rl", 4),
     ]
     assert records[-1]["reward/mean"] == 0.0
 
@@ -52,8 +57,18 @@ def test_jsonl_fresh_run_starts_empty_and_writes_nan_as_null(tmp_path: Path) -> 
 def test_sft_batch_layout_left_pads_prompts_and_masks_response_plus_eos() -> None:
     tok = tiny_tokenizer()
     rows = [
-        PromptRow(prompt_ids=tok("1+2=", add_special_tokens=False)["input_ids"], prompt="1+2=", ground_truth="3", meta={"response": "3"}),
-        PromptRow(prompt_ids=tok("10+20=", add_special_tokens=False)["input_ids"], prompt="10+20=", ground_truth="30", meta={"response": "30"}),
+        PromptRow(
+            prompt_ids=tok("1+2=", add_special_tokens=False)["input_ids"],
+            prompt="1+2=",
+            ground_truth="3",
+            meta={"response": "3"},
+        ),
+        PromptRow(
+            prompt_ids=tok("10+20=", add_special_tokens=False)["input_ids"],
+            prompt="10+20=",
+            ground_truth="30",
+            meta={"response": "30"},
+        ),
     ]
     batch = sft_batch(rows, tok, "response")
     assert batch.info["prompt_length"] == 6
@@ -116,7 +131,10 @@ def test_config_defaults_and_paths(tmp_path: Path) -> None:
 
 def test_plot_curves_writes_a_png(tmp_path: Path) -> None:
     records = [{"phase": "sft", "step": i, "sft/loss": 1 / i} for i in range(1, 5)]
-    records += [{"phase": "rl", "step": i, "reward/mean": i / 10, "val/accuracy": i / 20, "timing/generate_s": 0.1} for i in range(5)]
+    records += [
+        {"phase": "rl", "step": i, "reward/mean": i / 10, "val/accuracy": i / 20, "timing/generate_s": 0.1}
+        for i in range(5)
+    ]
     png = plot_curves(records, tmp_path / "c.png", title="t").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     # one panel per curve present: SFT loss, reward, validation accuracy, seconds per phase

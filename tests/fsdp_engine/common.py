@@ -19,8 +19,16 @@ from geartrain.testing.spawn import run_ranks
 from geartrain.types import EngineContext, LossContext
 
 __all__ = [
-    "engine_config", "full_grads", "full_params", "make_batch", "make_engine", "rank_context", "reference_outputs",
-    "run_ranks", "token_mean_loss", "value_loss",
+    "engine_config",
+    "full_grads",
+    "full_params",
+    "make_batch",
+    "make_engine",
+    "rank_context",
+    "reference_outputs",
+    "run_ranks",
+    "token_mean_loss",
+    "value_loss",
 ]
 
 

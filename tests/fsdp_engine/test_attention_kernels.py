@@ -48,6 +48,7 @@ def test_labels_describe_document_and_prefix_masks() -> None:
 
 def block_sets(mask) -> tuple[set, set]:  # noqa: ANN001
     """(blocks run with the mask function, blocks run without it) of a BlockMask."""
+
     def pairs(num, idx) -> set:  # noqa: ANN001
         return {(i, int(j)) for i in range(num.shape[-1]) for j in idx[0, 0, i, : int(num[0, 0, i])]}
 

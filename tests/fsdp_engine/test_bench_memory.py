@@ -31,8 +31,6 @@ def test_cli_prints_the_phases(capsys) -> None:  # noqa: ANN001
 
 
 def test_largest_trainable_tries_in_child_processes() -> None:
-    best, outcomes = largest_trainable(
-        ["tiny"], device="cpu", cpu_offload=False, gradient_checkpointing=True, **SHAPE
-    )
+    best, outcomes = largest_trainable(["tiny"], device="cpu", cpu_offload=False, gradient_checkpointing=True, **SHAPE)
     assert best == "tiny", outcomes
     assert outcomes["tiny"].startswith("trains (update peak")

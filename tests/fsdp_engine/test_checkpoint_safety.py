@@ -55,7 +55,9 @@ def test_a_damaged_shard_is_named_and_the_intact_checkpoint_restores_its_weights
     with shard.open("r+b") as fh:  # the probe: 4 KB overwritten inside a .distcp file
         fh.seek(shard.stat().st_size // 2)
         fh.write(b"\x7f" * 4096)
-    with pytest.raises(CheckpointError, match=rf"step_00000002 is damaged: dcp/{shard.name} does not match its SHA-256"):
+    with pytest.raises(
+        CheckpointError, match=rf"step_00000002 is damaged: dcp/{shard.name} does not match its SHA-256"
+    ):
         engine.load_checkpoint(tmp_path / "step_00000002")
     said: list[str] = []
     intact = manager.latest_intact(said.append)
@@ -89,7 +91,10 @@ def _plant(ckpt: Path, what: str, marker: Path) -> str:
         engine.forward_backward(make_batch(1), token_mean_loss)
         engine.optimizer_step()
         model = engine.handle
-        state = {"model": get_model_state_dict(model.module), "optim": get_optimizer_state_dict(model.module, model.optimizer)}
+        state = {
+            "model": get_model_state_dict(model.module),
+            "optim": get_optimizer_state_dict(model.module, model.optimizer),
+        }
         state["optim"]["param_groups"][0]["lr"] = _Payload(marker)
         shutil.rmtree(ckpt / "dcp")
         dcp.save(state, checkpoint_id=str(ckpt / "dcp"))
@@ -107,7 +112,11 @@ def _rewrite_manifest(ckpt: Path, how: str, planted: str) -> None:
     else:  # partial: every other file as it is, the planted one left out
         write_manifest(ckpt, exclude=frozenset({"COMPLETE"}))
         manifest = json.loads((ckpt / MANIFEST).read_text())
-        manifest["files"] = {k: v for k, v in manifest["files"].items() if not (k.startswith("dcp/") if planted.startswith("dcp/") else k == planted)}
+        manifest["files"] = {
+            k: v
+            for k, v in manifest["files"].items()
+            if not (k.startswith("dcp/") if planted.startswith("dcp/") else k == planted)
+        }
         (ckpt / MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -121,7 +130,9 @@ def saved_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("manifest", MANIFESTS)
 @pytest.mark.parametrize("planted", PLANTED)
-def test_a_planted_pickle_never_runs_whatever_the_manifest_says(saved_checkpoint: Path, tmp_path: Path, planted: str, manifest: str) -> None:
+def test_a_planted_pickle_never_runs_whatever_the_manifest_says(
+    saved_checkpoint: Path, tmp_path: Path, planted: str, manifest: str
+) -> None:
     ckpt = tmp_path / "step_00000001"
     shutil.copytree(saved_checkpoint, ckpt)
     marker = tmp_path / "pwned"
@@ -143,7 +154,6 @@ def test_the_safe_dcp_reader_restores_what_the_default_one_does(saved_checkpoint
     a, b = make_engine("qwen2"), make_engine("qwen2")
     assert a.load_checkpoint(saved_checkpoint) == {"step": 1}
     import torch.distributed.checkpoint as dcp
-
     from geartrain_fsdp.checkpoint import _app_state
 
     state = _app_state(b.handle)
@@ -151,5 +161,7 @@ def test_the_safe_dcp_reader_restores_what_the_default_one_does(saved_checkpoint
     safe = _app_state(a.handle)
     assert safe["optim"]["param_groups"] == state["optim"]["param_groups"]
     for key, tensor in state["model"].items():
-        assert torch.equal(safe["model"][key].full_tensor() if hasattr(safe["model"][key], "full_tensor") else safe["model"][key],
-                           tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor), key
+        assert torch.equal(
+            safe["model"][key].full_tensor() if hasattr(safe["model"][key], "full_tensor") else safe["model"][key],
+            tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor,
+        ), key

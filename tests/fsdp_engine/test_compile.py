@@ -27,7 +27,6 @@ from .common import engine_config, full_grads, full_params, make_batch, run_rank
 from .test_prefix_sharing import group_batch
 from .workers import compile_pair_step
 
-
 LAYOUTS = {
     "packed": {"share_prompt_prefix": False},
     "shared-prompts": {"share_prompt_prefix": True},

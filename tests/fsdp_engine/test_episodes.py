@@ -34,14 +34,22 @@ class Feedback:
 def episodes_batch() -> Any:
     torch.set_num_threads(1)
     tok = tiny_tokenizer()
-    rollout = Rollout(RolloutConfig(backend="torch", max_model_len=64), ModelConfig(tiny="qwen2", seed=0), EngineContext(role="rollout"))
+    rollout = Rollout(
+        RolloutConfig(backend="torch", max_model_len=64),
+        ModelConfig(tiny="qwen2", seed=0),
+        EngineContext(role="rollout"),
+    )
     try:
-        runner = EpisodeRunner(rollout.generate, tok, Feedback, RunnerLimits(max_turns=3, max_tokens_per_turn=5, max_model_len=64))
+        runner = EpisodeRunner(
+            rollout.generate, tok, Feedback, RunnerLimits(max_turns=3, max_tokens_per_turn=5, max_model_len=64)
+        )
         tasks = [f"task {i}:" for i in range(3)]
         n = 3
         prompts = [[tok.bos_token_id, *tok.encode(t, add_special_tokens=False)] for t in tasks for _ in range(n)]
         episodes, _ = runner.run(
-            prompts, [{} for _ in prompts], SamplingParams(temperature=1.0, seed=11, stop_token_ids=[tok.eos_token_id]),
+            prompts,
+            [{} for _ in prompts],
+            SamplingParams(temperature=1.0, seed=11, stop_token_ids=[tok.eos_token_id]),
             groups=[i for i in range(3) for _ in range(n)],
         )
     finally:

@@ -15,8 +15,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "bench/gpu/issue20_check.py"), "--device", "cpu", "--dry-run",
-           "--sections", "attention", "mfu05", "decode", "grpo", "--profile-decode"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench/gpu/issue20_check.py"),
+        "--device",
+        "cpu",
+        "--dry-run",
+        "--sections",
+        "attention",
+        "mfu05",
+        "decode",
+        "grpo",
+        "--profile-decode",
+    ]
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 from geartrain.config import OptimConfig
+from geartrain.micro_batches import plan_micro_batches
+from geartrain.optim import lr_factor
 from geartrain.testing import tiny_model
 from geartrain_fsdp.logprobs import token_log_probs
-from geartrain.optim import lr_factor
-from geartrain.micro_batches import plan_micro_batches
 from geartrain_fsdp.packing import pack, scatter_shifted
 
 from .common import full_grads, full_params, make_batch, make_engine, reference_outputs, token_mean_loss, value_loss

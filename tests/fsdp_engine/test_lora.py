@@ -103,7 +103,9 @@ def test_bf16_base_under_fp32_adapters_on_two_gloo_ranks_matches_one_rank() -> N
     one = run_ranks(_bf16_lora_rank, 1)[0]
     assert two[0]["losses"] == pytest.approx(one["losses"], abs=1e-5)  # global losses (summed over ranks)
     for name, tensor in one["weights"].items():
-        torch.testing.assert_close(two[0]["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            two[0]["weights"][name], tensor, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def grpo_batch(seed: int) -> Batch:
@@ -132,9 +134,15 @@ def test_adapter_only_sync_of_rank_16_moves_under_5_percent_of_a_full_sync() -> 
     """On a model with 1024-wide layers (the ratio is r (in + out) / (in x out) per layer, so
     it needs realistic widths; the tiny 128-wide model's rank-16 adapter is ~20 %)."""
     model = ModelConfig(
-        tiny="qwen2", seed=1,
-        config_overrides={"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 1,
-                          "num_attention_heads": 8, "num_key_value_heads": 2},
+        tiny="qwen2",
+        seed=1,
+        config_overrides={
+            "hidden_size": 1024,
+            "intermediate_size": 2816,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+        },
     )
     engine = lora_engine(rank=16, sync="adapter", model=model)
     receiver = AdapterReceiver()
@@ -153,7 +161,9 @@ def test_merged_sync_moves_the_bytes_of_a_full_sync_of_the_same_model() -> None:
     same tensors (the adapter is zero-initialised: merged = base)."""
     merged, full = RecordingReceiver(bucket_bytes=1 << 30), RecordingReceiver(bucket_bytes=1 << 30)
     lora = lora_engine().sync_weights(merged)
-    plain = Engine(EngineConfig(backend="fsdp"), ModelConfig(tiny="qwen2", seed=3), rank_context(0, 1)).sync_weights(full)
+    plain = Engine(EngineConfig(backend="fsdp"), ModelConfig(tiny="qwen2", seed=3), rank_context(0, 1)).sync_weights(
+        full
+    )
     assert lora.bytes == plain.bytes
     assert merged.tensors.keys() == full.tensors.keys()
     for name, tensor in full.tensors.items():

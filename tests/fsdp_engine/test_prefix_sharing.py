@@ -32,9 +32,7 @@ def group_batch(seed: int = 0, prompts: int = 4, n: int = 3, prompt_max: int = 6
             ids[r, prompt_max : prompt_max + a] = torch.randint(4, 128, (a,), generator=g)
             mask[r, prompt_max - p : prompt_max + a] = 1
             loss_mask[r, prompt_max : prompt_max + a] = 1
-    return Batch(
-        {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}, info={"prompt_length": prompt_max}
-    )
+    return Batch({"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask}, info={"prompt_length": prompt_max})
 
 
 def test_pack_shared_runs_each_prompt_once_and_maps_every_output() -> None:

@@ -41,11 +41,20 @@ def _busy_cpu_seconds() -> float:
 
 def test_main_job_megatron_tp2_on_two_ray_ranks_gains_30_points(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "geartrain.cli", "train", str(MAIN_CONFIG), *MEGATRON_TP2, *SHORTER,
-           f"trainer.output_dir={out}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "geartrain.cli",
+        "train",
+        str(MAIN_CONFIG),
+        *MEGATRON_TP2,
+        *SHORTER,
+        f"trainer.output_dir={out}",
+    ]
     busy0, wall0, load0 = _busy_cpu_seconds(), time.monotonic(), os.getloadavg()
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True,
-                          timeout=5400)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True, timeout=5400
+    )
     wall, busy, load1 = time.monotonic() - wall0, _busy_cpu_seconds() - busy0, os.getloadavg()
     own = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

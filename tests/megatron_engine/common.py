@@ -24,8 +24,19 @@ from geartrain.testing.reference import token_mean_nll_loss as token_mean_loss
 from geartrain.testing.spawn import run_ranks
 from geartrain.types import EngineContext
 
-__all__ = ["OVERRIDES", "STEPS", "Receiver", "make_batch", "make_engine", "model_config", "rank_context", "reference",
-           "reference_token_outputs_grad", "run_ranks", "token_mean_loss"]
+__all__ = [
+    "OVERRIDES",
+    "STEPS",
+    "Receiver",
+    "make_batch",
+    "make_engine",
+    "model_config",
+    "rank_context",
+    "reference",
+    "reference_token_outputs_grad",
+    "run_ranks",
+    "token_mean_loss",
+]
 
 #: the tiny model of the multi-rank tests: 4 layers so that pp=2 x vpp=2 has one per stage
 OVERRIDES = {"num_hidden_layers": 4}

@@ -84,16 +84,22 @@ class KilledRun:
     """The driver's output."""
 
 
-def kill_mid_run(tmp_path: Path, args: list[str], rank_log: str, *, after_step: int,
-                 next_call: str | None = None) -> KilledRun:
+def kill_mid_run(
+    tmp_path: Path, args: list[str], rank_log: str, *, after_step: int, next_call: str | None = None
+) -> KilledRun:
     """Start the main job with ``args`` (output in ``tmp_path / "run"``), wait until step
     ``after_step`` is logged (and, with ``next_call``, until ``rank_log`` shows the start of
     one more call of that prefix: mid-step), SIGKILL the rank whose log is ``rank_log`` and
     wait for the driver to exit."""
     out = tmp_path / "run"
     log = (tmp_path / "driver.log").open("w")
-    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *args, f"trainer.output_dir={out}"), cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        cli("train", str(MAIN_CONFIG), *args, f"trainer.output_dir={out}"),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     seconds = float("nan")
     try:
         path = out / "logs" / rank_log
@@ -178,9 +184,13 @@ def record_rollout_gaps(monkeypatch: Any) -> tuple[list[Any], dict[int, list[flo
     return batches, gaps
 
 
-def assert_reproduces_colocated(colocated: tuple[list[dict], list[list[str]], Any],
-                                separate: tuple[list[dict], list[list[str]], list[int]],
-                                steps: int, keys: tuple[str, ...], what: str) -> None:
+def assert_reproduces_colocated(
+    colocated: tuple[list[dict], list[list[str]], Any],
+    separate: tuple[list[dict], list[list[str]], list[int]],
+    steps: int,
+    keys: tuple[str, ...],
+    what: str,
+) -> None:
     """A separate rollout at ``max_staleness = 0`` against the colocated run (both from
     :func:`recorded_run`): the same responses, the same ``keys`` bit for bit at every step,
     no staleness, and every replica's weights matched bitwise after every step."""

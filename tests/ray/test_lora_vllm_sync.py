@@ -29,7 +29,10 @@ ATOL = 1e-5
 
 def test_vllm_log_probs_equal_the_lora_engine_after_merged_and_adapter_sync(tmp_path: Path) -> None:
     config = RolloutConfig(
-        backend="vllm", max_model_len=64, kv_cache_bytes=64 << 20, max_lora_rank=8,
+        backend="vllm",
+        max_model_len=64,
+        kv_cache_bytes=64 << 20,
+        max_lora_rank=8,
         options={"work_dir": str(tmp_path / "vllm"), "seed": 0},
     )
     rollout = Rollout(config, MODEL, EngineContext(role="rollout"))

@@ -65,4 +65,6 @@ def test_vllm_log_probs_equal_the_engine_after_sync(engine: object, tmp_path: Pa
     print(f"\nmegatron TP2 vs vLLM log-probs after sync: max |diff| {float(diff):.2e} over {int(mask.sum())} tokens")
     torch.testing.assert_close(ours[mask], sampled["rollout_log_probs"][mask], atol=1e-4, rtol=0)
     untrained = teacher_forced_log_probs(build_hf_model(MODEL), sampled)
-    assert (untrained[mask] - sampled["rollout_log_probs"][mask]).abs().max() > 1e-2, "training did not move the weights"
+    assert (untrained[mask] - sampled["rollout_log_probs"][mask]).abs().max() > 1e-2, (
+        "training did not move the weights"
+    )

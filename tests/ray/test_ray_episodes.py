@@ -13,7 +13,6 @@ import pytest
 from geartrain.batch import Batch
 from geartrain.trainer.config import load_train_config
 from geartrain.trainer.run import run_job
-
 from ray_helpers import RAY2, ROOT, digit_reward, record_rollout_gaps, records
 
 pytestmark = [pytest.mark.slow]

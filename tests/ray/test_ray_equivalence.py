@@ -11,7 +11,6 @@ import pytest
 from geartrain.batch import Batch
 from geartrain.trainer.config import load_train_config
 from geartrain.trainer.run import run_job
-
 from ray_helpers import MAIN_CONFIG, RAY2, SHORT, digit_reward, records
 
 pytestmark = [pytest.mark.slow]
@@ -31,7 +30,8 @@ def _run(out: Path, *extra: str) -> tuple[list[dict], list[list[str]]]:
         return original(self, batch)
 
     config = load_train_config(
-        MAIN_CONFIG, [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=0", f"trainer.output_dir={out}", *extra]
+        MAIN_CONFIG,
+        [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=0", f"trainer.output_dir={out}", *extra],
     )
     rl.RLTrainer._score = score  # type: ignore[method-assign]
     try:

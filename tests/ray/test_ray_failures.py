@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ray_helpers import MAIN_CONFIG, RAY2, ROOT, SHORT, cli, kill_mid_run, records, run_cli, steps_done, wait_for
 
 pytestmark = [pytest.mark.slow]
@@ -66,15 +65,31 @@ def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> N
     # ignored: when the suite runs in the background (`make test &`), the job would never see
     # the Ctrl-C. Give it the default disposition, as a terminal's foreground job has.
     # a save every step, so the Ctrl-C lands in one about every other time (issue 24 item 6)
-    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", "trainer.save_every=1",
-                                f"trainer.output_dir={out}"),
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cli(
+            "train",
+            str(MAIN_CONFIG),
+            *ARGS,
+            *RAY2,
+            "trainer.total_steps=1000",
+            "trainer.save_every=1",
+            f"trainer.output_dir={out}",
+        ),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         wait_for(lambda: steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
         assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
-        ranks = [int(re.search(r"pid (\d+)", (out / "logs" / f"actor-rank{r}.log").read_text()).group(1)) for r in (0, 1)]
-        raylets = [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "raylet" in " ".join(p.cmdline())]
+        ranks = [
+            int(re.search(r"pid (\d+)", (out / "logs" / f"actor-rank{r}.log").read_text()).group(1)) for r in (0, 1)
+        ]
+        raylets = [
+            p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "raylet" in " ".join(p.cmdline())
+        ]
         assert raylets, "the job started no local Ray instance"
         log.flush()
         before = (tmp_path / "driver.log").stat().st_size
@@ -87,10 +102,20 @@ def test_ctrl_c_stops_every_rank_and_the_local_ray_instance(tmp_path: Path) -> N
         log.close()
     assert proc.returncode == 130
     said = (tmp_path / "driver.log").read_bytes()[before:].decode().strip().splitlines()
-    assert len(said) == 1 and re.fullmatch(r"interrupted at step \d+; the last complete checkpoint is step \d+; "
-                                           r"continue with --resume", said[-1]), said  # one line, no rank tracebacks
-    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                              for p in ranks + raylets), 30, "the ranks and the raylet to stop")
+    assert len(said) == 1 and re.fullmatch(
+        r"interrupted at step \d+; the last complete checkpoint is step \d+; "
+        r"continue with --resume",
+        said[-1],
+    ), said  # one line, no rank tracebacks
+    wait_for(
+        lambda: (
+            not any(
+                psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in ranks + raylets
+            )
+        ),
+        30,
+        "the ranks and the raylet to stop",
+    )
 
 
 @pytest.mark.parametrize("stopped", [0, 1])
@@ -100,9 +125,21 @@ def test_a_stopped_rank_ends_the_job_within_the_heartbeat_deadline_naming_it(tmp
     out = tmp_path / "run"
     log = (tmp_path / "driver.log").open("w")
     heartbeat = 6
-    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000",
-                                f"cluster.heartbeat_timeout_s={heartbeat}", f"trainer.output_dir={out}"),
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        cli(
+            "train",
+            str(MAIN_CONFIG),
+            *ARGS,
+            *RAY2,
+            "trainer.total_steps=1000",
+            f"cluster.heartbeat_timeout_s={heartbeat}",
+            f"trainer.output_dir={out}",
+        ),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     pid = None
     try:
         wait_for(lambda: steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
@@ -129,7 +166,9 @@ def test_a_stopped_rank_ends_the_job_within_the_heartbeat_deadline_naming_it(tmp
     assert f"role 'actor' rank {stopped} of 2" in text and "did not answer" in text, text[-3000:]
     assert f"its heartbeat stopped {heartbeat} s ago" in text, text[-3000:]
     assert f"rank {1 - stopped} of 2" not in text, "the healthy rank was blamed"
-    assert f"actor-rank{stopped}.log" in text and re.search(r"\| \[geartrain [\d:]+\] ", text), "its last log lines are quoted"
+    assert f"actor-rank{stopped}.log" in text and re.search(r"\| \[geartrain [\d:]+\] ", text), (
+        "its last log lines are quoted"
+    )
 
 
 def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
@@ -138,12 +177,19 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path: Path) -> None:
 
     out = tmp_path / "run"
     log = (tmp_path / "driver.log").open("w")
-    proc = subprocess.Popen(cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", f"trainer.output_dir={out}"),
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        cli("train", str(MAIN_CONFIG), *ARGS, *RAY2, "trainer.total_steps=1000", f"trainer.output_dir={out}"),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     try:
         wait_for(lambda: steps_done(out) >= 1 or proc.poll() is not None, 600, "step 1")
         assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
-        ray_procs = [p for p in psutil.Process(proc.pid).children(recursive=True) if "ray_reaper" not in " ".join(p.cmdline())]
+        ray_procs = [
+            p for p in psutil.Process(proc.pid).children(recursive=True) if "ray_reaper" not in " ".join(p.cmdline())
+        ]
         names = {p.pid: " ".join(p.cmdline()) for p in ray_procs}
         assert any("raylet" in n for n in names.values()) and any("gcs_server" in n for n in names.values()), names
         proc.kill()

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ray_helpers import MAIN_CONFIG, RAY2, records, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from geartrain.trainer.config import load_train_config
 from geartrain.trainer.run import run_job
-
 from ray_helpers import MAIN_CONFIG, RAY2, SHORT, digit_reward, record_rollout_gaps, records
 
 pytest.importorskip("geartrain_vllm")
@@ -21,8 +20,17 @@ STEPS = 3
 def test_vllm_rollout_on_two_ray_ranks_matches_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, per_rank = record_rollout_gaps(monkeypatch)
     out = tmp_path / "run"
-    config = load_train_config(MAIN_CONFIG, [*SHORT, *RAY2, "rollout.backend=vllm", f"trainer.total_steps={STEPS}",
-                                             "trainer.save_every=0", f"trainer.output_dir={out}"])
+    config = load_train_config(
+        MAIN_CONFIG,
+        [
+            *SHORT,
+            *RAY2,
+            "rollout.backend=vllm",
+            f"trainer.total_steps={STEPS}",
+            "trainer.save_every=0",
+            f"trainer.output_dir={out}",
+        ],
+    )
     run_job(config, reward_fn=digit_reward)
     recs = records(out / "metrics.jsonl")
     assert [r["step"] for r in recs] == list(range(STEPS + 1))

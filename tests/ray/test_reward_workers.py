@@ -20,7 +20,6 @@ from geartrain.trainer.config import ClusterConfig, RankResources, load_train_co
 from geartrain.trainer.roles import RewardWorker
 from geartrain.trainer.run import run_job
 from geartrain.user_code import load_from_file
-
 from ray_helpers import MAIN_CONFIG, SHORT, records
 
 pytestmark = [pytest.mark.slow]
@@ -33,15 +32,24 @@ STEPS = 3
 def _batch(rows: int = 24) -> Batch:
     texts = [f"{(i * 7) % 19}" for i in range(rows)]  # some start with '7': those raise
     truths = [f"{(i * 5) % 19}" for i in range(rows)]
-    return Batch(meta={"response_text": texts, "ground_truth": truths, "prompt": [f"q{i}" for i in range(rows)],
-                       "data_meta": [{} for _ in range(rows)], "uid": [i // 4 for i in range(rows)]}, batch_size=rows)
+    return Batch(
+        meta={
+            "response_text": texts,
+            "ground_truth": truths,
+            "prompt": [f"q{i}" for i in range(rows)],
+            "data_meta": [{} for _ in range(rows)],
+            "uid": [i // 4 for i in range(rows)],
+        },
+        batch_size=rows,
+    )
 
 
 def test_two_workers_score_like_the_driver() -> None:
     function = load_from_file(REWARD, None, what="reward function", key="reward.function")
     batch = _batch()
-    expected = RewardScorer(function).score(batch["response_text"], batch["ground_truth"], prompts=batch["prompt"],
-                                             metas=batch["data_meta"])
+    expected = RewardScorer(function).score(
+        batch["response_text"], batch["ground_truth"], prompts=batch["prompt"], metas=batch["data_meta"]
+    )
     assert expected.errors, "no failing sample: the error counts would not be compared"
     placement = make_placement(ClusterConfig(placement="ray", resources_per_rank=RankResources(cpus=0.5)))
     try:
@@ -59,9 +67,18 @@ def test_two_workers_score_like_the_driver() -> None:
 
 
 def _job(out: Path, *extra: str) -> list[dict]:
-    config = load_train_config(MAIN_CONFIG, [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=0",
-                                             "cluster.placement=ray", f"reward.function={REWARD}",
-                                             f"trainer.output_dir={out}", *extra])
+    config = load_train_config(
+        MAIN_CONFIG,
+        [
+            *SHORT,
+            f"trainer.total_steps={STEPS}",
+            "trainer.save_every=0",
+            "cluster.placement=ray",
+            f"reward.function={REWARD}",
+            f"trainer.output_dir={out}",
+            *extra,
+        ],
+    )
     run_job(config)
     return records(out / "metrics.jsonl")
 

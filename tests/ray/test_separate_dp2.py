@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from ray_helpers import RAY2, SHORT, assert_reproduces_colocated, recorded_run
 
 pytestmark = [pytest.mark.slow]
@@ -29,5 +28,6 @@ def _run(out: Path, *extra: str) -> tuple[list[dict], list[list[str]], list[int]
 
 
 def test_separate_with_two_trainer_ranks_reproduces_colocated_dp2_exactly(tmp_path: Path) -> None:
-    assert_reproduces_colocated(_run(tmp_path / "colocated"), _run(tmp_path / "separate", *SEPARATE), STEPS, KEYS,
-                                "the colocated dp=2 rollouts")
+    assert_reproduces_colocated(
+        _run(tmp_path / "colocated"), _run(tmp_path / "separate", *SEPARATE), STEPS, KEYS, "the colocated dp=2 rollouts"
+    )

@@ -7,16 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from ray_helpers import MAIN_CONFIG, SHORT, kill_mid_run, records, run_cli, steps_done
 
 pytestmark = [pytest.mark.slow]
 
 STEPS = 6
 REWARD = Path(__file__).resolve().parent / "ray_helpers.py"
-ARGS = [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=2", f"reward.function={REWARD}:paced_digit_reward",
-        "cluster.placement=ray", "rollout.placement=separate", "rollout.replicas=2",
-        "rollout.resources_per_replica={cpus=0.5}", "algorithm.max_staleness=1"]
+ARGS = [
+    *SHORT,
+    f"trainer.total_steps={STEPS}",
+    "trainer.save_every=2",
+    f"reward.function={REWARD}:paced_digit_reward",
+    "cluster.placement=ray",
+    "rollout.placement=separate",
+    "rollout.replicas=2",
+    "rollout.resources_per_replica={cpus=0.5}",
+    "algorithm.max_staleness=1",
+]
 
 
 def test_killed_replica_ends_the_job_and_resume_regenerates_what_was_in_flight(tmp_path: Path) -> None:

@@ -12,16 +12,27 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ray_helpers import MAIN_CONFIG, records, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 STEPS = 200
-SEPARATE = ["cluster.placement=ray", "rollout.placement=separate", "rollout.replicas=2",
-            "rollout.resources_per_replica={cpus=0.5}", "algorithm.max_staleness=1"]
-SHORTER = [f"trainer.total_steps={STEPS}", f"actor.engine.optim.total_steps={STEPS}", "actor.engine.optim.warmup_steps=20",
-           f"validation.every_n_steps={STEPS}", "trainer.progress=false", "trainer.plot=false", "trainer.export_hf=false"]
+SEPARATE = [
+    "cluster.placement=ray",
+    "rollout.placement=separate",
+    "rollout.replicas=2",
+    "rollout.resources_per_replica={cpus=0.5}",
+    "algorithm.max_staleness=1",
+]
+SHORTER = [
+    f"trainer.total_steps={STEPS}",
+    f"actor.engine.optim.total_steps={STEPS}",
+    "actor.engine.optim.warmup_steps=20",
+    f"validation.every_n_steps={STEPS}",
+    "trainer.progress=false",
+    "trainer.plot=false",
+    "trainer.export_hf=false",
+]
 
 
 def test_main_job_with_a_separate_rollout_gains_30_points(tmp_path: Path) -> None:
@@ -33,7 +44,9 @@ def test_main_job_with_a_separate_rollout_gains_30_points(tmp_path: Path) -> Non
     recs = records(out / "metrics.jsonl")
     rl = [r for r in recs if r.get("phase") == "rl"]
     before, after = rl[0]["val/accuracy"], rl[-1]["val/accuracy"]
-    print(f"main job, separate rollout (2 replicas, k = 1): {100 * before:.1f}% -> {100 * after:.1f}% in {seconds:.0f}s")
+    print(
+        f"main job, separate rollout (2 replicas, k = 1): {100 * before:.1f}% -> {100 * after:.1f}% in {seconds:.0f}s"
+    )
     assert 100 * (after - before) >= 30.0, f"gain {100 * (after - before):.1f} points ({before} -> {after})"
     steps = rl[1:]
     assert len(steps) == STEPS

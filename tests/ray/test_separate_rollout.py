@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from ray_helpers import SHORT, assert_reproduces_colocated, recorded_run
 
 pytestmark = [pytest.mark.slow]
@@ -25,13 +24,15 @@ SEPARATE = ["rollout.placement=separate", "rollout.replicas=2", "rollout.resourc
 
 
 def _run(out: Path, *extra: str) -> tuple[list[dict], list[list[str]], list[int]]:
-    return recorded_run(out, [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=0", "cluster.placement=ray",
-                              *extra])
+    return recorded_run(
+        out, [*SHORT, f"trainer.total_steps={STEPS}", "trainer.save_every=0", "cluster.placement=ray", *extra]
+    )
 
 
 def test_separate_at_staleness_0_reproduces_colocated_exactly(tmp_path: Path) -> None:
-    assert_reproduces_colocated(_run(tmp_path / "colocated"), _run(tmp_path / "separate", *SEPARATE), STEPS, KEYS,
-                                "the colocated rollout")
+    assert_reproduces_colocated(
+        _run(tmp_path / "colocated"), _run(tmp_path / "separate", *SEPARATE), STEPS, KEYS, "the colocated rollout"
+    )
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -50,8 +51,13 @@ def test_streaming_trains_the_first_finished_groups_within_k(tmp_path: Path) -> 
     """Simulated long-tail generation (per-sample finish times): a step's batch is the first
     finished GRPO groups, whole, from more than one loader batch, none more than k = 1
     versions old; too-stale groups are dropped and counted; the weights still match."""
-    recs, texts, checked = _run(tmp_path / "stream", *SEPARATE, "algorithm.max_staleness=1",
-                                "rollout.options.simulated_token_s=0.002", "rollout.options.simulated_tail_alpha=0.8")
+    recs, texts, checked = _run(
+        tmp_path / "stream",
+        *SEPARATE,
+        "algorithm.max_staleness=1",
+        "rollout.options.simulated_token_s=0.002",
+        "rollout.options.simulated_tail_alpha=0.8",
+    )
     steps = recs[1:]
     assert len(steps) == STEPS and all(len(t) == len(texts[0]) for t in texts)  # every step a full batch
     assert max(g for r in steps for g in r["samples/staleness"]) <= 1

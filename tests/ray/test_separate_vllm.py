@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from geartrain.trainer.config import load_train_config
 from geartrain.trainer.run import run_job
-
 from ray_helpers import MAIN_CONFIG, SHORT, digit_reward, record_rollout_gaps, records
 
 pytest.importorskip("geartrain_vllm")
@@ -28,13 +27,24 @@ KEYS = ("reward/mean", "reward/std", "actor/pg_loss", "actor/grad_norm", "actor/
 SEPARATE = ["rollout.placement=separate", "rollout.replicas=2", "rollout.resources_per_replica={cpus=0.5}"]
 
 
-def _run(out: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[list[dict], list[list[str]], dict[int, list[float]]]:
+def _run(
+    out: Path, monkeypatch: pytest.MonkeyPatch, *extra: str
+) -> tuple[list[dict], list[list[str]], dict[int, list[float]]]:
     """The job's metric records, per step the responses it scored, and per replica (rank
     that sampled the rows) each step's largest |trainer - rollout| log-prob gap."""
     batches, gaps = record_rollout_gaps(monkeypatch)
-    config = load_train_config(MAIN_CONFIG, [*SHORT, "cluster.placement=ray", "rollout.backend=vllm",
-                                             f"trainer.total_steps={STEPS}", "trainer.save_every=0",
-                                             f"trainer.output_dir={out}", *extra])
+    config = load_train_config(
+        MAIN_CONFIG,
+        [
+            *SHORT,
+            "cluster.placement=ray",
+            "rollout.backend=vllm",
+            f"trainer.total_steps={STEPS}",
+            "trainer.save_every=0",
+            f"trainer.output_dir={out}",
+            *extra,
+        ],
+    )
     try:
         run_job(config, reward_fn=digit_reward)
     finally:
@@ -42,7 +52,9 @@ def _run(out: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[list[
     return records(out / "metrics.jsonl"), [list(b["response_text"]) for b in batches], gaps
 
 
-def test_separate_vllm_replicas_sample_with_the_trainers_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_separate_vllm_replicas_sample_with_the_trainers_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     separate, separate_texts, gaps = _run(tmp_path / "separate", monkeypatch, *SEPARATE)
     assert [r["step"] for r in separate] == list(range(STEPS + 1))
     assert sorted(gaps) == [0, 1] and all(len(g) == STEPS for g in gaps.values()), gaps  # both replicas, every step

@@ -13,7 +13,14 @@ if TYPE_CHECKING:  # the names below are imported on first use (``geartrain --he
     from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig
     from geartrain.dcp_guard import safe_dcp_reader, safe_load_planner
     from geartrain.engine import Engine
-    from geartrain.errors import CheckpointError, ConfigError, DataError, GeartrainError, PluginError, PluginNotFoundError
+    from geartrain.errors import (
+        CheckpointError,
+        ConfigError,
+        DataError,
+        GeartrainError,
+        PluginError,
+        PluginNotFoundError,
+    )
     from geartrain.hookspecs import hookimpl
     from geartrain.plugins import list_plugins, register_engine, register_extension, register_rollout
     from geartrain.rollout import Rollout

@@ -166,6 +166,7 @@ class Batch:
         return (_rebuild_batch, (tensors_to_arrays(tensors), self.meta, self.info, len(self)))
 
 
-
-def _rebuild_batch(arrays: dict[str, tuple[Any, str]], meta: dict[str, list[Any]], info: dict[str, Any], size: int) -> Batch:
+def _rebuild_batch(
+    arrays: dict[str, tuple[Any, str]], meta: dict[str, list[Any]], info: dict[str, Any], size: int
+) -> Batch:
     return Batch(arrays_to_tensors(arrays), meta, info, batch_size=size)

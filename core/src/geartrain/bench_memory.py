@@ -103,8 +103,11 @@ class PhasePeaks:
             f"and AdamW state, cpu_offload={self.cpu_offload}, gradient_checkpointing={self.gradient_checkpointing}"
         )
         what = "allocator peak" if self.device.startswith("cuda") else "resident-set peak"
-        rows = [f"  {name:<14} {self.peaks[name] / 2**30:8.3f} GiB  ({what} above start; {self.seconds[name]:.2f} s)"
-                for name in PHASES if name in self.peaks]
+        rows = [
+            f"  {name:<14} {self.peaks[name] / 2**30:8.3f} GiB  ({what} above start; {self.seconds[name]:.2f} s)"
+            for name in PHASES
+            if name in self.peaks
+        ]
         return [head, *rows]
 
 
@@ -254,7 +257,15 @@ def largest_trainable(
     deadline = None if timeout is None else time.monotonic() + timeout
     for name in candidates:
         cmd = [
-            sys.executable, "-m", "geartrain.bench_memory", name, "--device", device, "--phases", "update", "--json",
+            sys.executable,
+            "-m",
+            "geartrain.bench_memory",
+            name,
+            "--device",
+            device,
+            "--phases",
+            "update",
+            "--json",
             *[f"--{k.replace('_', '-')}={v}" for k, v in shape.items()],
         ]
         if cpu_offload:
@@ -291,11 +302,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPUOffloadPolicy (params, grads, AdamW state)")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
-    p.add_argument("--largest", action="store_true",
-                   help="also find the largest preset whose update step runs, with and without offload and "
-                        "gradient checkpointing (one child process per try)")
-    p.add_argument("--candidates", nargs="+", default=list(CANDIDATES),
-                   help="models --largest tries, smallest first")
+    p.add_argument(
+        "--largest",
+        action="store_true",
+        help="also find the largest preset whose update step runs, with and without offload and "
+        "gradient checkpointing (one child process per try)",
+    )
+    p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), help="models --largest tries, smallest first")
     p.add_argument("--json", action="store_true", help="print the measurement as one JSON line")
 
 
@@ -330,8 +343,10 @@ def run(args: argparse.Namespace) -> int:
     if args.largest:
         total = torch.cuda.get_device_properties(0).total_memory if device == "cuda" else None
         where = f"{device}" + (f" ({total / 2**30:.0f} GiB)" if total else "")
-        print(f"largest model whose update step ({args.rows} rows of {args.prompt_tokens}+{args.response_tokens}) "
-              f"runs on {where}:")
+        print(
+            f"largest model whose update step ({args.rows} rows of {args.prompt_tokens}+{args.response_tokens}) "
+            f"runs on {where}:"
+        )
         for offload in (False, True):
             for ckpt in (False, True):
                 best, outcomes = largest_trainable(

@@ -117,8 +117,11 @@ class CheckpointManager:
         touched."""
         shutil.rmtree(partial, ignore_errors=True)
         last = self.latest()
-        done = (f"the last complete checkpoint is step {self.step_of(last)} ({last})" if last is not None
-                else f"no checkpoint was completed in {self.root}")
+        done = (
+            f"the last complete checkpoint is step {self.step_of(last)} ({last})"
+            if last is not None
+            else f"no checkpoint was completed in {self.root}"
+        )
         raise DiskFullError(
             f"no space left on {device_of(self.root)} while saving step {step}; {done}. "
             "Free space there (or lower trainer.keep_last), then continue with --resume"
@@ -129,14 +132,16 @@ class CheckpointManager:
         if not self.root.exists():
             return []
         found = [p for p in self.root.iterdir() if p.name.startswith(_PREFIX) and (p / MARKER).exists()]
-        return sorted(found, key=lambda p: int(p.name[len(_PREFIX):]))
+        return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or ``None``."""
         done = self.complete()
         return done[-1] if done else None
 
-    def latest_intact(self, echo: Callable[[str], None] = print, *, also: Callable[[Path], list[str]] | None = None) -> Path | None:
+    def latest_intact(
+        self, echo: Callable[[str], None] = print, *, also: Callable[[Path], list[str]] | None = None
+    ) -> Path | None:
         """The newest complete checkpoint whose files match its manifest (and for which
         ``also(path)``, e.g. the same step of another role, reports no problem). Each
         damaged checkpoint passed over is reported through ``echo``, naming the file.
@@ -157,7 +162,7 @@ class CheckpointManager:
 
     @staticmethod
     def step_of(path: Path) -> int:
-        return int(Path(path).name[len(_PREFIX):])
+        return int(Path(path).name[len(_PREFIX) :])
 
     @staticmethod
     def check_complete(path: str | Path) -> Path:
@@ -165,7 +170,9 @@ class CheckpointManager:
         :class:`CheckpointError` naming the checkpoint and the damaged file."""
         path = Path(path)
         if not (path / MARKER).exists():
-            raise CheckpointError(f"{path} is not a complete checkpoint (no {MARKER} marker): it was cut off mid-write or is not a geartrain checkpoint")
+            raise CheckpointError(
+                f"{path} is not a complete checkpoint (no {MARKER} marker): it was cut off mid-write or is not a geartrain checkpoint"
+            )
         problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST)
         if problems:
             raise CheckpointError(f"checkpoint {path} is damaged: {'; '.join(problems)}")

@@ -33,8 +33,11 @@ def plugins_text(infos: Sequence[Any], width: int = 80) -> str:
         status = "ok" if i.error is None else f"error: {i.error}"
         head = f"{i.name} ({i.kind}) from {i.distribution or i.source} {i.version or ''}".rstrip()
         lines = textwrap.wrap(head, width, subsequent_indent="    ")
-        for label, text in (("status", status), ("capabilities", ", ".join(i.capabilities) or "-"),
-                            ("hooks", ", ".join(i.hooks))):
+        for label, text in (
+            ("status", status),
+            ("capabilities", ", ".join(i.capabilities) or "-"),
+            ("hooks", ", ".join(i.hooks)),
+        ):
             lines += textwrap.wrap(f"{label}: {text}", width, initial_indent="  ", subsequent_indent="    ")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) if blocks else "no plugins installed"
@@ -71,8 +74,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
             names = ", ".join(f"'{t.name}'" for t in pre.reward)
             reward = f"reward {names} resolves and scores the first rows"
         print(f"checked: {reward}; {sizes} parse and fit rollout.max_model_len={config.rollout.max_model_len}")
-    print(f"{args.config}: ok ({config.algorithm.name} with actor engine "
-          f"'{config.actor.engine.backend}' and rollout '{config.rollout.backend}')")
+    print(
+        f"{args.config}: ok ({config.algorithm.name} with actor engine "
+        f"'{config.actor.engine.backend}' and rollout '{config.rollout.backend}')"
+    )
     return 0
 
 
@@ -166,22 +171,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_plugins)
 
-    p = sub.add_parser("check", help="validate a job without training: the config (and its backends' sections), "
-                       "its data files, reward function and prompt lengths")
+    p = sub.add_parser(
+        "check",
+        help="validate a job without training: the config (and its backends' sections), "
+        "its data files, reward function and prompt lengths",
+    )
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.engine.optim.lr=1e-5")
-    p.add_argument("--no-plugins", action="store_true",
-                   help="skip the backend sections (a GPU job checked where its plugins are not installed)")
-    p.add_argument("--config-only", action="store_true",
-                   help="check the config alone, not its output directory, data files, reward function and prompt "
-                        "lengths (a job checked where its data is not)")
+    p.add_argument(
+        "--no-plugins",
+        action="store_true",
+        help="skip the backend sections (a GPU job checked where its plugins are not installed)",
+    )
+    p.add_argument(
+        "--config-only",
+        action="store_true",
+        help="check the config alone, not its output directory, data files, reward function and prompt "
+        "lengths (a job checked where its data is not)",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="check it as 'train --resume' would run it")
     mode.add_argument("--overwrite", action="store_true", help="check it as 'train --overwrite' would run it")
     p.set_defaults(func=_cmd_check)
 
-    p = sub.add_parser("config", help="print a job's effective configuration (defaults included), or with --schema "
-                       "every field, its default and meaning")
+    p = sub.add_parser(
+        "config",
+        help="print a job's effective configuration (defaults included), or with --schema "
+        "every field, its default and meaning",
+    )
     p.add_argument("config", nargs="?", help="the job file (none: the defaults)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     p.add_argument("--schema", action="store_true", help="print every field with its default and description")
@@ -197,18 +214,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true",
-                      help="continue the run in trainer.output_dir from its newest intact checkpoint")
-    mode.add_argument("--overwrite", action="store_true",
-                      help="replace the run in trainer.output_dir (deleted only after every check passed)")
+    mode.add_argument(
+        "--resume", action="store_true", help="continue the run in trainer.output_dir from its newest intact checkpoint"
+    )
+    mode.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in trainer.output_dir (deleted only after every check passed)",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("bench", help="measurements on this machine")
     bench = p.add_subparsers(dest="bench", required=True)
     from geartrain.bench_memory import add_arguments
 
-    m = bench.add_parser("memory", help="peak memory per phase of a GRPO step (rollout, old log-probs, update) on a "
-                         "model preset, and the largest preset that trains here (--largest)")
+    m = bench.add_parser(
+        "memory",
+        help="peak memory per phase of a GRPO step (rollout, old log-probs, update) on a "
+        "model preset, and the largest preset that trains here (--largest)",
+    )
     add_arguments(m)
     m.set_defaults(func=_cmd_bench_memory)
     return parser

@@ -229,7 +229,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise ConfigFileError(str(path), f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); save it as UTF-8") from None
+        raise ConfigFileError(
+            str(path), f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); save it as UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigFileError(str(path), f"cannot be read: {exc.strerror or exc}") from None
     try:
@@ -293,7 +295,9 @@ def _format_loc(loc: Sequence[Any]) -> str:
     return out
 
 
-def validation_problems(exc: ValidationError, prefix: str = "", schema: type[BaseModel] | None = None) -> list[tuple[str, str]]:
+def validation_problems(
+    exc: ValidationError, prefix: str = "", schema: type[BaseModel] | None = None
+) -> list[tuple[str, str]]:
     """``(path, message)`` for each of pydantic's errors, in geartrain's words: an unknown
     key with a "did you mean" suggestion (the fields of its section, from ``schema``), a
     validator's own message without pydantic's prefix, a wrong value with what was given."""
@@ -325,7 +329,7 @@ def _message(err: Any, schema: type[BaseModel] | None) -> str:
         return f"unknown key '{key}'; the keys here are: {', '.join(known)}"
     for head in ("Value error, ", "Assertion failed, "):
         if msg.startswith(head):
-            return msg[len(head):]
+            return msg[len(head) :]
     if kind == "missing":
         return "required, not set"
     text = msg.replace("Input should be", "should be", 1)
@@ -364,7 +368,13 @@ def validate_config(schema: type[ConfigT], data: Mapping[str, Any], source: str 
         raise ConfigError(validation_problems(exc, schema=schema), source) from exc
 
 
-def parse_config(schema: type[ConfigT], path: str | Path | None = None, overrides: Sequence[str] = (), *, defaults: Mapping[str, Any] | None = None) -> ConfigT:
+def parse_config(
+    schema: type[ConfigT],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    defaults: Mapping[str, Any] | None = None,
+) -> ConfigT:
     """Read ``path`` (if given) over ``defaults``, apply ``overrides`` and validate against
     ``schema`` (no plugin is loaded: :func:`geartrain.validation.load_config` also checks the
     backend sections)."""
@@ -382,7 +392,14 @@ def _blame_overrides(exc: ConfigError, overrides: Sequence[str], source: str | N
     given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
     problems, blamed = [], 0
     for path, message in exc.problems:
-        item = next((v for k, v in given.items() if path == k or path.startswith((f"{k}.", f"{k}[")) or k.startswith(f"{path}.")), None)
+        item = next(
+            (
+                v
+                for k, v in given.items()
+                if path == k or path.startswith((f"{k}.", f"{k}[")) or k.startswith(f"{path}.")
+            ),
+            None,
+        )
         if item is not None:
             blamed += 1
             message = f"{message} (the command-line override '{item}')"
@@ -461,7 +478,11 @@ def describe_fields(schema: type[BaseModel], prefix: str = "") -> list[FieldDoc]
     rows: list[FieldDoc] = []
     for name, info in schema.model_fields.items():
         path = f"{prefix}{name}"
-        nested = [t for t in (typing.get_args(info.annotation) or (info.annotation,)) if isinstance(t, type) and issubclass(t, BaseModel)]
+        nested = [
+            t
+            for t in (typing.get_args(info.annotation) or (info.annotation,))
+            if isinstance(t, type) and issubclass(t, BaseModel)
+        ]
         own_doc = nested[0].__dict__.get("__doc__") if nested else None  # inspect.getdoc would inherit Section's
         description = info.description or (inspect.cleandoc(own_doc) if own_doc else "")
         if info.default_factory is not None:

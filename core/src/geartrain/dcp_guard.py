@@ -27,16 +27,34 @@ from geartrain.errors import CheckpointError
 
 #: (module, name) pairs the ``.metadata`` pickle of torch 2.13's DCP refers to.
 _METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
-    [("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
-    )]
+    [
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ]
     + [
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         # megatron's dist_checkpointing keeps the save plans in the metadata (planner_data)
-        *[("torch.distributed.checkpoint.planner", name) for name in (
-            "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "LoadPlan", "ReadItem", "LoadItemType",
-        )],
+        *[
+            ("torch.distributed.checkpoint.planner", name)
+            for name in (
+                "SavePlan",
+                "WriteItem",
+                "WriteItemType",
+                "TensorWriteData",
+                "LoadPlan",
+                "ReadItem",
+                "LoadItemType",
+            )
+        ],
         ("torch", "Size"),
         ("torch.serialization", "_get_layout"),  # maps a layout's name ("torch.strided") to it
         ("pathlib", "PosixPath"),
@@ -129,7 +147,9 @@ def check_dcp_pickles(checkpoint: str | Path) -> None:
             shard = meta_file.parent / info.relative_path
             where = f"{shard} (value '{index.fqn}')"
             if getattr(info, "transform_descriptors", None):
-                raise CheckpointError(f"{where}: stored with transforms {info.transform_descriptors}, which geartrain does not read")
+                raise CheckpointError(
+                    f"{where}: stored with transforms {info.transform_descriptors}, which geartrain does not read"
+                )
             try:
                 with open(shard, "rb") as fh:
                     fh.seek(info.offset)

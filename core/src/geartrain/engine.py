@@ -10,9 +10,9 @@ from geartrain import plugins
 from geartrain.batch import Batch
 from geartrain.checkpoint import CheckpointManager
 from geartrain.cluster.process_group import release_single_rank_group, with_process_group
-from geartrain.dcp_guard import check_dcp_pickles
 from geartrain.cluster.reduce import sum_over_data_parallel
 from geartrain.config import EngineConfig, ModelConfig, backend_config_errors, options_of, section_path
+from geartrain.dcp_guard import check_dcp_pickles
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.types import (
     ADAPTERS_OFF,
@@ -67,7 +67,9 @@ class Engine:
             raise GeartrainError(f"engine '{self.name}' does not implement the '{hook}' hook")
         return result
 
-    def forward_backward(self, batch: Batch, loss_fn: LossFn | None = None, *, forward_only: bool = False) -> StepOutput:
+    def forward_backward(
+        self, batch: Batch, loss_fn: LossFn | None = None, *, forward_only: bool = False
+    ) -> StepOutput:
         """The backend's ``forward_backward`` on this rank's slice; its metrics (local to
         the slice) come back summed over the data-parallel ranks (see
         :mod:`geartrain.cluster.reduce`), the same on every rank."""
@@ -102,7 +104,9 @@ class Engine:
 
     def sync_weights(self, rollout: WeightReceiver | None) -> SyncStats:
         """``reshard_for_rollout``: stream the current weights into ``rollout``."""
-        return self._require(self.pm.hook.reshard_for_rollout(model=self.handle, rollout=rollout), "reshard_for_rollout")
+        return self._require(
+            self.pm.hook.reshard_for_rollout(model=self.handle, rollout=rollout), "reshard_for_rollout"
+        )
 
     def save_checkpoint(self, manager: CheckpointManager, step: int, extra: dict[str, Any]) -> Path:
         """Save atomically as checkpoint ``step`` under ``manager.root``."""

@@ -38,7 +38,9 @@ class ModelCard:
     """The checkpoint or run it was exported from."""
 
 
-def write_safetensors(path: str | Path, named_tensors: Iterable[tuple[str, torch.Tensor]], *, shard_bytes: int = SHARD_BYTES) -> None:
+def write_safetensors(
+    path: str | Path, named_tensors: Iterable[tuple[str, torch.Tensor]], *, shard_bytes: int = SHARD_BYTES
+) -> None:
     """Write full tensors by transformers name into ``path`` as ``from_pretrained`` reads
     them: one ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` files of at most
     ``shard_bytes`` each (a tensor larger than that gets a file of its own) and
@@ -94,7 +96,9 @@ def causal_lm_class(config: Mapping[str, Any]) -> str:
     if name is None:
         from geartrain.errors import GeartrainError
 
-        raise GeartrainError(f"no causal-LM class is known for model_type '{model_type}'; set 'architectures' in config.json")
+        raise GeartrainError(
+            f"no causal-LM class is known for model_type '{model_type}'; set 'architectures' in config.json"
+        )
     return name
 
 
@@ -134,8 +138,17 @@ def model_card(card: ModelCard, config: Mapping[str, Any]) -> str:
     if card.metrics:
         lines += ["", "## Final validation", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v:.4g} |" for k, v in sorted(card.metrics.items())]
-    lines += ["", "## Use", "", "```python", "from transformers import pipeline", "",
-              'generate = pipeline("text-generation", model="path/to/this/directory")', "```", ""]
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        'generate = pipeline("text-generation", model="path/to/this/directory")',
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 

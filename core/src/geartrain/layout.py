@@ -133,7 +133,9 @@ def check_generate_inputs(
             )
         bad_budgets = [(i, b) for i, b in enumerate(sampling.max_tokens_per_prompt) if b < 1]
         if bad_budgets:
-            raise GeartrainError(f"{where}: sampling.max_tokens_per_prompt[{bad_budgets[0][0]}] must be >= 1, got {bad_budgets[0][1]}")
+            raise GeartrainError(
+                f"{where}: sampling.max_tokens_per_prompt[{bad_budgets[0][0]}] must be >= 1, got {bad_budgets[0][1]}"
+            )
     empty = [i for i, seq in enumerate(sampling.stop_sequences) if len(seq) == 0]
     if empty:
         raise GeartrainError(f"{where}: sampling.stop_sequences[{empty[0]}] is empty")
@@ -225,7 +227,9 @@ class Sample:
         """A sample of a backend that stops on single tokens only, cut after its first
         multi-token stop sequence (:func:`stop_after_generation`)."""
         tokens, log_probs, finish_reason = stop_after_generation(tokens, log_probs, finish_reason, sampling)
-        return cls(prompt_index=prompt_index, prompt=prompt, tokens=tokens, log_probs=log_probs, finish_reason=finish_reason)
+        return cls(
+            prompt_index=prompt_index, prompt=prompt, tokens=tokens, log_probs=log_probs, finish_reason=finish_reason
+        )
 
 
 def samples_batch(samples: Sequence[Sample], pad_token_id: int) -> Batch:

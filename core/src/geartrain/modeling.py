@@ -87,7 +87,9 @@ def build_hf_model(config: ModelConfig, *, device: str | torch.device = "cpu", m
     hf = hf_config(config)
     dtype = torch_dtype(config.dtype)
     auto = AutoModelForTokenClassification if config.value_head else AutoModelForCausalLM
-    kwargs: dict[str, Any] = dict(attn_implementation=config.attn_implementation, trust_remote_code=config.trust_remote_code)
+    kwargs: dict[str, Any] = dict(
+        attn_implementation=config.attn_implementation, trust_remote_code=config.trust_remote_code
+    )
     if meta:
         with torch.device("meta"):
             model = auto.from_config(hf, dtype=dtype, **kwargs)

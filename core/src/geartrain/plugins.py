@@ -133,7 +133,9 @@ def register_rollout(name: str, plugin: object, *, distribution: str | None = No
     _register("rollout", name, plugin, distribution, version)
 
 
-def register_extension(name: str, plugin: object, *, distribution: str | None = None, version: str | None = None) -> None:
+def register_extension(
+    name: str, plugin: object, *, distribution: str | None = None, version: str | None = None
+) -> None:
     """Like :func:`register_engine`, for an extension (hook wrappers: timing, tracing...)."""
     _register("extension", name, plugin, distribution, version)
 
@@ -174,7 +176,9 @@ def _allow_list() -> set[str] | None:
 
 def _warn_unknown_allowed(allowed: set[str]) -> None:
     """Warn once per name when ``GEARTRAIN_PLUGINS`` names a plugin that is not installed."""
-    installed = {ep.name for group in ENTRY_POINT_GROUPS.values() for ep in importlib_metadata.entry_points(group=group)}
+    installed = {
+        ep.name for group in ENTRY_POINT_GROUPS.values() for ep in importlib_metadata.entry_points(group=group)
+    }
     with _lock:
         installed |= {name for _, name in _registered}
         unknown = sorted(allowed - installed - _warned_unknown)
@@ -182,8 +186,11 @@ def _warn_unknown_allowed(allowed: set[str]) -> None:
     if unknown:
         logger.warning(
             "%s=%r names %s, which %s not installed; installed plugins: %s",
-            ALLOW_LIST_ENV, os.environ.get(ALLOW_LIST_ENV), ", ".join(repr(u) for u in unknown),
-            "is" if len(unknown) == 1 else "are", ", ".join(sorted(installed)) or "none",
+            ALLOW_LIST_ENV,
+            os.environ.get(ALLOW_LIST_ENV),
+            ", ".join(repr(u) for u in unknown),
+            "is" if len(unknown) == 1 else "are",
+            ", ".join(sorted(installed)) or "none",
         )
 
 
@@ -250,9 +257,7 @@ def _validate(cand: _Candidate, plugin: object) -> PluginInfo:
             "name the hook's arguments as the spec does (an implementation may take fewer, "
             "never others); see docs/plugins.md",
         ) from exc
-    unknown = [
-        name for name in _implemented_hooks(plugin) if not hasattr(hookspecs, name) or name.startswith("_")
-    ]
+    unknown = [name for name in _implemented_hooks(plugin) if not hasattr(hookspecs, name) or name.startswith("_")]
     if unknown:
         raise fail(
             f"implements {', '.join(repr(u) for u in unknown)}, which is not a geartrain hook",
@@ -271,7 +276,10 @@ def _validate(cand: _Candidate, plugin: object) -> PluginInfo:
         try:
             caps = sorted(pm.hook.capabilities() or [])
         except Exception as exc:  # noqa: BLE001 - reported as a plugin problem
-            raise fail(f"its capabilities() hook raised {type(exc).__name__}: {exc}", "make capabilities() return a list of names") from exc
+            raise fail(
+                f"its capabilities() hook raised {type(exc).__name__}: {exc}",
+                "make capabilities() return a list of names",
+            ) from exc
     return PluginInfo(
         name=cand.name,
         kind=cand.kind,
@@ -348,9 +356,12 @@ def load_plugin(kind: PluginKind, name: str) -> tuple[object, PluginInfo]:
 
 
 def _not_found_message(kind: PluginKind, name: str, candidates: dict[str, _Candidate]) -> str:
-    installed = ", ".join(
-        f"{c.name} ({c.distribution or c.source} {c.version or ''})".replace(" )", ")") for c in candidates.values()
-    ) or "none"
+    installed = (
+        ", ".join(
+            f"{c.name} ({c.distribution or c.source} {c.version or ''})".replace(" )", ")") for c in candidates.values()
+        )
+        or "none"
+    )
     lines = [f"no {kind} named '{name}'. Installed {kind}s: {installed}."]
     allowed = _allow_list()
     if allowed is not None and name not in allowed:
@@ -388,7 +399,9 @@ def list_plugins() -> list[PluginInfo]:
     return infos
 
 
-def create_manager(kind: Literal["engine", "rollout"], name: str, extensions: list[str] | tuple[str, ...] = ()) -> pluggy.PluginManager:
+def create_manager(
+    kind: Literal["engine", "rollout"], name: str, extensions: list[str] | tuple[str, ...] = ()
+) -> pluggy.PluginManager:
     """A fresh :class:`pluggy.PluginManager` holding the backend ``name`` of ``kind`` and
     the named extensions, validated (``check_pending``)."""
     plugin, _ = load_plugin(kind, name)

@@ -91,7 +91,5 @@ def prompt_indices(sampling_indices: list[int] | None, num_prompts: int) -> list
     if sampling_indices is None:
         return list(range(num_prompts))
     if len(sampling_indices) != num_prompts:
-        raise ValueError(
-            f"SamplingParams.prompt_indices has {len(sampling_indices)} entries for {num_prompts} prompts"
-        )
+        raise ValueError(f"SamplingParams.prompt_indices has {len(sampling_indices)} entries for {num_prompts} prompts")
     return list(sampling_indices)

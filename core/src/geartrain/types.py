@@ -103,9 +103,7 @@ class LossContext:
     backends that keep collectives in step, e.g. FSDP)."""
 
 
-LossFn: TypeAlias = Callable[
-    [dict[str, torch.Tensor], "Batch", LossContext], tuple[torch.Tensor, dict[str, float]]
-]
+LossFn: TypeAlias = Callable[[dict[str, torch.Tensor], "Batch", LossContext], tuple[torch.Tensor, dict[str, float]]]
 """``loss_fn(outputs, micro_batch, ctx) -> (loss, metrics)``.
 
 ``outputs`` holds per-token tensors ``[b, T]`` for the micro-batch (``log_probs`` always;

@@ -47,7 +47,9 @@ def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> A
         else:
             sys.modules[module_name] = previous
     if not hasattr(module, name):
-        raise GeartrainError(f"{what} file '{path}' has no {'function' if what.endswith('function') else 'attribute'} '{name}'")
+        raise GeartrainError(
+            f"{what} file '{path}' has no {'function' if what.endswith('function') else 'attribute'} '{name}'"
+        )
     return getattr(module, name)
 
 

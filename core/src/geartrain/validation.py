@@ -75,17 +75,30 @@ def validate_backend_sections(config: BaseModel) -> list[tuple[str, str]]:
         if kind == "rollout" and callable(needs):
             for key, cap in needs():
                 if cap not in info.capabilities:
-                    able = sorted(i.name for i in plugins.list_plugins() if i.kind == "rollout" and cap in i.capabilities)
-                    where = f"rollouts that have it: {', '.join(able)}" if able else "vllm's rollout has it (geartrain-vllm)"
-                    problems.append((key, f"the '{section.backend}' rollout has no {cap} (it does not declare "
-                                          f"'{cap}'); {where}; or leave {key} at its default"))
+                    able = sorted(
+                        i.name for i in plugins.list_plugins() if i.kind == "rollout" and cap in i.capabilities
+                    )
+                    where = (
+                        f"rollouts that have it: {', '.join(able)}"
+                        if able
+                        else "vllm's rollout has it (geartrain-vllm)"
+                    )
+                    problems.append(
+                        (
+                            key,
+                            f"the '{section.backend}' rollout has no {cap} (it does not declare "
+                            f"'{cap}'); {where}; or leave {key} at its default",
+                        )
+                    )
         schema = pm.hook.config_schema()
         raw = section.options
         if isinstance(raw, BaseModel):
             raw = raw.model_dump()
         if schema is None:
             if raw:
-                problems.append((f"{path}.options", f"the '{section.backend}' {kind} takes no options, got {sorted(raw)}"))
+                problems.append(
+                    (f"{path}.options", f"the '{section.backend}' {kind} takes no options, got {sorted(raw)}")
+                )
             continue
         try:
             object.__setattr__(section, "options", schema.model_validate(raw or {}))

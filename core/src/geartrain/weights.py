@@ -100,7 +100,9 @@ def plan_buckets(items: Iterable[tuple[K, int]], bucket_bytes: int) -> list[Buck
     return [Bucket(keys=[k for k, _ in group], nbytes=n) for group, n in _group(items, lambda kv: kv[1], bucket_bytes)]
 
 
-def bucketed(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def bucketed(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """A ``(name, tensor)`` stream cut into lists of at most ``bucket_bytes`` (a larger
     tensor is a list of its own), consuming the stream only as far as the current list."""
     for group, _ in _group(named_tensors, lambda nt: nt[1].numel() * nt[1].element_size(), bucket_bytes):
@@ -205,7 +207,9 @@ def send_weights(
     if bucket_bytes is None:
         bucket_bytes = receiver.bucket_bytes if receiver is not None else 64 << 20
     stats = BucketStats()
-    stream = stream_weights(entries, dtype=dtype, bucket_bytes=bucket_bytes, device=device, materialize=materialize, stats=stats)
+    stream = stream_weights(
+        entries, dtype=dtype, bucket_bytes=bucket_bytes, device=device, materialize=materialize, stats=stats
+    )
     return deliver_stream(stream, receiver, stats, start=start)
 
 

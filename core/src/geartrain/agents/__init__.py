@@ -12,7 +12,15 @@ asynchronous episode runner (see docs/agents.md).
 
 from geartrain.agents.config import AgentConfig
 from geartrain.agents.environment import Environment, EnvironmentFactory, StepResult
-from geartrain.agents.formats import CallFormat, CompactFormat, HermesFormat, ToolCall, ToolOutcome, chat_bridge, get_call_format
+from geartrain.agents.formats import (
+    CallFormat,
+    CompactFormat,
+    HermesFormat,
+    ToolCall,
+    ToolOutcome,
+    chat_bridge,
+    get_call_format,
+)
 from geartrain.agents.loading import load_environment
 from geartrain.agents.runner import TURN_STRIDE, EpisodeRunner, RunnerLimits, episode_metrics
 from geartrain.agents.tools import Tool, ToolEnvironment, run_with_timeout, schema_of, tool

@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
 __all__ = ["Environment", "EnvironmentFactory", "StepResult"]
 
 

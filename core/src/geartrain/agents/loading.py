@@ -44,7 +44,9 @@ def load_environment(
         raise GeartrainError(f"{key} = '{spec}' is not a class or factory ({type(target).__name__})")
     missing = [m for m in ("reset", "step") if isinstance(target, type) and not callable(getattr(target, m, None))]
     if missing:
-        raise GeartrainError(f"{key} = '{spec}': {target.__name__} has no {' or '.join(missing)} method (see geartrain.agents.Environment)")
+        raise GeartrainError(
+            f"{key} = '{spec}': {target.__name__} has no {' or '.join(missing)} method (see geartrain.agents.Environment)"
+        )
     arguments = dict(kwargs or {})
     return lambda: target(**arguments)
 

@@ -28,7 +28,14 @@ from geartrain.user_code import import_object
 
 __all__ = ["Tool", "ToolEnvironment", "run_with_timeout", "schema_of", "tool"]
 
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
 
 
 def _json_type(annotation: Any) -> dict[str, Any]:
@@ -73,7 +80,10 @@ class Tool:
 
     def spec(self) -> dict[str, Any]:
         """The OpenAI/Hermes function spec (what chat templates render as ``tools``)."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def bind(self, call: ToolCall) -> dict[str, Any]:
         """Keyword arguments for ``call``; raises ``ValueError`` naming what is wrong."""
@@ -85,14 +95,22 @@ class Tool:
             args[next(iter(props))] = call.positional
         unknown = sorted(set(args) - set(props))
         if unknown:
-            raise ValueError(f"tool '{self.name}' has no argument {unknown[0]!r} (arguments: {', '.join(props) or 'none'})")
+            raise ValueError(
+                f"tool '{self.name}' has no argument {unknown[0]!r} (arguments: {', '.join(props) or 'none'})"
+            )
         missing = [k for k in self.parameters.get("required", []) if k not in args]
         if missing:
             raise ValueError(f"tool '{self.name}' needs argument {missing[0]!r}")
         return args
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str = "", description: str = "", parameters: dict[str, Any] | None = None) -> Any:
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str = "",
+    description: str = "",
+    parameters: dict[str, Any] | None = None,
+) -> Any:
     """Decorator (or function) making a :class:`Tool` of ``fn``."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -101,7 +119,9 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str = "", description: s
     return wrap(fn) if fn is not None else wrap
 
 
-def run_with_timeout(fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: float | None) -> tuple[bool, Any, float]:
+def run_with_timeout(
+    fn: Callable[..., Any], kwargs: Mapping[str, Any], timeout_s: float | None
+) -> tuple[bool, Any, float]:
     """Run ``fn(**kwargs)`` on a daemon thread; ``(ok, result or error message, seconds)``.
     Past ``timeout_s`` the call is abandoned (a Python thread cannot be killed: it keeps
     running in the background) and reported as a timeout."""
@@ -186,12 +206,18 @@ class ToolEnvironment(Environment):
         outcomes = [ToolOutcome(name="?", ok=False, text=e) for e in errors]
         extra = calls[self.max_calls_per_turn :]
         calls = calls[: self.max_calls_per_turn]
-        outcomes += [ToolOutcome(name=c.name, ok=False, text=f"more than {self.max_calls_per_turn} calls in one turn") for c in extra]
+        outcomes += [
+            ToolOutcome(name=c.name, ok=False, text=f"more than {self.max_calls_per_turn} calls in one turn")
+            for c in extra
+        ]
         if len(calls) == 1:
             results = [self._run(calls[0])]
         else:  # concurrently: each _run waits on its own thread
             results = [ToolOutcome(name="", ok=False, text="")] * len(calls)
-            threads = [threading.Thread(target=lambda i=i, c=c: results.__setitem__(i, self._run(c)), daemon=True) for i, c in enumerate(calls)]
+            threads = [
+                threading.Thread(target=lambda i=i, c=c: results.__setitem__(i, self._run(c)), daemon=True)
+                for i, c in enumerate(calls)
+            ]
             for th in threads:
                 th.start()
             for th in threads:

@@ -81,7 +81,11 @@ class Episode:
         return [int(s.kind == "model") for s in self.segments for _ in s.ids]
 
     def response_log_probs(self) -> list[float]:
-        return [lp for s in self.segments for lp in (s.log_probs if s.kind == "model" and s.log_probs is not None else [0.0] * len(s.ids))]
+        return [
+            lp
+            for s in self.segments
+            for lp in (s.log_probs if s.kind == "model" and s.log_probs is not None else [0.0] * len(s.ids))
+        ]
 
     def turn_rewards(self) -> list[float]:
         """Per response token: each model turn's reward on its last token, 0 elsewhere."""
@@ -127,7 +131,9 @@ class Episode:
         return "\n".join(lines)
 
 
-def episode_batch(episodes: Sequence[Episode], pad_token_id: int, meta: Mapping[str, Sequence[Any]] | None = None) -> Batch:
+def episode_batch(
+    episodes: Sequence[Episode], pad_token_id: int, meta: Mapping[str, Sequence[Any]] | None = None
+) -> Batch:
     """The training rows of ``episodes`` (see the module docstring): ``input_ids``,
     ``attention_mask`` (1 on prompt, model and observation tokens), ``response_mask`` (model
     tokens), ``rollout_log_probs`` (model tokens), ``turn_rewards`` (each model turn's

@@ -27,7 +27,12 @@ def truncated_is_weights(
 
 
 def masked_is_weights(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor, *, low: float = 0.5, high: float = 2.0
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    low: float = 0.5,
+    high: float = 2.0,
 ) -> torch.Tensor:
     """IcePop-style masked importance sampling: ``exp(old - rollout)`` per token ``[B, T]``
     where it lies in ``[low, high]``, 0 elsewhere (such tokens leave the gradient instead of

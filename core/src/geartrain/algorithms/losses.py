@@ -108,7 +108,9 @@ def make_actor_loss(config: ActorLossConfig | None = None) -> LossFn:
 
         weights = None
         if cfg.tis_cap is not None and cfg.is_correction == "mask":
-            weights = masked_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, low=cfg.is_mask_low, high=cfg.tis_cap)
+            weights = masked_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], mask, low=cfg.is_mask_low, high=cfg.tis_cap
+            )
         elif cfg.tis_cap is not None:
             weights = truncated_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=cfg.tis_cap)
         out = policy_loss(

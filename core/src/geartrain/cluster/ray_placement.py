@@ -69,7 +69,9 @@ def require_ray() -> None:
     try:
         import ray  # noqa: F401
     except ImportError as exc:
-        raise GeartrainError(f"cluster.placement = 'ray' needs Ray, which is not installed here; install it with: {INSTALL_HINT}") from exc
+        raise GeartrainError(
+            f"cluster.placement = 'ray' needs Ray, which is not installed here; install it with: {INSTALL_HINT}"
+        ) from exc
 
 
 def ray_environment() -> None:
@@ -117,7 +119,9 @@ class RankHost:
         import ray
 
         node = ray.get_runtime_context().get_node_id()
-        self._log(f"rank {rank} of {world_size} in pool '{pool}', pid {os.getpid()}, node {socket.gethostname()} (Ray node {node})")
+        self._log(
+            f"rank {rank} of {world_size} in pool '{pool}', pid {os.getpid()}, node {socket.gethostname()} (Ray node {node})"
+        )
 
     def _heartbeat(self) -> None:
         """Touch the beat file every second for as long as this process runs (a stopped
@@ -136,8 +140,12 @@ class RankHost:
     def where(self) -> dict[str, Any]:
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-                "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "host": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+        }
 
     def cpu_seconds(self) -> float:
         """CPU time this rank's process has used (for benchmarks)."""
@@ -156,18 +164,30 @@ class RankHost:
 
         backend = "nccl" if self.device == "cuda" else "gloo"
         dist.init_process_group(
-            backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size,
+            backend,
+            init_method=f"tcp://{address}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
         self._log(f"torch.distributed ({backend}) ready: rank {self.rank} of {self.world_size}")
 
-    def add(self, role: str, worker_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], seed: int) -> tuple[int, int]:
+    def add(
+        self, role: str, worker_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], seed: int
+    ) -> tuple[int, int]:
         """Build ``role``'s worker here; returns its data-parallel coordinates."""
         import torch.distributed as dist
 
         self._log(f"building {role} ({worker_cls.__name__})")
-        ctx = EngineContext(role=role, rank=self.rank, world_size=self.world_size, local_rank=0, device=self.device,
-                            seed=seed, process_group=dist.group.WORLD)
+        ctx = EngineContext(
+            role=role,
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=0,
+            device=self.device,
+            seed=seed,
+            process_group=dist.group.WORLD,
+        )
         worker = worker_cls(*args, ctx=ctx, **kwargs)
         self.workers[role] = worker
         coords = getattr(getattr(worker, "engine", None), "dp", None)
@@ -185,7 +205,9 @@ class RankHost:
 
     # Ray resolves object refs passed as top-level arguments: arguments shared by every
     # rank travel as one ``(args, kwargs)`` pair (through the object store once when large).
-    def add_shared(self, role: str, worker_cls: type, shared: tuple[tuple[Any, ...], dict[str, Any]], seed: int) -> tuple[int, int]:
+    def add_shared(
+        self, role: str, worker_cls: type, shared: tuple[tuple[Any, ...], dict[str, Any]], seed: int
+    ) -> tuple[int, int]:
         return self.add(role, worker_cls, shared[0], shared[1], seed)
 
     def call_shared(self, role: str, method: str, shared: tuple[tuple[Any, ...], dict[str, Any]]) -> Timed:
@@ -234,13 +256,17 @@ class RankPool:
         short = {k: (v, total.get(k, 0.0)) for k, v in need.items() if total.get(k, 0.0) < v}
         if short:
             raise ConfigError([("cluster.resources_per_rank", self._short_message(short, bundle))])
-        self.pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK", name=f"geartrain-{name}-{os.getpid()}")
+        self.pg = placement_group(
+            [dict(bundle) for _ in range(size)], strategy="PACK", name=f"geartrain-{name}-{os.getpid()}"
+        )
         ready, _ = ray.wait([self.pg.ready()], timeout=self.timeout_s)
         if not ready:
             available = ray.available_resources()
             remove_placement_group(self.pg)
             short = {k: (v, available.get(k, 0.0)) for k, v in need.items()}
-            raise ConfigError([("cluster.resources_per_rank", self._short_message(short, bundle, waited=self.timeout_s))])
+            raise ConfigError(
+                [("cluster.resources_per_rank", self._short_message(short, bundle, waited=self.timeout_s))]
+            )
         self.log_paths = [str(log_dir / f"{name}-rank{r}.log") for r in range(size)]
         self.beat_paths = [str(Path(p).with_suffix(".beat")) for p in self.log_paths]
         for beat in self.beat_paths:  # a previous run's (a resume into the same directory) is not these ranks'
@@ -249,27 +275,49 @@ class RankPool:
         remote = ray.remote(RankHost)
         self.hosts = [
             remote.options(
-                num_cpus=res.cpus, num_gpus=res.gpus, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=r),
+                num_cpus=res.cpus,
+                num_gpus=res.gpus,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=r
+                ),
             ).remote(name, r, size, self.log_paths[r], int(res.cpus), device)
             for r in range(size)
         ]
         self.where: list[dict[str, Any]] = [{"host": "?", "node_id": "?"} for _ in range(size)]
         self.where = self.get([h.where.remote() for h in self.hosts], "(start-up)", "where", deadline_s=self.timeout_s)
-        address, port = self.get([self.hosts[0].rendezvous_address.remote()], "(start-up)", "rendezvous_address",
-                                 deadline_s=self.timeout_s)[0]
-        self.get([h.init_distributed.remote(address, port, self.timeout_s) for h in self.hosts], "(start-up)",
-                 "init_distributed", deadline_s=self.timeout_s)
+        address, port = self.get(
+            [self.hosts[0].rendezvous_address.remote()], "(start-up)", "rendezvous_address", deadline_s=self.timeout_s
+        )[0]
+        self.get(
+            [h.init_distributed.remote(address, port, self.timeout_s) for h in self.hosts],
+            "(start-up)",
+            "init_distributed",
+            deadline_s=self.timeout_s,
+        )
 
-    def _short_message(self, short: dict[str, tuple[float, float]], bundle: dict[str, float], waited: float | None = None) -> str:
-        parts = ", ".join(f"{k} {need:g} (the cluster has {have:g}{' free' if waited else ''})" for k, (need, have) in short.items())
+    def _short_message(
+        self, short: dict[str, tuple[float, float]], bundle: dict[str, float], waited: float | None = None
+    ) -> str:
+        parts = ", ".join(
+            f"{k} {need:g} (the cluster has {have:g}{' free' if waited else ''})" for k, (need, have) in short.items()
+        )
         when = f" within {waited:g} s" if waited else ""
-        return (f"the '{self.name}' ranks ({self.size} x {bundle}) could not be placed{when}: they need {parts}; "
-                "lower cluster.resources_per_rank (e.g. cpus = 0.5), fewer ranks, or add nodes")
+        return (
+            f"the '{self.name}' ranks ({self.size} x {bundle}) could not be placed{when}: they need {parts}; "
+            "lower cluster.resources_per_rank (e.g. cpus = 0.5), fewer ranks, or add nodes"
+        )
 
     # ------------------------------------------------------------------ calls
-    def get(self, refs: Sequence[Any], role: str, method: str, *, deadline_s: float | None = None,
-            ranks: Sequence[int] | None = None) -> list[Any]:
+    def get(
+        self,
+        refs: Sequence[Any],
+        role: str,
+        method: str,
+        *,
+        deadline_s: float | None = None,
+        ranks: Sequence[int] | None = None,
+    ) -> list[Any]:
         """Every call's result, in the order of ``refs``; the first failure ends the wait at
         once, and so do a rank whose heartbeat stopped and the phase's deadline
         (``deadline_s``, else :func:`call_phase`'s from ``cluster.call_timeout_s``), naming
@@ -297,37 +345,60 @@ class RankPool:
             waiting = sorted({index[ref] for ref in pending})
             hung = beats.silent([r for r in waiting if r < self.size], self.heartbeat_timeout_s)
             if hung:
-                self._no_answer(hung, role, method, f"its heartbeat stopped {self.heartbeat_timeout_s:g} s ago "
-                                "(the process is stopped, stuck in native code holding the GIL, or its node is unreachable)")
+                self._no_answer(
+                    hung,
+                    role,
+                    method,
+                    f"its heartbeat stopped {self.heartbeat_timeout_s:g} s ago "
+                    "(the process is stopped, stuck in native code holding the GIL, or its node is unreachable)",
+                )
             if time.monotonic() - started > limit:
-                self._no_answer(waiting, role, method, f"it did not answer within the {limit:g} s deadline of this "
-                                f"phase (cluster.call_timeout_s.{call_phase(method)}) although its heartbeat goes on "
-                                "(a deadlock, or the phase needs longer)")
+                self._no_answer(
+                    waiting,
+                    role,
+                    method,
+                    f"it did not answer within the {limit:g} s deadline of this "
+                    f"phase (cluster.call_timeout_s.{call_phase(method)}) although its heartbeat goes on "
+                    "(a deadlock, or the phase needs longer)",
+                )
         return results
 
     def _who(self, rank: int, role: str) -> str:
         where = self.where[rank]
-        return (f"role '{role}' rank {rank} of {self.size} (pool '{self.name}') on node {where.get('host')} "
-                f"(Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid', '?')})")
+        return (
+            f"role '{role}' rank {rank} of {self.size} (pool '{self.name}') on node {where.get('host')} "
+            f"(Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid', '?')})"
+        )
 
     def _no_answer(self, ranks: list[int], role: str, method: str, why: str) -> None:
         """Raise the :class:`RankFailure` for ``ranks``, which did not answer ``method``."""
-        parts = [f"{self._who(r, role)} did not answer during {method}: {why}; last lines of its log "
-                 f"{self.log_paths[r]}:\n{_tail(self.log_paths[r])}" for r in ranks]
+        parts = [
+            f"{self._who(r, role)} did not answer during {method}: {why}; last lines of its log "
+            f"{self.log_paths[r]}:\n{_tail(self.log_paths[r])}"
+            for r in ranks
+        ]
         raise RankFailure("\n".join(parts))
 
-    def _fail(self, rank: int, exc: Exception, pending: list[Any], index: dict[Any, int], role: str, method: str) -> None:
+    def _fail(
+        self, rank: int, exc: Exception, pending: list[Any], index: dict[Any, int], role: str, method: str
+    ) -> None:
         import ray
 
         # A peer of a dead rank fails too ("connection closed by peer"), and so does the
         # peer of a hung one once its collective times out: a rank that stopped answering
         # is reported in preference to one that only lost its peer.
         if pending:
-            hung = _Heartbeats(self.beat_paths).silent(sorted({index[ref] for ref in pending}), self.heartbeat_timeout_s,
-                                                       now_only=True)
+            hung = _Heartbeats(self.beat_paths).silent(
+                sorted({index[ref] for ref in pending}), self.heartbeat_timeout_s, now_only=True
+            )
             if hung:
-                self._no_answer(hung, role, method, f"its heartbeat has stopped for over {self.heartbeat_timeout_s:g} s, "
-                                f"and rank {rank}'s error is its peer's wait on it timing out")
+                self._no_answer(
+                    hung,
+                    role,
+                    method,
+                    f"its heartbeat has stopped for over {self.heartbeat_timeout_s:g} s, "
+                    f"and rank {rank}'s error is its peer's wait on it timing out",
+                )
         # give the others a moment and report a rank that died in preference to one that
         # only lost its peer
         failures = {rank: exc}
@@ -460,7 +531,17 @@ class RayWorkerGroup(WorkerGroup):
 
     overlaps = True
 
-    def __init__(self, pool: RankPool, role: str, worker_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], *, seed: int, balance: bool) -> None:
+    def __init__(
+        self,
+        pool: RankPool,
+        role: str,
+        worker_cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        seed: int,
+        balance: bool,
+    ) -> None:
         import ray
 
         self.pool, self.role, self.world_size, self.balance = pool, role, pool.size, balance
@@ -481,7 +562,9 @@ class RayWorkerGroup(WorkerGroup):
         in :attr:`stats` as a submitted call, see :class:`DispatchStats`)."""
         return self._submit(method, args, kwargs, dispatch, measure=False)
 
-    def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], dispatch: Dispatch, *, measure: bool) -> PendingCall:
+    def _submit(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], dispatch: Dispatch, *, measure: bool
+    ) -> PendingCall:
         start = time.perf_counter()
         submitted = time.time()
         hosts = self.pool.hosts
@@ -493,7 +576,9 @@ class RayWorkerGroup(WorkerGroup):
                 return _merge_metrics(results[0], results)
         else:
             if not _is_dp_argument(args):
-                raise TypeError(f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument")
+                raise TypeError(
+                    f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument"
+                )
             rows = dp_rows(args[0], self.dp_size, balance=self.balance)
             shares = [shard_value(args[0], rows[d]) for d in range(self.dp_size)]
             rest = _by_store((args[1:], kwargs))
@@ -612,16 +697,32 @@ class RayPlacement(Placement):
         self.groups: list[RayWorkerGroup] = []
 
     def group(
-        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0,
-        resources: Any = None, **kwargs: Any,
+        self,
+        role: str,
+        worker_cls: type,
+        *args: Any,
+        world_size: int = 1,
+        pool: str | None = None,
+        seed: int = 0,
+        resources: Any = None,
+        **kwargs: Any,
     ) -> WorkerGroup:
         name = pool or role
         rank_pool = self.pools.get(name)
         if rank_pool is None:
             rank_pool = self.pools[name] = RankPool(name, world_size, self.cluster, self.log_dir, resources)
         elif rank_pool.size != world_size:
-            raise ConfigError([(f"{role}.engine.parallel", f"'{role}' needs {world_size} ranks but shares the {rank_pool.size} ranks of pool '{name}'")])
-        group = RayWorkerGroup(rank_pool, role, worker_cls, args, kwargs, seed=seed, balance=self.cluster.balance_tokens)
+            raise ConfigError(
+                [
+                    (
+                        f"{role}.engine.parallel",
+                        f"'{role}' needs {world_size} ranks but shares the {rank_pool.size} ranks of pool '{name}'",
+                    )
+                ]
+            )
+        group = RayWorkerGroup(
+            rank_pool, role, worker_cls, args, kwargs, seed=seed, balance=self.cluster.balance_tokens
+        )
         self.groups.append(group)
         return group
 

@@ -107,7 +107,9 @@ def start_reaper(session_dir: str) -> IO[bytes]:
     the driver lives (:func:`stop_reaper` when Ray was stopped normally)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "geartrain.cluster.ray_reaper", session_dir],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the driver's process group is not for it
         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
     )

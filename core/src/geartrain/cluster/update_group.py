@@ -62,7 +62,9 @@ class UpdateGroup:
     ``address:port`` (member 0 hosts the store and is the sender). Every member must
     construct it at the same time: the constructor returns once all have joined."""
 
-    def __init__(self, address: str, port: int, rank: int, size: int, *, device: str = "cpu", timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, address: str, port: int, rank: int, size: int, *, device: str = "cpu", timeout_s: float = 300.0
+    ) -> None:
         from torch.distributed import PrefixStore, TCPStore
 
         self.rank, self.size, self.device = rank, size, torch.device(device)
@@ -127,7 +129,7 @@ class UpdateGroup:
                 stats.max_bucket_bytes = max(stats.max_bucket_bytes, flat.numel())
             offset = 0
             for (name, shape, dtype), nbytes in zip(header, sizes, strict=True):
-                yield name, flat[offset:offset + nbytes].view(getattr(torch, dtype)).view(shape)
+                yield name, flat[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
                 offset += _aligned(nbytes)
 
     def close(self) -> None:

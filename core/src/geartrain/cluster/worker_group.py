@@ -113,7 +113,9 @@ class InlineWorkerGroup(WorkerGroup):
 
     def call(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> Any:
         if dispatch is Dispatch.DP and not _is_dp_argument(args):
-            raise TypeError(f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument")
+            raise TypeError(
+                f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument"
+            )
         return getattr(self.worker, method)(*args, **kwargs)
 
     def shutdown(self) -> None:
@@ -132,7 +134,9 @@ def _is_dp_argument(args: tuple[Any, ...]) -> bool:
     if not args:
         return False
     first = args[0]
-    return isinstance(first, Batch) or (isinstance(first, list) and bool(first) and all(isinstance(b, Batch) for b in first))
+    return isinstance(first, Batch) or (
+        isinstance(first, list) and bool(first) and all(isinstance(b, Batch) for b in first)
+    )
 
 
 def _device() -> str:
@@ -141,13 +145,17 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def create_worker_group(placement: str, role: str, worker_cls: type, *args: Any, seed: int = 0, **kwargs: Any) -> WorkerGroup:
+def create_worker_group(
+    placement: str, role: str, worker_cls: type, *args: Any, seed: int = 0, **kwargs: Any
+) -> WorkerGroup:
     """An ``inline`` worker group running ``worker_cls(*args, ctx=..., **kwargs)``. Groups
     on other placements come from a :class:`Placement` (``make_placement``), which owns
     what they share."""
     if placement == "inline":
         return InlineWorkerGroup(role, worker_cls, *args, seed=seed, **kwargs)
-    raise ConfigError([("cluster.placement", f"placement '{placement}' needs a Placement: use geartrain.cluster.make_placement")])
+    raise ConfigError(
+        [("cluster.placement", f"placement '{placement}' needs a Placement: use geartrain.cluster.make_placement")]
+    )
 
 
 class Placement(ABC):
@@ -155,8 +163,15 @@ class Placement(ABC):
 
     @abstractmethod
     def group(
-        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0,
-        resources: Any = None, **kwargs: Any,
+        self,
+        role: str,
+        worker_cls: type,
+        *args: Any,
+        world_size: int = 1,
+        pool: str | None = None,
+        seed: int = 0,
+        resources: Any = None,
+        **kwargs: Any,
     ) -> WorkerGroup:
         """A group of ``world_size`` ranks each running ``worker_cls(*args, ctx=..., **kwargs)``.
         Roles given the same ``pool`` name live in the same processes (colocation); ``None``
@@ -179,9 +194,23 @@ class InlinePlacement(Placement):
     """Every role is one rank in the driver's process."""
 
     def group(
-        self, role: str, worker_cls: type, *args: Any, world_size: int = 1, pool: str | None = None, seed: int = 0,
-        resources: Any = None, **kwargs: Any,
+        self,
+        role: str,
+        worker_cls: type,
+        *args: Any,
+        world_size: int = 1,
+        pool: str | None = None,
+        seed: int = 0,
+        resources: Any = None,
+        **kwargs: Any,
     ) -> WorkerGroup:
         if world_size != 1:
-            raise ConfigError([(f"{role}.engine.parallel", f"the inline placement runs 1 rank, not {world_size}; set cluster.placement = \"ray\"")])
+            raise ConfigError(
+                [
+                    (
+                        f"{role}.engine.parallel",
+                        f'the inline placement runs 1 rank, not {world_size}; set cluster.placement = "ray"',
+                    )
+                ]
+            )
         return InlineWorkerGroup(role, worker_cls, *args, seed=seed, **kwargs)

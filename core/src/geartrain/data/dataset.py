@@ -119,11 +119,15 @@ class PromptDataset:
         if prompt is not None and (not isinstance(prompt, str) or not prompt):
             raise DataError(f"{where}: '{cfg.prompt_key}' must be a non-empty string, got {prompt!r:.80}")
         if isinstance(prompt, str) and not prompt.strip():
-            raise DataError(f"{where}: '{cfg.prompt_key}' is only whitespace ({prompt!r:.40}); give the row a prompt or remove it")
+            raise DataError(
+                f"{where}: '{cfg.prompt_key}' is only whitespace ({prompt!r:.40}); give the row a prompt or remove it"
+            )
         if messages is not None:
             messages = self._check_messages(where, messages)
             if not any(m["content"].strip() for m in messages):
-                raise DataError(f"{where}: every message of '{cfg.messages_key}' is empty or whitespace; give the row a prompt or remove it")
+                raise DataError(
+                    f"{where}: every message of '{cfg.messages_key}' is empty or whitespace; give the row a prompt or remove it"
+                )
         truth = row.get(cfg.ground_truth_key)
         if truth is None:
             if cfg.require_ground_truth:
@@ -178,7 +182,9 @@ class PromptDataset:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def _warn_unknown_characters(source: str, parsed: list[_Parsed], texts: list[str], ids: list[list[int]], tokenizer: Any) -> None:
+def _warn_unknown_characters(
+    source: str, parsed: list[_Parsed], texts: list[str], ids: list[list[int]], tokenizer: Any
+) -> None:
     """Warn once per dataset when prompt characters are outside the tokenizer's vocabulary
     (they become its unknown token, which the model cannot tell apart): how many, in how
     many prompts, and the first few with their rows. Only prompts holding the unknown
@@ -208,5 +214,9 @@ def _warn_unknown_characters(source: str, parsed: list[_Parsed], texts: list[str
         logger.warning(
             "%s: %d character(s) in %d prompt(s) are not in the tokenizer's vocabulary and become %s, which the model "
             "cannot tell apart: e.g. %s. Normalize the text, or use a tokenizer that covers it",
-            source, count, rows, unk_text or f"token {unk}", ", ".join(examples),
+            source,
+            count,
+            rows,
+            unk_text or f"token {unk}",
+            ", ".join(examples),
         )

@@ -88,7 +88,9 @@ def _file(path: Path) -> Iterator[tuple[str, Any]]:
     elif path.suffix == ".csv":
         yield from _csv(path)
     else:
-        raise DataError(f"{path}: unknown data format '{path.suffix}'; use {', '.join(SUFFIXES)} or a directory of them")
+        raise DataError(
+            f"{path}: unknown data format '{path.suffix}'; use {', '.join(SUFFIXES)} or a directory of them"
+        )
 
 
 def _directory(path: Path) -> Iterator[tuple[str, Any]]:
@@ -97,7 +99,9 @@ def _directory(path: Path) -> Iterator[tuple[str, Any]]:
         return
     files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in SUFFIXES)
     if not files:
-        raise DataError(f"{path}: a directory with no {', '.join(SUFFIXES)} files and no dataset saved by datasets' save_to_disk")
+        raise DataError(
+            f"{path}: a directory with no {', '.join(SUFFIXES)} files and no dataset saved by datasets' save_to_disk"
+        )
     for file in files:
         yield from _file(file)
 
@@ -111,8 +115,10 @@ def _saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
         raise DataError(f"{path}: not a readable dataset saved with save_to_disk ({exc})") from exc
     if isinstance(loaded, datasets.DatasetDict):
         if "train" not in loaded:
-            raise DataError(f"{path}: a DatasetDict without a 'train' split (splits: {', '.join(loaded)}); "
-                            f"give the split's directory, e.g. {path / next(iter(loaded))}")
+            raise DataError(
+                f"{path}: a DatasetDict without a 'train' split (splits: {', '.join(loaded)}); "
+                f"give the split's directory, e.g. {path / next(iter(loaded))}"
+            )
         loaded = loaded["train"]
     for row_no, row in enumerate(loaded, start=1):
         yield f"{path}, row {row_no}", row

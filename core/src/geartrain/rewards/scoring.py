@@ -81,8 +81,15 @@ class RewardResult:
         errors = [i for i, row in enumerate(rows) if row["error"]]
         timeouts = [i for i, row in enumerate(rows) if row["timeout"]]
         metrics = summarize(exact, extras, term_scores, errors, timeouts)
-        return cls(scores=scores, extras=extras, errors=errors, metrics=metrics, term_scores=term_scores,
-                   timeouts=timeouts, _exact=exact)
+        return cls(
+            scores=scores,
+            extras=extras,
+            errors=errors,
+            metrics=metrics,
+            term_scores=term_scores,
+            timeouts=timeouts,
+            _exact=exact,
+        )
 
 
 def correctness(result: RewardResult) -> list[float]:
@@ -165,7 +172,9 @@ class RewardScorer:
         self._failure_logged = False
         self._timeout_logged = False
 
-    def _calls(self, responses: Sequence[str], truths: list[str], prompts: Sequence[str], metas: list[dict[str, Any]]) -> list[tuple[int, int | None]]:
+    def _calls(
+        self, responses: Sequence[str], truths: list[str], prompts: Sequence[str], metas: list[dict[str, Any]]
+    ) -> list[tuple[int, int | None]]:
         """The units of work, in order: ``(term, sample)`` for per-sample terms,
         ``(term, None)`` for a batched term's one call."""
         units: list[tuple[int, int | None]] = []
@@ -173,7 +182,14 @@ class RewardScorer:
             units += [(t, None)] if term.batched else [(t, i) for i in range(len(responses))]
         return units
 
-    def _call(self, unit: tuple[int, int | None], responses: Sequence[str], truths: list[str], prompts: Sequence[str], metas: list[dict[str, Any]]) -> Any:
+    def _call(
+        self,
+        unit: tuple[int, int | None],
+        responses: Sequence[str],
+        truths: list[str],
+        prompts: Sequence[str],
+        metas: list[dict[str, Any]],
+    ) -> Any:
         term, i = self.terms[unit[0]], unit[1]
         try:
             if i is None:
@@ -214,7 +230,15 @@ class RewardScorer:
                 stop.set()
             return list(results)
 
-    def _log_failure(self, term: RewardTerm, i: int, out: BaseException, prompts: Sequence[str], responses: Sequence[str], truths: list[str]) -> None:
+    def _log_failure(
+        self,
+        term: RewardTerm,
+        i: int,
+        out: BaseException,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        truths: list[str],
+    ) -> None:
         logger.warning(
             "reward function %s failed on sample %d (reward 0; this traceback is logged once, further "
             "failures are counted in reward/errors): %s: %s\n  prompt=%r\n  response=%r\n  ground_truth=%r",
@@ -291,14 +315,27 @@ class RewardScorer:
                 level,
                 "reward function %s timed out: reward.timeout_s = %ss for the batch ran out at sample %d of %d; it and "
                 "the %d samples after it score 0 (counted in reward/timeouts; later timeouts are only counted)",
-                self.name, self.timeout_s, timed_out[0], n, len(timed_out) - 1,
+                self.name,
+                self.timeout_s,
+                timed_out[0],
+                n,
+                len(timed_out) - 1,
             )
             self._timeout_logged = True
         if logged_now and len(failed) > 1:
-            logger.warning("reward function %s failed on %d of %d samples (rows %s)", self.name, len(failed), n, failed[:20])
+            logger.warning(
+                "reward function %s failed on %d of %d samples (rows %s)", self.name, len(failed), n, failed[:20]
+            )
         metrics = summarize(scores, extras, term_scores, errors, timed_out)
-        return RewardResult(scores=torch.tensor(scores, dtype=torch.float32), extras=extras, errors=errors,
-                            metrics=metrics, term_scores=term_scores, timeouts=timed_out, _exact=scores)
+        return RewardResult(
+            scores=torch.tensor(scores, dtype=torch.float32),
+            extras=extras,
+            errors=errors,
+            metrics=metrics,
+            term_scores=term_scores,
+            timeouts=timed_out,
+            _exact=scores,
+        )
 
 
 def score_batch(
@@ -319,8 +356,15 @@ def score_batch(
     return RewardScorer(fn, timeout_s=timeout_s).score(responses, ground_truths, prompts=prompts, metas=metas)
 
 
-def probe_term(term: RewardTerm, responses: list[str], truths: list[str], prompts: list[str],
-               metas: list[dict[str, Any]], where: list[str], notes: list[str] | None = None) -> str | None:
+def probe_term(
+    term: RewardTerm,
+    responses: list[str],
+    truths: list[str],
+    prompts: list[str],
+    metas: list[dict[str, Any]],
+    where: list[str],
+    notes: list[str] | None = None,
+) -> str | None:
     """Call ``term`` on a few samples as a run would and say what is wrong (``None``: it
     returned a usable score for each it did not raise on): a raise on every sample, or a
     return value that is not a number or a dict with a numeric ``score``. ``where`` names
@@ -342,8 +386,10 @@ def probe_term(term: RewardTerm, responses: list[str], truths: list[str], prompt
         if raised and not outs:
             return raised[0]
         if raised and notes is not None:
-            notes.append(f"reward '{term.name}' {raised[0]}; {len(raised)} of {len(responses)} probed rows raised: "
-                         "a run scores those samples 0 and counts them (reward/errors)")
+            notes.append(
+                f"reward '{term.name}' {raised[0]}; {len(raised)} of {len(responses)} probed rows raised: "
+                "a run scores those samples 0 and counts them (reward/errors)"
+            )
     for i, out in outs:
         try:
             parse_output(out)

@@ -72,17 +72,24 @@ def signature_problem(fn: Callable[..., Any], batched: bool) -> str | None:
     if batched:
         names = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
         if "completions" not in names and not var_kw:
-            return "a batched reward is called as f(prompts=..., completions=..., **columns) but it takes no 'completions'"
+            return (
+                "a batched reward is called as f(prompts=..., completions=..., **columns) but it takes no 'completions'"
+            )
         return None
     positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
     var_pos = any(p.kind is kinds.VAR_POSITIONAL for p in params)
     if len(positional) < 2 and not var_pos:
-        return (f"a per-sample reward is called as f(response, ground_truth, *, prompt, meta) but it takes "
-                f"{len(positional)} positional parameter(s); a batched one must name its first parameter "
-                "'prompts' or 'completions'")
+        return (
+            f"a per-sample reward is called as f(response, ground_truth, *, prompt, meta) but it takes "
+            f"{len(positional)} positional parameter(s); a batched one must name its first parameter "
+            "'prompts' or 'completions'"
+        )
     required = [p.name for p in positional[2:] if p.default is p.empty]
-    required += [p.name for p in params if p.kind is kinds.KEYWORD_ONLY and p.default is p.empty
-                 and p.name not in ("prompt", "meta")]
+    required += [
+        p.name
+        for p in params
+        if p.kind is kinds.KEYWORD_ONLY and p.default is p.empty and p.name not in ("prompt", "meta")
+    ]
     if required:
         return f"it requires {required[0]!r}, which a per-sample reward is not given (it gets prompt= and meta=)"
     return None
@@ -102,8 +109,14 @@ class RewardTerm:
     the ground truths under this name too, as TRL passes every column by its own name."""
 
 
-def make_term(spec: Any, *, name: str | None = None, weight: float = 1.0, batched: bool | None = None,
-              truth_column: str = "ground_truth") -> RewardTerm:
+def make_term(
+    spec: Any,
+    *,
+    name: str | None = None,
+    weight: float = 1.0,
+    batched: bool | None = None,
+    truth_column: str = "ground_truth",
+) -> RewardTerm:
     """A :class:`RewardTerm` from anything :func:`~geartrain.rewards.get_reward` accepts
     (a batched function is taken as it is). Raises :class:`GeartrainError` naming the spec
     when it cannot be resolved or its signature does not fit its convention."""
@@ -127,8 +140,14 @@ def as_terms(spec: Any) -> list[RewardTerm]:
     return [make_term(spec)]
 
 
-def call_batched(fn: Callable[..., Any], prompts: list[str], completions: list[str], truths: list[str],
-                 metas: list[dict[str, Any]], truth_column: str = "ground_truth") -> list[Any]:
+def call_batched(
+    fn: Callable[..., Any],
+    prompts: list[str],
+    completions: list[str],
+    truths: list[str],
+    metas: list[dict[str, Any]],
+    truth_column: str = "ground_truth",
+) -> list[Any]:
     """Call a batched ``fn`` with the keywords it accepts: ``prompts``, ``completions``,
     ``ground_truth`` (also as ``truth_column``, the data's own name for it) and each data
     column (lists, one entry per response)."""
@@ -147,6 +166,7 @@ def call_batched(fn: Callable[..., Any], prompts: list[str], completions: list[s
         out = out.tolist()
     if not isinstance(out, Sequence) or isinstance(out, str | bytes) or len(out) != len(completions):
         what = f"{type(out).__name__} of length {len(out)}" if isinstance(out, Sequence) else type(out).__name__
-        raise TypeError(f"a batched reward must return a list of {len(completions)} scores (one per completion), got {what}")
+        raise TypeError(
+            f"a batched reward must return a list of {len(completions)} scores (one per completion), got {what}"
+        )
     return list(out)
-

@@ -32,7 +32,9 @@ class PrefillRows(NamedTuple):
     """``[len(unique), width]`` position ids counted over real tokens, on the device."""
 
 
-def prefill_rows(prompts: Sequence[Sequence[int]], keys: Sequence[int], pad_token_id: int, device: torch.device) -> PrefillRows:
+def prefill_rows(
+    prompts: Sequence[Sequence[int]], keys: Sequence[int], pad_token_id: int, device: torch.device
+) -> PrefillRows:
     """One left-padded row per distinct prompt key (rows with the same key share a prompt:
     the samples of one prompt are prefilled once)."""
     first_row: dict[int, int] = {}
@@ -66,8 +68,13 @@ class DecodeRecord:
     ``t`` with the rows still generating; :meth:`results` gives ``(tokens, log_probs,
     finish_reason)`` per row in the original order."""
 
-    def __init__(self, budgets: Sequence[int], stop_token_ids: Sequence[int], stop_sequences: Sequence[Sequence[int]],
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        budgets: Sequence[int],
+        stop_token_ids: Sequence[int],
+        stop_sequences: Sequence[Sequence[int]],
+        device: torch.device,
+    ) -> None:
         rows, steps = len(budgets), max(budgets)
         self.steps = steps
         self.tokens = torch.zeros((rows, steps), dtype=torch.long)
@@ -105,8 +112,13 @@ class DeviceDecodeRecord:
     tokens are ignored): :attr:`done` says which. :meth:`results` reads everything back
     once, in :class:`DecodeRecord`'s format."""
 
-    def __init__(self, budgets: Sequence[int], stop_token_ids: Sequence[int], stop_sequences: Sequence[Sequence[int]],
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        budgets: Sequence[int],
+        stop_token_ids: Sequence[int],
+        stop_sequences: Sequence[Sequence[int]],
+        device: torch.device,
+    ) -> None:
         rows, steps = len(budgets), max(budgets)
         self.steps = steps
         self.tokens = torch.zeros((rows, steps), dtype=torch.long, device=device)
@@ -119,8 +131,9 @@ class DeviceDecodeRecord:
         self.stop_seqs = [torch.tensor(list(seq), dtype=torch.long, device=device) for seq in stop_sequences]
         # each row's last tokens of this call, newest last; -1 (no token id) before its first,
         # so a stop sequence longer than what a row generated cannot match
-        self.recent = torch.full((rows, max((len(q) for q in stop_sequences), default=0)), -1, dtype=torch.long,
-                                 device=device)
+        self.recent = torch.full(
+            (rows, max((len(q) for q in stop_sequences), default=0)), -1, dtype=torch.long, device=device
+        )
 
     def add(self, t: torch.Tensor, new: torch.Tensor, new_lp: torch.Tensor) -> None:
         """Record step ``t``'s token ``new`` ``[rows]`` and its log-prob for the rows not
@@ -133,7 +146,7 @@ class DeviceDecodeRecord:
         if self.recent.shape[1]:
             self.recent.copy_(torch.cat([self.recent[:, 1:], new.unsqueeze(1)], dim=1))
             for seq in self.stop_seqs:
-                is_stop |= (self.recent[:, self.recent.shape[1] - len(seq):] == seq).all(1)
+                is_stop |= (self.recent[:, self.recent.shape[1] - len(seq) :] == seq).all(1)
         self.lengths.copy_(torch.where(live, t + 1, self.lengths))
         self.stopped |= live & is_stop
         self.done |= is_stop | (t + 1 >= self.limits)
@@ -142,8 +155,9 @@ class DeviceDecodeRecord:
         return _rows(self.tokens, self.token_lps, self.lengths, self.stopped)
 
 
-def _rows(tokens: torch.Tensor, token_lps: torch.Tensor, lengths: torch.Tensor,
-          stopped: torch.Tensor) -> list[tuple[list[int], list[float], str]]:
+def _rows(
+    tokens: torch.Tensor, token_lps: torch.Tensor, lengths: torch.Tensor, stopped: torch.Tensor
+) -> list[tuple[list[int], list[float], str]]:
     """``(tokens, log_probs, finish_reason)`` per row, each row cut at its length."""
     n = lengths.tolist()
     rows = [row[:k] for row, k in zip(tokens.tolist(), n, strict=True)]

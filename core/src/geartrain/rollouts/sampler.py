@@ -42,8 +42,9 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return scaled
 
 
-def sample_tokens(logits: torch.Tensor, sampling: SamplingParams, seeds: torch.Tensor,
-                  counter: int | torch.Tensor) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, sampling: SamplingParams, seeds: torch.Tensor, counter: int | torch.Tensor
+) -> torch.Tensor:
     """One token per row of ``logits`` ``[b, V]`` (float32); row ``i`` draws the
     ``counter``-th number of the stream of ``seeds[i]`` (an int64 tensor on any device;
     ``counter`` an int or a 0-d int64 tensor on the logits' device)."""

@@ -112,9 +112,19 @@ class _StepState:
     """The buffers of one chunk's decode loop and the step that advances them. Every
     tensor keeps its address for the whole call (a captured step reads and writes them)."""
 
-    def __init__(self, *, forward: Callable[..., Any], cache: Any, record: DeviceDecodeRecord, sampling: SamplingParams,
-                 seeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, width: int,
-                 pad_token_id: int) -> None:
+    def __init__(
+        self,
+        *,
+        forward: Callable[..., Any],
+        cache: Any,
+        record: DeviceDecodeRecord,
+        sampling: SamplingParams,
+        seeds: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        width: int,
+        pad_token_id: int,
+    ) -> None:
         rows = len(seeds)
         self.forward, self.cache, self.record, self.sampling = forward, cache, record, sampling
         self.seeds, self.mask, self.positions, self.width = seeds, mask, positions, width
@@ -138,8 +148,13 @@ class _StepState:
         """One decode step: feed the last sampled tokens, then :meth:`choose` the next."""
         fed = (self.width + self.counter - 1).view(1, 1).expand(len(self.seeds), 1)
         self.mask.scatter_(1, fed, 1)
-        out = self.forward(input_ids=self.step_ids, attention_mask=self.mask, position_ids=self.positions,
-                           past_key_values=self.cache, use_cache=True)
+        out = self.forward(
+            input_ids=self.step_ids,
+            attention_mask=self.mask,
+            position_ids=self.positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         logits = out.logits[:, -1, :].float()
         self.positions += 1
         self.choose(logits)
@@ -150,8 +165,9 @@ class _DoneWatch:
     is copied to pinned host memory behind an event, and the host waits only when
     :data:`STEPS_IN_FLIGHT` steps are enqueued; elsewhere the flag is read at once."""
 
-    def __init__(self, flag: torch.Tensor, *, deferred: bool | None = None,
-                 event: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, flag: torch.Tensor, *, deferred: bool | None = None, event: Callable[[], Any] | None = None
+    ) -> None:
         """``deferred`` (default: on CUDA) reads the flag through events made by ``event``
         (default ``torch.cuda.Event``; tests pass a stand-in)."""
         self.flag = flag
@@ -211,8 +227,11 @@ def _capture(state: _StepState) -> torch.cuda.CUDAGraph | None:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             state.advance()
     except Exception as exc:  # noqa: BLE001 - any capture failure falls back to the uncaptured step
-        warnings.warn(f"torch rollout: the decode step could not be captured in a CUDA graph ({exc}); "
-                      "decoding without it (rollout.options.decode_graph = \"forward\" from now on)", stacklevel=3)
+        warnings.warn(
+            f"torch rollout: the decode step could not be captured in a CUDA graph ({exc}); "
+            'decoding without it (rollout.options.decode_graph = "forward" from now on)',
+            stacklevel=3,
+        )
         return None
     return graph
 
@@ -266,9 +285,15 @@ def decode_chunk_static(
         forward = _marking_steps(forward)
     record = DeviceDecodeRecord(budgets, sampling.stop_token_ids, sampling.stop_sequences, device)
     state = _StepState(
-        forward=forward, cache=static, record=record, sampling=sampling,
-        seeds=torch.tensor(seeds, dtype=torch.int64, device=device), mask=mask,
-        positions=positions[:, -1:].index_select(0, expand) + 1, width=width, pad_token_id=pad_token_id,
+        forward=forward,
+        cache=static,
+        record=record,
+        sampling=sampling,
+        seeds=torch.tensor(seeds, dtype=torch.int64, device=device),
+        mask=mask,
+        positions=positions[:, -1:].index_select(0, expand) + 1,
+        width=width,
+        pad_token_id=pad_token_id,
     )
     state.choose(logits)  # token 0, from the prefill
     del logits

@@ -32,9 +32,9 @@ import secrets
 import tempfile
 import time
 from collections.abc import Iterable
-from typing import Any, Literal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -140,11 +140,15 @@ def config_schema() -> type[BaseModel]:
 @hookimpl
 def build_rollout(config: RolloutConfig, model: ModelConfig, ctx: EngineContext) -> TorchRolloutEngine:
     if config.tensor_parallel_size != 1:
-        raise ConfigError([(
-            "tensor_parallel_size",
-            f"the torch rollout runs one model per rank, got {config.tensor_parallel_size} "
-            "(use the vllm or sglang rollout for tensor parallelism)",
-        )])
+        raise ConfigError(
+            [
+                (
+                    "tensor_parallel_size",
+                    f"the torch rollout runs one model per rank, got {config.tensor_parallel_size} "
+                    "(use the vllm or sglang rollout for tensor parallelism)",
+                )
+            ]
+        )
     options = options_of(config, TorchRolloutOptions)
     device = torch.device(ctx.device, ctx.local_rank) if ctx.device != "cpu" else torch.device("cpu")
     dtype = torch_dtype(config.dtype)
@@ -216,15 +220,24 @@ def update_weights(rollout: TorchRolloutEngine, named_tensors: Iterable[tuple[st
 
 
 @hookimpl
-def update_adapter(rollout: TorchRolloutEngine, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+def update_adapter(
+    rollout: TorchRolloutEngine, name: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]
+) -> None:
     """The adapter runs as forward hooks on the adapted linear layers (``out + scale x
     B(A x)``, PEFT's own order of operations); the weights stay the base's."""
     _check_live(rollout, "update the adapter")
     if rollout.adapter is not None:
         rollout.adapter.remove()
         rollout.adapter = None
-    rollout.adapter = LoraHooks.attach(rollout.model, tensors, config, device=rollout.device, dtype=rollout.dtype,
-                                       max_rank=rollout.config.max_lora_rank, name=name)
+    rollout.adapter = LoraHooks.attach(
+        rollout.model,
+        tensors,
+        config,
+        device=rollout.device,
+        dtype=rollout.dtype,
+        max_rank=rollout.config.max_lora_rank,
+        name=name,
+    )
 
 
 @hookimpl
@@ -319,7 +332,11 @@ def _trim_heap() -> None:
 def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: SamplingParams) -> Batch:
     _check_live(rollout, "generate")
     check_generate_inputs(
-        "torch", prompts, sampling, max_model_len=rollout.config.max_model_len, vocab_size=rollout.model.config.vocab_size
+        "torch",
+        prompts,
+        sampling,
+        max_model_len=rollout.config.max_model_len,
+        vocab_size=rollout.model.config.vocab_size,
     )
     if not prompts:
         return rollout_batch([], [], [], prompt_index=[], finish_reason=[], pad_token_id=rollout.pad_token_id)
@@ -334,8 +351,11 @@ def generate(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: Sa
     responses: list[list[int]] = []
     log_probs: list[list[float]] = []
     reasons: list[str] = []
-    ready_at = (simulated_finish_times(rollout, [sample_seed(base_seed, global_index[i], j) for i, j in rows])
-                if rollout.options.simulated_token_s > 0 else None)
+    ready_at = (
+        simulated_finish_times(rollout, [sample_seed(base_seed, global_index[i], j) for i, j in rows])
+        if rollout.options.simulated_token_s > 0
+        else None
+    )
     for start in range(0, len(rows), chunk):
         part = rows[start : start + chunk]
         out = _decode_chunk(
@@ -402,7 +422,9 @@ def chunk_rows(rollout: TorchRolloutEngine, prompts: list[list[int]], sampling: 
         cfg = rollout.model.config
         heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        longest = min(max(len(p) for p in prompts) + max(max_tokens_of(sampling, len(prompts))), rollout.config.max_model_len)
+        longest = min(
+            max(len(p) for p in prompts) + max(max_tokens_of(sampling, len(prompts))), rollout.config.max_model_len
+        )
         per_row = 2 * cfg.num_hidden_layers * heads * head_dim * longest * rollout.dtype.itemsize
         rows = min(rows, max(1, budget // per_row))
     return rows
@@ -435,8 +457,15 @@ def _decode_chunk(
         wanted = budgets if budgets is not None else [sampling.max_tokens] * b
         limits = [min(w, rollout.config.max_model_len - len(p)) for w, p in zip(wanted, prompts, strict=True)]
         return decode_chunk_static(
-            model, device, prompts, seeds, sampling, prompt_ids=keys, budgets=limits,
-            pad_token_id=rollout.pad_token_id, mode=rollout.options.decode_graph,
+            model,
+            device,
+            prompts,
+            seeds,
+            sampling,
+            prompt_ids=keys,
+            budgets=limits,
+            pad_token_id=rollout.pad_token_id,
+            mode=rollout.options.decode_graph,
         )
     unique, expand, input_ids, mask, positions = prefill_rows(prompts, keys, rollout.pad_token_id, device)
     wanted = budgets if budgets is not None else [sampling.max_tokens] * b
@@ -450,7 +479,11 @@ def _decode_chunk(
     last_only = last_logits_only(model)
     for t in range(steps):
         out = model(
-            input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache, use_cache=True,
+            input_ids=step_ids,
+            attention_mask=mask,
+            position_ids=step_pos,
+            past_key_values=cache,
+            use_cache=True,
             **last_only,
         )
         logits = out.logits[:, -1, :].float()

@@ -148,7 +148,9 @@ class EngineConformance(StandardSuite):
         :class:`~geartrain.config.ModelConfig` fields (``value_head=True``...)."""
         return ModelConfig(tiny=family, seed=overrides.pop("seed", 3), **overrides)
 
-    def make_engine(self, family: str, *, role: str = "actor", model: ModelConfig | None = None, **engine_overrides: Any) -> Engine:
+    def make_engine(
+        self, family: str, *, role: str = "actor", model: ModelConfig | None = None, **engine_overrides: Any
+    ) -> Engine:
         """An engine on one rank, with the context the inline placement gives a role: a
         process group of size 1 (shared by the suite's engines, kept for the process)."""
         if self.parallel:
@@ -182,9 +184,13 @@ class EngineConformance(StandardSuite):
         ref = reference_token_outputs(build_hf_model(engine.model_config), batch)
         valid = token_valid_mask(batch["attention_mask"])
         assert out.outputs["log_probs"].shape == batch["input_ids"].shape
-        torch.testing.assert_close(out.outputs["log_probs"][valid], ref["log_probs"][valid], atol=self.logprob_atol, rtol=0)
+        torch.testing.assert_close(
+            out.outputs["log_probs"][valid], ref["log_probs"][valid], atol=self.logprob_atol, rtol=0
+        )
         torch.testing.assert_close(out.outputs["entropy"][valid], ref["entropy"][valid], atol=self.entropy_atol, rtol=0)
-        assert torch.all(out.outputs["log_probs"][~valid] == 0), "undefined positions (padding, first tokens) must hold 0"
+        assert torch.all(out.outputs["log_probs"][~valid] == 0), (
+            "undefined positions (padding, first tokens) must hold 0"
+        )
 
     def test_one_rank_consumes_the_whole_batch(self, family: str) -> None:
         """One data-parallel slice per ``dp`` rank (sequence/tensor/pipeline peers share one)."""
@@ -200,9 +206,13 @@ class EngineConformance(StandardSuite):
         torch.testing.assert_close(shuffled, straight[order], atol=self.logprob_atol, rtol=0)
 
     # ------------------------------------------------------------------ training
-    def _reference_training(self, model_config: ModelConfig, steps: int, optim: OptimConfig) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
+    def _reference_training(
+        self, model_config: ModelConfig, steps: int, optim: OptimConfig
+    ) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
         model = build_hf_model(model_config).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
         losses, norms = [], []
         for step in range(steps):
             batch = _batch(seed=10 + step)
@@ -236,7 +246,9 @@ class EngineConformance(StandardSuite):
         assert norms == pytest.approx(ref_norms, abs=self.metric_atol)
         weights = self.full_weights(engine)
         for name, tensor in weights.items():
-            torch.testing.assert_close(tensor, ref_params[name], atol=self.param_atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(
+                tensor, ref_params[name], atol=self.param_atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+            )
 
     def test_micro_batching_does_not_change_the_step(self, family: str) -> None:
         big = self.make_engine(family, max_tokens_per_micro_batch=4096)
@@ -257,9 +269,16 @@ class EngineConformance(StandardSuite):
         # Reported through the metrics (summed over micro-batches and ranks), so the check
         # holds where loss_fn runs on other ranks: the sums equal calls x the global counts
         # only if every call saw the global counts.
-        def recording_loss(outputs: dict[str, torch.Tensor], micro: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        def recording_loss(
+            outputs: dict[str, torch.Tensor], micro: Batch, ctx: LossContext
+        ) -> tuple[torch.Tensor, dict[str, float]]:
             loss, metrics = token_mean_nll_loss(outputs, micro, ctx)
-            return loss, {**metrics, "calls": 1.0, "seen_tokens": float(ctx.global_tokens), "seen_sequences": float(ctx.global_sequences)}
+            return loss, {
+                **metrics,
+                "calls": 1.0,
+                "seen_tokens": float(ctx.global_tokens),
+                "seen_sequences": float(ctx.global_sequences),
+            }
 
         metrics = engine.forward_backward(batch, recording_loss).metrics
         engine.optimizer_step()
@@ -271,7 +290,9 @@ class EngineConformance(StandardSuite):
         engine = self.make_engine(family)
         before = self.full_weights(engine)
 
-        def nan_loss(outputs: dict[str, torch.Tensor], micro: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        def nan_loss(
+            outputs: dict[str, torch.Tensor], micro: Batch, ctx: LossContext
+        ) -> tuple[torch.Tensor, dict[str, float]]:
             share, metrics = token_mean_nll_loss(outputs, micro, ctx)
             return share * float("nan"), metrics
 
@@ -289,7 +310,9 @@ class EngineConformance(StandardSuite):
     def test_reported_lr_follows_the_schedule(self) -> None:
         """``optimizer_step`` reports the lr its update used, on the schedule
         :mod:`geartrain.optim` states (``geartrain.optim.clipped_step`` does this)."""
-        optim = OptimConfig(lr=1e-3, weight_decay=0.0, warmup_steps=2, lr_schedule="linear", total_steps=4, min_lr_ratio=0.5)
+        optim = OptimConfig(
+            lr=1e-3, weight_decay=0.0, warmup_steps=2, lr_schedule="linear", total_steps=4, min_lr_ratio=0.5
+        )
         engine = self.make_engine(self.families[0], optim=optim)
         lrs = []
         for step in range(5):
@@ -469,12 +492,16 @@ class EngineConformance(StandardSuite):
             engine = self.make_lora_engine(lora_family, sync=sync)
             self._engine_training(engine, 2)
             rollout = Rollout(
-                RolloutConfig(backend="torch", max_lora_rank=self.lora_rank), engine.model_config, EngineContext(role="rollout")
+                RolloutConfig(backend="torch", max_lora_rank=self.lora_rank),
+                engine.model_config,
+                EngineContext(role="rollout"),
             )
             first = engine.sync_weights(rollout)
             self._engine_training(engine, 1, first_seed=30)
             stats.append((first, engine.sync_weights(rollout)))
-            sampled = rollout.generate([[1, 40, 41, 42], [1, 50, 51], [1, 60, 61, 62, 63]], SamplingParams(n=2, max_tokens=8, seed=5))
+            sampled = rollout.generate(
+                [[1, 40, 41, 42], [1, 50, 51], [1, 60, 61, 62, 63]], SamplingParams(n=2, max_tokens=8, seed=5)
+            )
             mine = engine.compute_log_probs(sampled).outputs["log_probs"]
             mask = sampled["response_mask"].bool()
             torch.testing.assert_close(mine[mask], sampled["rollout_log_probs"][mask], atol=self.logprob_atol, rtol=0)

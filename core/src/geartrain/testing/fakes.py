@@ -44,8 +44,17 @@ from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
 from geartrain.hookspecs import hookimpl
 from geartrain.layout import check_generate_inputs, rollout_batch
 from geartrain.optim import build_optimizer, clipped_step
-from geartrain.types import Capability, EngineContext, LossContext, LossFn, MemoryStats
-from geartrain.types import SamplingParams, StepOutput, SyncStats, WeightReceiver
+from geartrain.types import (
+    Capability,
+    EngineContext,
+    LossContext,
+    LossFn,
+    MemoryStats,
+    SamplingParams,
+    StepOutput,
+    SyncStats,
+    WeightReceiver,
+)
 from geartrain.weights import send_weights
 
 __all__ = [
@@ -166,7 +175,9 @@ class _FakeEngine:
         return module
 
     @hookimpl
-    def shard(self, module: torch.nn.Module, config: EngineConfig, model_config: ModelConfig, ctx: EngineContext) -> FakeModel:
+    def shard(
+        self, module: torch.nn.Module, config: EngineConfig, model_config: ModelConfig, ctx: EngineContext
+    ) -> FakeModel:
         self.owner.record(ctx.role, "shard", lr=config.optim.lr)
         model = FakeModel(module=module, config=config, ctx=ctx, value_head=model_config.value_head)
         if config.optim.lr > 0:
@@ -174,10 +185,17 @@ class _FakeEngine:
         return model
 
     @hookimpl
-    def forward_backward(self, model: FakeModel, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
+    def forward_backward(
+        self, model: FakeModel, batch: Batch, loss_fn: LossFn | None, forward_only: bool
+    ) -> StepOutput:
         need_entropy = bool(batch.info.get("need_entropy", False))
         self.owner.record(
-            model.ctx.role, "forward_backward", batch, forward_only=forward_only, loss=loss_fn is not None, need_entropy=need_entropy
+            model.ctx.role,
+            "forward_backward",
+            batch,
+            forward_only=forward_only,
+            loss=loss_fn is not None,
+            need_entropy=need_entropy,
         )
         with torch.set_grad_enabled(not forward_only):
             outputs = fake_outputs(model, batch, need_entropy)
@@ -196,7 +214,9 @@ class _FakeEngine:
         self.owner.record(model.ctx.role, "optimizer_step")
         if model.optimizer is None:
             raise RuntimeError(f"fake engine: role {model.ctx.role} has no optimizer (lr=0)")
-        return clipped_step(model.module.parameters(), model.optimizer, model.scheduler, model.config.optim.clip_grad).metrics()
+        return clipped_step(
+            model.module.parameters(), model.optimizer, model.scheduler, model.config.optim.clip_grad
+        ).metrics()
 
     @hookimpl
     def reshard_for_rollout(self, model: FakeModel, rollout: WeightReceiver | None) -> SyncStats:
@@ -305,7 +325,9 @@ class FakeBackends:
         if batch is None:
             self.calls.append(FakeCall(role=role, hook=hook, detail=detail))
         else:
-            self.calls.append(FakeCall(role=role, hook=hook, keys=_keys(batch), rows=len(batch), detail=detail, batch=batch))
+            self.calls.append(
+                FakeCall(role=role, hook=hook, keys=_keys(batch), rows=len(batch), detail=detail, batch=batch)
+            )
 
     def register(self) -> None:
         """Make the fakes available as the engine and rollout backends of their names."""

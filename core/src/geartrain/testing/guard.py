@@ -23,12 +23,16 @@ class StandardSuite:
         if cls.__dict__.get("_standard_suite", False):
             return
         suites = [b for b in cls.__mro__[1:] if b.__dict__.get("_standard_suite", False)]
-        standard = {name: vars(suite)[name] for suite in reversed(suites) for name in vars(suite) if name.startswith("test_")}
+        standard = {
+            name: vars(suite)[name] for suite in reversed(suites) for name in vars(suite) if name.startswith("test_")
+        }
         unknown = sorted(set(cls.overridden_tests) - set(standard))
         if unknown:
             raise TypeError(f"{cls.__name__}.overridden_tests names {unknown}, which are not standard tests")
         silent = sorted(
-            name for name, original in standard.items() if getattr(cls, name) is not original and name not in cls.overridden_tests
+            name
+            for name, original in standard.items()
+            if getattr(cls, name) is not original and name not in cls.overridden_tests
         )
         if silent:
             raise TypeError(

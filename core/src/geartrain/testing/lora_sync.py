@@ -23,7 +23,9 @@ from geartrain.types import EngineContext, SamplingParams, SyncStats
 SYNC_MODES = ("merged", "adapter")
 
 
-def trained_lora_engine(model: ModelConfig, sync: str, *, backend: str = "fsdp", rank: int = 8, steps: int = 3) -> Engine:
+def trained_lora_engine(
+    model: ModelConfig, sync: str, *, backend: str = "fsdp", rank: int = 8, steps: int = 3
+) -> Engine:
     """An engine whose rank-``rank`` adapters (alpha ``2 rank``) trained ``steps`` NLL steps
     at a learning rate high enough to move the log-probs visibly."""
     lora = LoraConfig(rank=rank, alpha=2 * rank, sync=sync)  # type: ignore[arg-type]

@@ -37,7 +37,15 @@ from geartrain.cluster import Dispatch, Placement, WorkerGroup
 from geartrain.config import EngineConfig, ModelConfig
 from geartrain.engine import Engine
 from geartrain.rollout import WeightReceiver
-from geartrain.types import AdapterReceiver, DataParallelCoordinates, EngineContext, LossFn, MemoryStats, StepOutput, SyncStats
+from geartrain.types import (
+    AdapterReceiver,
+    DataParallelCoordinates,
+    EngineContext,
+    LossFn,
+    MemoryStats,
+    StepOutput,
+    SyncStats,
+)
 
 _keys = itertools.count()
 
@@ -93,10 +101,16 @@ class EngineRank:
             if dp_rank != mine:
                 continue
             if sorted(outputs) != sorted(out.outputs):
-                raise AssertionError(f"rank {self.rank} returned outputs {sorted(out.outputs)}, its peer rank {peer} {sorted(outputs)}")
+                raise AssertionError(
+                    f"rank {self.rank} returned outputs {sorted(out.outputs)}, its peer rank {peer} {sorted(outputs)}"
+                )
             for key, tensor in out.outputs.items():
                 if not torch.equal(tensor, outputs[key]):
-                    diff = (tensor.float() - outputs[key].float()).abs().max() if tensor.shape == outputs[key].shape else "shape"
+                    diff = (
+                        (tensor.float() - outputs[key].float()).abs().max()
+                        if tensor.shape == outputs[key].shape
+                        else "shape"
+                    )
                     raise AssertionError(
                         f"'{key}' differs between rank {self.rank} and rank {peer} of the same data-parallel slice "
                         f"({diff}): every rank of a slice must return the same outputs"
@@ -106,7 +120,9 @@ class EngineRank:
     def optimizer_step(self) -> dict[str, float]:
         return self.engine.optimizer_step()
 
-    def sync_weights(self, dtype: torch.dtype | None, bucket_bytes: int, adapters: bool = False) -> tuple[SyncStats, Any, Any]:
+    def sync_weights(
+        self, dtype: torch.dtype | None, bucket_bytes: int, adapters: bool = False
+    ) -> tuple[SyncStats, Any, Any]:
         """The stats, and on rank 0 the tensors and the adapter (``update_adapter``'s
         arguments, when the receiver takes adapters and the engine sent one)."""
         receiver = _Receiver(dtype, bucket_bytes, adapters) if dtype is not None else None
@@ -145,8 +161,13 @@ class RankedEngine:
         self.config, self.model_config = config, model
         self.info = plugins.backend_info("engine", config.backend)
         self.group: WorkerGroup = placement.group(
-            f"{role}-{next(_keys)}", EngineRank, config, model, role,
-            world_size=config.parallel.world_size, pool=pool,
+            f"{role}-{next(_keys)}",
+            EngineRank,
+            config,
+            model,
+            role,
+            world_size=config.parallel.world_size,
+            pool=pool,
         )
         size = getattr(self.group, "dp_size", config.parallel.world_size)
         self.dp = DataParallelCoordinates(rank=0, size=size)
@@ -155,7 +176,9 @@ class RankedEngine:
     def name(self) -> str:
         return self.config.backend
 
-    def forward_backward(self, batch: Batch, loss_fn: LossFn | None = None, *, forward_only: bool = False) -> StepOutput:
+    def forward_backward(
+        self, batch: Batch, loss_fn: LossFn | None = None, *, forward_only: bool = False
+    ) -> StepOutput:
         return self.group.call("forward_backward", batch, loss_fn, forward_only, dispatch=Dispatch.DP)
 
     def compute_log_probs(self, batch: Batch, *, entropy: bool = False, adapters_off: bool = False) -> StepOutput:

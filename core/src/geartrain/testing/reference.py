@@ -51,9 +51,7 @@ def make_batch(
     )
 
 
-def random_batch(
-    seed: int = 0, rows: int = 6, prompt_max: int = 7, response_max: int = 9, vocab: int = 128
-) -> Batch:
+def random_batch(seed: int = 0, rows: int = 6, prompt_max: int = 7, response_max: int = 9, vocab: int = 128) -> Batch:
     """``rows`` rows of ``[left pad | prompt | response | right pad]`` with random prompt
     (``1..prompt_max``) and response (``1..response_max``) lengths and token ids in
     ``[4, vocab)``: ``input_ids``, ``attention_mask``, ``loss_mask`` (the response) and
@@ -99,7 +97,9 @@ def reference_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     ).logits.float()
 
 
-def token_outputs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def token_outputs_from_logits(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Shift ``logits`` ``[B, T, V]`` into per-token ``log_probs``/``entropy`` aligned to
     ``input_ids``; undefined positions are 0."""
     logp = torch.log_softmax(logits[:, :-1], dim=-1)
@@ -126,7 +126,9 @@ def reference_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return values * token_valid_mask(mask)
 
 
-def token_mean_nll_loss(outputs: dict[str, torch.Tensor], micro_batch: Batch, ctx) -> tuple[torch.Tensor, dict[str, float]]:  # noqa: ANN001
+def token_mean_nll_loss(
+    outputs: dict[str, torch.Tensor], micro_batch: Batch, ctx
+) -> tuple[torch.Tensor, dict[str, float]]:  # noqa: ANN001
     """A loss function in the ``LossFn`` contract: negative log-likelihood of the
     ``loss_mask`` tokens, as this micro-batch's share of the global token mean."""
     mask = micro_batch["loss_mask"].to(outputs["log_probs"].dtype)

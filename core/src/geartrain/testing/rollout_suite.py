@@ -37,9 +37,9 @@ from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
 from geartrain.layout import cut_at_stop
+from geartrain.modeling import BOS, tiny_model, tiny_tokenizer
 from geartrain.rollout import Rollout
 from geartrain.testing.guard import StandardSuite
-from geartrain.modeling import BOS, tiny_model, tiny_tokenizer
 from geartrain.types import EngineContext, MemoryStats, SamplingParams
 
 #: Prompts of different lengths, so batches are really left-padded.
@@ -376,8 +376,12 @@ class RolloutConformance(StandardSuite):
         stops = [[prompt[-1], tokens[0]] for prompt, tokens in zip(prompts, free, strict=True)]
         # and a 3-token sequence whose first occurrence in a greedy response ends latest
         late = max(
-            ((i, j) for i, tokens in enumerate(free) for j in range(len(tokens) - 2)
-             if cut_at_stop(tokens, [tokens[j : j + 3]]) == j + 3),
+            (
+                (i, j)
+                for i, tokens in enumerate(free)
+                for j in range(len(tokens) - 2)
+                if cut_at_stop(tokens, [tokens[j : j + 3]]) == j + 3
+            ),
             key=lambda c: c[1],
         )
         stops.append(free[late[0]][late[1] : late[1] + 3])
@@ -461,7 +465,9 @@ class RolloutConformance(StandardSuite):
         sampling = SamplingParams(temperature=1.0, seed=51)
         tasks = [{"prompt": str(i)} for i in range(len(prompts))]
         episodes, _ = runner.run(prompts, tasks, sampling)
-        assert [(e.finish, e.model_turns) for e in episodes] == [("done", 3)] * len(prompts), [e.error for e in episodes]
+        assert [(e.finish, e.model_turns) for e in episodes] == [("done", 3)] * len(prompts), [
+            e.error for e in episodes
+        ]
         batch = episode_batch(episodes, pad_token_id=0)
         mask = batch["response_mask"].bool()
         assert int(mask.sum()) == 3 * 6 * len(prompts), "every model turn uses its whole budget (no stops)"
@@ -624,7 +630,9 @@ class RolloutConformance(StandardSuite):
         yield r
         r.shutdown()
 
-    def random_adapter(self, reference: torch.nn.Module, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.nn.Module]:
+    def random_adapter(
+        self, reference: torch.nn.Module, seed: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.nn.Module]:
         """A PEFT-named adapter on every linear layer of the decoder, its adapter config, and
         the plain model with the adapter merged in (the reference its samples must match)."""
         g = torch.Generator().manual_seed(seed)
@@ -641,8 +649,16 @@ class RolloutConformance(StandardSuite):
                 with torch.no_grad():
                     merged.get_submodule(name).weight += (alpha / r) * b @ a
                 targets.add(name.rsplit(".", 1)[-1])
-        config = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": sorted(targets),
-                  "use_rslora": False, "bias": "none", "lora_dropout": 0.0, "base_model_name_or_path": None}
+        config = {
+            "peft_type": "LORA",
+            "r": r,
+            "lora_alpha": alpha,
+            "target_modules": sorted(targets),
+            "use_rslora": False,
+            "bias": "none",
+            "lora_dropout": 0.0,
+            "base_model_name_or_path": None,
+        }
         return tensors, config, merged
 
     def test_update_adapter_serves_base_plus_scaled_BA(

@@ -1,7 +1,7 @@
 """The training job: configuration, roles, the SFT warm start and the GRPO/PPO loop.
 
-    from geartrain.trainer import load_train_config, run_job
-    result = run_job(load_train_config("examples/arithmetic/grpo.toml"))
+from geartrain.trainer import load_train_config, run_job
+result = run_job(load_train_config("examples/arithmetic/grpo.toml"))
 """
 
 from geartrain.trainer.config import TrainConfig, load_train_config

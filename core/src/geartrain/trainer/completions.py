@@ -56,8 +56,15 @@ class CompletionsLogger:
     """Writes ``per_step`` episodes of each step (and every validation output) to
     ``path``; ``tensorboard`` (a ``SummaryWriter``) also gets them as a text table."""
 
-    def __init__(self, path: str | Path, per_step: int, *, seed: int, resume_step: int | None = None,
-                 tensorboard: Any | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        per_step: int,
+        *,
+        seed: int,
+        resume_step: int | None = None,
+        tensorboard: Any | None = None,
+    ) -> None:
         self.jsonl = JsonlLogger(path, resume_step=resume_step)
         self.per_step = per_step
         self.seed = seed
@@ -94,7 +101,13 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
     head = ["prompt", "response", "reward", *terms, "advantage"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
-        row = [r["prompt"], r["response"], r["reward"], *(r["rewards"].get(t, "") for t in terms), r.get("advantage", "")]
+        row = [
+            r["prompt"],
+            r["response"],
+            r["reward"],
+            *(r["rewards"].get(t, "") for t in terms),
+            r.get("advantage", ""),
+        ]
         lines.append("| " + " | ".join(cell(v) for v in row) + " |")
     return "\n".join(lines)
 

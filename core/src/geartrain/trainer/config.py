@@ -155,12 +155,15 @@ class AlgorithmConfig(Section):
         "reached the step trains on the groups it has (dynamic_sampling/short = 1).",
     )
     dro_beta: float | None = Field(
-        None, gt=0, description="DRO policy loss: weight of its quadratic log-ratio penalty (verl's dro_beta); needed by "
-        "policy_loss = 'dro'."
+        None,
+        gt=0,
+        description="DRO policy loss: weight of its quadratic log-ratio penalty (verl's dro_beta); needed by "
+        "policy_loss = 'dro'.",
     )
     gpg_f_norm: float = Field(1.0, gt=0, description="GPG estimator: the advantage is divided by this (verl's f_norm).")
     gdpo_reward_keys: list[str] | None = Field(
-        None, description="GDPO estimator: the reward terms (reward.terms names) normalised one by one; null: every term."
+        None,
+        description="GDPO estimator: the reward terms (reward.terms names) normalised one by one; null: every term.",
     )
     gdpo_reward_weights: list[float] | None = Field(
         None, description="GDPO estimator: one weight per entry of gdpo_reward_keys (null: 1 each)."
@@ -464,7 +467,9 @@ class ClusterConfig(Section):
     instance for the job and stops it at the end."""
     resources_per_rank: RankResources = Field(default_factory=RankResources)
     """``ray``: what each rank reserves."""
-    colocate: list[Literal["reference", "critic", "reward"]] = Field(default_factory=lambda: ["reference", "critic", "reward"])
+    colocate: list[Literal["reference", "critic", "reward"]] = Field(
+        default_factory=lambda: ["reference", "critic", "reward"]
+    )
     """``ray``: roles hosted in the actor's ranks (the same processes as actor and rollout;
     their parallel sizes must then multiply to the actor's). The others get ranks of their
     own. A rule-function reward has no model and always runs in the driver."""
@@ -519,49 +524,105 @@ def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
         product = parallel.world_size
         sizes = f"dp*sp*tp*pp = {parallel.dp}*{parallel.sp}*{parallel.tp}*{parallel.pp} = {product}"
         if cluster.placement == "inline" and product > 1:
-            problems.append((key, f"{sizes} ranks, but cluster.placement = 'inline' runs every role on 1 rank; "
-                             "set cluster.placement = \"ray\" (e.g. the override cluster.placement=ray) to run "
-                             f"{product} ranks, or make the product 1"))
+            problems.append(
+                (
+                    key,
+                    f"{sizes} ranks, but cluster.placement = 'inline' runs every role on 1 rank; "
+                    'set cluster.placement = "ray" (e.g. the override cluster.placement=ray) to run '
+                    f"{product} ranks, or make the product 1",
+                )
+            )
         elif cluster.placement == "ray" and role != "actor" and role in cluster.colocate and product != actor_ranks:
-            problems.append((key, f"{sizes}, but '{role}' is colocated with the actor (cluster.colocate) and gets "
-                             f"its {actor_ranks} ranks; make the product {actor_ranks}, or remove '{role}' from "
-                             "cluster.colocate to give it ranks of its own"))
+            problems.append(
+                (
+                    key,
+                    f"{sizes}, but '{role}' is colocated with the actor (cluster.colocate) and gets "
+                    f"its {actor_ranks} ranks; make the product {actor_ranks}, or remove '{role}' from "
+                    "cluster.colocate to give it ranks of its own",
+                )
+            )
     if config.reward.workers > 0:
         if config.reward.model is not None:
-            problems.append(("reward.workers", "runs rule functions on workers of their own; a reward model's ranks "
-                             "are reward.engine.parallel: drop reward.workers"))
+            problems.append(
+                (
+                    "reward.workers",
+                    "runs rule functions on workers of their own; a reward model's ranks "
+                    "are reward.engine.parallel: drop reward.workers",
+                )
+            )
         elif cluster.placement != "ray":
-            problems.append(("reward.workers", f"{config.reward.workers} reward workers run as Ray actors; set "
-                             "cluster.placement = \"ray\" (the override cluster.placement=ray), or reward.workers = 0 "
-                             "to score in the driver"))
+            problems.append(
+                (
+                    "reward.workers",
+                    f"{config.reward.workers} reward workers run as Ray actors; set "
+                    'cluster.placement = "ray" (the override cluster.placement=ray), or reward.workers = 0 '
+                    "to score in the driver",
+                )
+            )
     if config.rollout.placement == "separate":
         if cluster.placement != "ray":
-            problems.append(("rollout.placement", "'separate' runs the replicas as Ray actors of their own; "
-                             "set cluster.placement = \"ray\" (the override cluster.placement=ray)"))
+            problems.append(
+                (
+                    "rollout.placement",
+                    "'separate' runs the replicas as Ray actors of their own; "
+                    'set cluster.placement = "ray" (the override cluster.placement=ray)',
+                )
+            )
         if config.trainer.async_rollout:
-            problems.append(("trainer.async_rollout", "the separate rollout overlaps generation itself "
-                             "(algorithm.max_staleness); set trainer.async_rollout = false"))
+            problems.append(
+                (
+                    "trainer.async_rollout",
+                    "the separate rollout overlaps generation itself "
+                    "(algorithm.max_staleness); set trainer.async_rollout = false",
+                )
+            )
         if config.trainer.free_memory:
-            problems.append(("trainer.free_memory", "the separate rollout shares no memory with the trainer; "
-                             "set trainer.free_memory = false"))
+            problems.append(
+                (
+                    "trainer.free_memory",
+                    "the separate rollout shares no memory with the trainer; set trainer.free_memory = false",
+                )
+            )
         if config.rollout.agent is not None:
-            problems.append(("rollout.agent", "multi-turn episodes run in the colocated rollout only for now; "
-                             "use rollout.placement = \"colocated\" with rollout.agent"))
+            problems.append(
+                (
+                    "rollout.agent",
+                    "multi-turn episodes run in the colocated rollout only for now; "
+                    'use rollout.placement = "colocated" with rollout.agent',
+                )
+            )
         if config.actor.lora is not None:
-            problems.append(("actor.lora", "the separate rollout receives merged full weights only for now; "
-                             "drop actor.lora or use rollout.placement = \"colocated\""))
+            problems.append(
+                (
+                    "actor.lora",
+                    "the separate rollout receives merged full weights only for now; "
+                    'drop actor.lora or use rollout.placement = "colocated"',
+                )
+            )
     elif config.algorithm.max_staleness > 0:
-        problems.append(("algorithm.max_staleness", "bounds the staleness of the separate rollout; set "
-                         "rollout.placement = \"separate\", or trainer.async_rollout for the colocated one"))
+        problems.append(
+            (
+                "algorithm.max_staleness",
+                "bounds the staleness of the separate rollout; set "
+                'rollout.placement = "separate", or trainer.async_rollout for the colocated one',
+            )
+        )
     if cluster.placement == "ray" and config.trainer.async_rollout:
-        problems.append(("trainer.async_rollout", "the async rollout runs on one rank only for now; "
-                         "set trainer.async_rollout = false with cluster.placement = \"ray\""))
+        problems.append(
+            (
+                "trainer.async_rollout",
+                "the async rollout runs on one rank only for now; "
+                'set trainer.async_rollout = false with cluster.placement = "ray"',
+            )
+        )
     return problems
 
 
 #: Advantage estimators whose baseline is the group of samples of one prompt: with
 #: ``sampling.n = 1`` each degenerates to the raw score (no baseline), so the job is refused.
-GROUP_BASELINE_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "grpo_passk", "opo", "gpg", "reinforce_plus_plus_baseline"})
+GROUP_BASELINE_ESTIMATORS = frozenset(
+    {"grpo", "dr_grpo", "rloo", "grpo_passk", "opo", "gpg", "reinforce_plus_plus_baseline"}
+)
 
 
 class TrainConfig(Section):
@@ -622,7 +683,11 @@ class TrainConfig(Section):
         """Each trained optimizer's section (by path) with the number of optimizer steps the
         job takes and how that number follows from the trainer; ``optim.total_steps`` must
         equal it."""
-        sections = {"actor.engine.optim": self.actor.engine.optim, "critic.engine.optim": self.critic.engine.optim, "sft.optim": self.sft.optim}
+        sections = {
+            "actor.engine.optim": self.actor.engine.optim,
+            "critic.engine.optim": self.critic.engine.optim,
+            "sft.optim": self.sft.optim,
+        }
         counts = optimizer_step_counts(self.algorithm, self.trainer, self.sft)
         return {path: (sections[path], steps, how) for path, (steps, how) in counts.items()}
 
@@ -693,7 +758,13 @@ class TrainConfig(Section):
         SFT warm start's order; sampling derives its seeds from it) unless a section sets its
         own ``seed``."""
         seed = self.trainer.seed
-        for owner, name in ((self, "model"), (self, "data"), (self, "sft"), (self.critic, "model"), (self.reward, "model")):
+        for owner, name in (
+            (self, "model"),
+            (self, "data"),
+            (self, "sft"),
+            (self.critic, "model"),
+            (self.reward, "model"),
+        ):
             section = getattr(owner, name)
             if section is not None and "seed" not in section.model_fields_set and section.seed != seed:
                 object.__setattr__(owner, name, section.model_copy(update={"seed": seed}))
@@ -737,8 +808,10 @@ class TrainConfig(Section):
             )
         if self.sampling.n < 2 and (algo.dynamic_sampling or algo.estimator in GROUP_BASELINE_ESTIMATORS):
             if algo.dynamic_sampling:
-                raise ValueError(f"algorithm.dynamic_sampling compares the samples of a prompt: set sampling.n >= 2 "
-                                 f"(it is {self.sampling.n})")
+                raise ValueError(
+                    f"algorithm.dynamic_sampling compares the samples of a prompt: set sampling.n >= 2 "
+                    f"(it is {self.sampling.n})"
+                )
             raise ValueError(
                 f"algorithm.advantage = '{algo.estimator}' takes its baseline from the other samples of the same prompt, "
                 f"so with sampling.n = {self.sampling.n} it would train with no baseline at all: set sampling.n >= 2, "
@@ -787,13 +860,25 @@ def silent_default_problems(
         return []
     problems = []
     if "model" not in config.model_fields_set:
-        problems.append(("model.path", "not set: name the policy to train, model.path = \"<hub id or directory>\" "
-                         "(or model.tiny = \"qwen2\" for a tiny random model that only tries the pipeline)"))
-    named = "reward" in config.model_fields_set and bool({"function", "model", "functions"} & config.reward.model_fields_set)
+        problems.append(
+            (
+                "model.path",
+                'not set: name the policy to train, model.path = "<hub id or directory>" '
+                '(or model.tiny = "qwen2" for a tiny random model that only tries the pipeline)',
+            )
+        )
+    named = "reward" in config.model_fields_set and bool(
+        {"function", "model", "functions"} & config.reward.model_fields_set
+    )
     if reward_given is False and not named:
-        problems.append(("reward.function", "not set: name how responses are scored, reward.function = "
-                         "\"my_reward.py:score\" (a file next to the job file), a registered name (arithmetic, gsm8k, "
-                         "math_boxed) or \"package.module:function\"; or [[reward.functions]] / reward.model"))
+        problems.append(
+            (
+                "reward.function",
+                "not set: name how responses are scored, reward.function = "
+                '"my_reward.py:score" (a file next to the job file), a registered name (arithmetic, gsm8k, '
+                'math_boxed) or "package.module:function"; or [[reward.functions]] / reward.model',
+            )
+        )
     return problems
 
 

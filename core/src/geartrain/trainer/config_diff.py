@@ -33,14 +33,26 @@ RULES: list[tuple[str, Verdict, str]] = [
     ("actor.engine.parallel", "applied", "the engine reshards the checkpoint onto the new ranks (FSDP's DCP does)"),
     ("critic.engine.parallel", "applied", "the engine reshards the checkpoint onto the new ranks (FSDP's DCP does)"),
     ("reference.engine.parallel", "applied", "the reference is rebuilt from the starting policy on the new ranks"),
-    ("actor.engine.optim.total_steps", "applied", "the LR schedule's horizon follows trainer.total_steps; its position comes from the checkpoint"),
-    ("critic.engine.optim.total_steps", "applied", "the LR schedule's horizon follows trainer.total_steps; its position comes from the checkpoint"),
+    (
+        "actor.engine.optim.total_steps",
+        "applied",
+        "the LR schedule's horizon follows trainer.total_steps; its position comes from the checkpoint",
+    ),
+    (
+        "critic.engine.optim.total_steps",
+        "applied",
+        "the LR schedule's horizon follows trainer.total_steps; its position comes from the checkpoint",
+    ),
     ("actor.engine.max_tokens_per_micro_batch", "applied", "micro-batching does not change the result"),
     ("critic.engine.max_tokens_per_micro_batch", "applied", "micro-batching does not change the result"),
     ("actor.engine.gradient_checkpointing", "applied", "recomputation does not change the result"),
     ("critic.engine.gradient_checkpointing", "applied", "recomputation does not change the result"),
     ("actor.lora", "refused", "the checkpoint holds adapters of this rank and these targets, trained with this scale"),
-    ("actor.engine.lora", "refused", "the checkpoint holds adapters of this rank and these targets, trained with this scale"),
+    (
+        "actor.engine.lora",
+        "refused",
+        "the checkpoint holds adapters of this rank and these targets, trained with this scale",
+    ),
     ("actor.lora.sync", "applied", "how the adapters reach the rollout; the rollout is rebuilt"),
     ("actor.engine.lora.sync", "applied", "how the adapters reach the rollout; the rollout is rebuilt"),
     ("actor.lora.export_merged", "applied", "takes effect at the export"),
@@ -115,7 +127,12 @@ def check_resume_config(saved: dict[str, Any], new: dict[str, Any], source: str)
         applied = [c for c in changes if c.verdict == "applied"]
         if applied:
             problems.append(("", "would be applied: " + "; ".join(c.line() for c in applied)))
-        problems.append(("", "revert the refused settings to resume, or start a new run (another trainer.output_dir, "
-                             "or --overwrite; e.g. from this run's export with model.path=<output_dir>/hf)"))
+        problems.append(
+            (
+                "",
+                "revert the refused settings to resume, or start a new run (another trainer.output_dir, "
+                "or --overwrite; e.g. from this run's export with model.path=<output_dir>/hf)",
+            )
+        )
         raise ConfigError(problems, f"--resume of {source}: the config differs from the run's")
     return changes

@@ -77,8 +77,14 @@ def run_episode_share(
         max_model_len=max_model_len,
     )
     runner = EpisodeRunner(
-        generate, tokenizer, factory, limits, stop_texts=agent.stop_texts, chat_template=agent.chat_template,
-        observation_role=agent.observation_role, workers=agent.workers,
+        generate,
+        tokenizer,
+        factory,
+        limits,
+        stop_texts=agent.stop_texts,
+        chat_template=agent.chat_template,
+        observation_role=agent.observation_role,
+        workers=agent.workers,
     )
     ids, index, tasks = prompts["prompt_ids"], prompts["prompt_index"], prompts["task"]
     rows = [(i, j) for i in range(len(ids)) for j in range(n)]
@@ -113,13 +119,20 @@ def annotate_episodes(batch: Batch, prompts: PromptBatch, n: int) -> tuple[Batch
     return batch, episode_metrics(records)
 
 
-def generate_episodes(actor: WorkerGroup, config: TrainConfig, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+def generate_episodes(
+    actor: WorkerGroup, config: TrainConfig, prompts: PromptBatch, sampling: SamplingParams
+) -> tuple[Batch, dict[str, float]]:
     """The RL step's rollout when ``rollout.agent`` is set: ``sampling.n`` episodes of each
     of ``prompts`` on the actor group's ranks (``Dispatch.DP``), annotated, with the
     rollout's and the episodes' metrics."""
     assert config.rollout.agent is not None
     batch, metrics = actor.call(
-        "run_episodes", episode_prompt_batch(prompts), sampling, config.rollout.agent, config.base_dir, dispatch=Dispatch.DP
+        "run_episodes",
+        episode_prompt_batch(prompts),
+        sampling,
+        config.rollout.agent,
+        config.base_dir,
+        dispatch=Dispatch.DP,
     )
     batch, agent_metrics = annotate_episodes(batch, prompts, sampling.n)
     return batch, {**metrics, **agent_metrics}
@@ -152,7 +165,11 @@ def render_sample(batch: Batch, row: int = 0) -> str:
 def log_sample(batch: Batch, output_dir: str | Path, step: int, rows: Sequence[int] = (0,)) -> str:
     """Append rendered episodes of ``batch`` to ``<output_dir>/episodes.log`` under a
     header naming ``step``, log them (``geartrain.agents``, INFO), and return the text."""
-    text = f"--- step {step}: sample episode(s) ---\n" + "\n\n".join(render_sample(batch, r) for r in rows if r < len(batch)) + "\n"
+    text = (
+        f"--- step {step}: sample episode(s) ---\n"
+        + "\n\n".join(render_sample(batch, r) for r in rows if r < len(batch))
+        + "\n"
+    )
     path = Path(output_dir) / "episodes.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:

@@ -23,8 +23,10 @@ def run_of(checkpoint: Path) -> tuple[Path, Path]:
     CheckpointManager.check_complete(checkpoint)
     run = checkpoint.resolve().parents[2]
     if not (run / "config.json").is_file():
-        raise CheckpointError(f"{checkpoint}: no config.json in its run directory {run}; give a checkpoint inside a run "
-                              "(<output_dir>/checkpoints/actor/step_N)")
+        raise CheckpointError(
+            f"{checkpoint}: no config.json in its run directory {run}; give a checkpoint inside a run "
+            "(<output_dir>/checkpoints/actor/step_N)"
+        )
     return checkpoint, run
 
 
@@ -42,14 +44,20 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     policy = config.model
     sft_dir = run / "sft_model"
     if config.sft.enabled and (sft_dir / "config.json").is_file():  # RL started from the warm start
-        policy = ModelConfig(path=str(sft_dir.resolve()), dtype=policy.dtype, attn_implementation=policy.attn_implementation)
+        policy = ModelConfig(
+            path=str(sft_dir.resolve()), dtype=policy.dtype, attn_implementation=policy.attn_implementation
+        )
     tokenizer = load_tokenizer(config.model)
     engine = Engine(config.actor.engine, policy, EngineContext(role="actor", seed=config.trainer.seed))
     extra = engine.load_checkpoint(checkpoint)
     out = engine.export_hf(Path(out_dir), tokenizer)
     if (out / "config.json").is_file():  # a LoRA export is an adapter directory
         step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
-        card = ModelCard(base_model=base_model_name(config.model), algorithm=config.algorithm.name.upper(), steps=step,
-                         source=str(checkpoint))
+        card = ModelCard(
+            base_model=base_model_name(config.model),
+            algorithm=config.algorithm.name.upper(),
+            steps=step,
+            source=str(checkpoint),
+        )
         finish_hf_export(out, card, tokenizer)
     return out

@@ -113,8 +113,14 @@ class Generation:
     def greedy(self, max_tokens: int | None = None) -> SamplingParams:
         """One greedy response per prompt (validation, ReMax's baseline)."""
         max_tokens = max_tokens or self.config.sampling.max_tokens
-        return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=self.stop_ids,
-                              stop_sequences=self.stop_sequences, seed=0)
+        return SamplingParams(
+            n=1,
+            temperature=0.0,
+            max_tokens=max_tokens,
+            stop_token_ids=self.stop_ids,
+            stop_sequences=self.stop_sequences,
+            seed=0,
+        )
 
     def generate(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
         """``sampling.n`` samples of each of ``prompts``, prompt-major, annotated; with the

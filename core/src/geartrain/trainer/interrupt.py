@@ -65,8 +65,10 @@ class InterruptWatch:
 
     def __enter__(self) -> InterruptWatch:
         # only over Python's own handler (a shell's Ctrl-C); SIG_IGN and others are left alone
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
             signal.signal(signal.SIGINT, self._handle)
             self._installed = True
         return self

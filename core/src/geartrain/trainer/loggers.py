@@ -20,8 +20,10 @@ from typing import Any, Protocol
 from geartrain.errors import GeartrainError
 
 #: What installs each optional logger from a checkout (until the packages are published).
-INSTALL = {"wandb": "pip install './core[wandb]'  (or: pip install wandb)",
-           "mlflow": "pip install './core[mlflow]'  (or: pip install mlflow-skinny)"}
+INSTALL = {
+    "wandb": "pip install './core[wandb]'  (or: pip install wandb)",
+    "mlflow": "pip install './core[mlflow]'  (or: pip install mlflow-skinny)",
+}
 
 
 class MetricLogger(Protocol):
@@ -38,7 +40,9 @@ def _import(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise GeartrainError(f"trainer.loggers names '{name}' but it is not installed ({exc}); install it: {INSTALL[name]}") from None
+        raise GeartrainError(
+            f"trainer.loggers names '{name}' but it is not installed ({exc}); install it: {INSTALL[name]}"
+        ) from None
 
 
 def numbers(record: Mapping[str, Any]) -> dict[str, float]:
@@ -68,12 +72,21 @@ class WandbLogger:
     """A W&B run in ``<output_dir>/wandb``; the RL and SFT steps are on the ``trainer/step``
     axis. A resumed job continues the same run (its id is derived from the output dir)."""
 
-    def __init__(self, output_dir: Path, *, project: str, name: str, config: Mapping[str, Any], mode: str | None,
-                 resume: bool) -> None:
+    def __init__(
+        self, output_dir: Path, *, project: str, name: str, config: Mapping[str, Any], mode: str | None, resume: bool
+    ) -> None:
         wandb = _import("wandb")
         run_id = hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:12]
-        self.run = wandb.init(project=project, name=name, id=run_id, dir=str(output_dir), config=dict(config),
-                              mode=mode, resume="allow" if resume else None, reinit="finish_previous")
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            id=run_id,
+            dir=str(output_dir),
+            config=dict(config),
+            mode=mode,
+            resume="allow" if resume else None,
+            reinit="finish_previous",
+        )
         self.run.define_metric("trainer/step")
         self.run.define_metric("*", step_metric="trainer/step")
 
@@ -90,8 +103,9 @@ class MlflowLogger:
     """An MLflow run in experiment ``project``, at ``tracking_uri`` (default: the local
     store ``<output_dir>/mlruns``); the config as parameters, every number as a metric."""
 
-    def __init__(self, output_dir: Path, *, project: str, name: str, config: Mapping[str, Any],
-                 tracking_uri: str | None) -> None:
+    def __init__(
+        self, output_dir: Path, *, project: str, name: str, config: Mapping[str, Any], tracking_uri: str | None
+    ) -> None:
         self.mlflow = _import("mlflow")
         if tracking_uri is None:
             # the local file store needs no server or database (mlflow-skinny has no SQL);

@@ -137,7 +137,10 @@ PLOTS: list[tuple[str, list[str]]] = [
     ("KL / entropy", ["actor/ppo_kl", "actor/kl_loss", "actor/entropy"]),
     ("response length", ["response/length_mean"]),
     ("grad norm", ["actor/grad_norm"]),
-    ("seconds per phase", ["timing/generate_s", "timing/reward_s", "timing/log_probs_s", "timing/update_s", "timing/weight_sync_s"]),
+    (
+        "seconds per phase",
+        ["timing/generate_s", "timing/reward_s", "timing/log_probs_s", "timing/update_s", "timing/weight_sync_s"],
+    ),
 ]
 
 
@@ -180,7 +183,7 @@ def plot_curves(records: list[dict[str, Any]], path: str | Path, *, title: str =
         ax.grid(alpha=0.3)
         if len(keys) > 1:
             ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title)

@@ -46,7 +46,9 @@ def resolve_reward(spec: str | Callable[..., Any] | None, base_dir: str | None) 
     return fn
 
 
-def _resolve_reward(config: TrainConfig, reward_fn: Any | None, problems: list[tuple[str, str]]) -> list[RewardTerm] | None:
+def _resolve_reward(
+    config: TrainConfig, reward_fn: Any | None, problems: list[tuple[str, str]]
+) -> list[RewardTerm] | None:
     """The job's reward terms (``None`` with a reward model); each one that does not resolve
     or whose signature does not fit is a problem under its key."""
     reward = config.reward
@@ -72,16 +74,22 @@ def _resolve_reward(config: TrainConfig, reward_fn: Any | None, problems: list[t
     return terms if len(terms) == len(specs) else None
 
 
-def _probe_rewards(config: TrainConfig, terms: list[RewardTerm], dataset: PromptDataset, problems: list[tuple[str, str]],
-                   notes: list[str] | None = None) -> None:
+def _probe_rewards(
+    config: TrainConfig,
+    terms: list[RewardTerm],
+    dataset: PromptDataset,
+    problems: list[tuple[str, str]],
+    notes: list[str] | None = None,
+) -> None:
     """Call every reward term on the first rows, with each row's ground truth as the
     response (a dummy a run could produce), as step 1 would."""
     rows = dataset.rows[:4]
     truths = ["" if r.ground_truth is None else r.ground_truth for r in rows]
     for i, term in enumerate(terms):
         key = f"reward.functions[{i}].function" if config.reward.functions else "reward.function"
-        problem = probe_term(term, truths, truths, [r.prompt for r in rows], [dict(r.meta) for r in rows],
-                             [r.where for r in rows], notes)
+        problem = probe_term(
+            term, truths, truths, [r.prompt for r in rows], [dict(r.meta) for r in rows], [r.where for r in rows], notes
+        )
         if problem:
             problems.append((key, f"'{term.name}' {problem}"))
 
@@ -107,23 +115,40 @@ def _positions_fit(config: TrainConfig, problems: list[tuple[str, str]]) -> None
     text = getattr(hf, "text_config", None) or hf
     positions = getattr(text, "max_position_embeddings", None)
     if isinstance(positions, int) and config.rollout.max_model_len > positions:
-        problems.append(("rollout.max_model_len", (
-            f"{config.rollout.max_model_len} exceeds the model's max_position_embeddings={positions}; "
-            f"set rollout.max_model_len <= {positions}"
-        )))
+        problems.append(
+            (
+                "rollout.max_model_len",
+                (
+                    f"{config.rollout.max_model_len} exceeds the model's max_position_embeddings={positions}; "
+                    f"set rollout.max_model_len <= {positions}"
+                ),
+            )
+        )
 
 
-def _fit(key: str, dataset: PromptDataset, config: TrainConfig, max_tokens: int, problems: list[tuple[str, str]], notes: list[str]) -> None:
+def _fit(
+    key: str,
+    dataset: PromptDataset,
+    config: TrainConfig,
+    max_tokens: int,
+    problems: list[tuple[str, str]],
+    notes: list[str],
+) -> None:
     limit = config.rollout.max_model_len
     lengths = [(len(r.prompt_ids), r.where) for r in dataset.rows]
     crash = [(n, w) for n, w in lengths if n >= limit]
     if crash:
         n, where = max(crash)
-        problems.append((key, (
-            f"{len(crash)} of {len(lengths)} prompts have >= rollout.max_model_len={limit} tokens, leaving no room to "
-            f"generate (longest: {n} tokens, {where}); set data.max_prompt_length={limit - max_tokens} to drop them "
-            "or raise rollout.max_model_len"
-        )))
+        problems.append(
+            (
+                key,
+                (
+                    f"{len(crash)} of {len(lengths)} prompts have >= rollout.max_model_len={limit} tokens, leaving no room to "
+                    f"generate (longest: {n} tokens, {where}); set data.max_prompt_length={limit - max_tokens} to drop them "
+                    "or raise rollout.max_model_len"
+                ),
+            )
+        )
     capped = [(n, w) for n, w in lengths if n < limit and n + max_tokens > limit]
     if capped:
         n, where = max(capped)
@@ -134,8 +159,12 @@ def _fit(key: str, dataset: PromptDataset, config: TrainConfig, max_tokens: int,
 
 
 def preflight(
-    config: TrainConfig, *, reward_fn: Callable[..., Any] | None = None, tokenizer: Any | None = None,
-    data: DataSource | None = None, validation_data: DataSource | None = None,
+    config: TrainConfig,
+    *,
+    reward_fn: Callable[..., Any] | None = None,
+    tokenizer: Any | None = None,
+    data: DataSource | None = None,
+    validation_data: DataSource | None = None,
 ) -> Preflight:
     """Check ``config``'s data, reward and prompt lengths; raise :class:`ConfigError`
     listing every problem, or return the checked pieces. ``data`` / ``validation_data``
@@ -162,17 +191,29 @@ def preflight(
     data_cfg = config.data.model_copy(update={"path": config.resolve(config.data.path)})
     sources: list[tuple[str, Any, Callable[[Any], PromptDataset]]] = [
         ("data.path", data if data is not None else data_cfg.path, lambda p: PromptDataset(p, tokenizer, data_cfg)),
-        ("validation.path", validation_data if validation_data is not None else config.resolve(config.validation.path),
-         lambda p: PromptDataset(p, tokenizer, data_cfg)),
+        (
+            "validation.path",
+            validation_data if validation_data is not None else config.resolve(config.validation.path),
+            lambda p: PromptDataset(p, tokenizer, data_cfg),
+        ),
     ]
-    raw_paths = {"data.path": config.data.path, "validation.path": config.validation.path, "sft.path": config.sft.path,
-                 "sft.dev_path": config.sft.dev_path}
+    raw_paths = {
+        "data.path": config.data.path,
+        "validation.path": config.validation.path,
+        "sft.path": config.sft.path,
+        "sft.dev_path": config.sft.dev_path,
+    }
     if config.sft.enabled:
-        sources.append(("sft.path", config.resolve(config.sft.path), lambda p: sft_dataset(config.sft, p, tokenizer, config.data)))
-        sources.append((
-            "sft.dev_path", config.resolve(config.sft.dev_path),
-            lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p})),
-        ))
+        sources.append(
+            ("sft.path", config.resolve(config.sft.path), lambda p: sft_dataset(config.sft, p, tokenizer, config.data))
+        )
+        sources.append(
+            (
+                "sft.dev_path",
+                config.resolve(config.sft.dev_path),
+                lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p})),
+            )
+        )
     for key, path, build in sources:
         if path is None:
             if key == "data.path" or (key == "sft.path" and config.sft.enabled):
@@ -180,7 +221,9 @@ def preflight(
             continue
         raw = raw_paths.get(key)
         if isinstance(path, str) and isinstance(raw, str) and not Path(path).exists() and looks_like_hub_id(raw):
-            problems.append((key, f"'{raw}' is not a file or directory here; if it is a Hugging Face hub id, {HUB_HINT}"))
+            problems.append(
+                (key, f"'{raw}' is not a file or directory here; if it is a Hugging Face hub id, {HUB_HINT}")
+            )
             continue
         try:
             result.datasets[key] = build(path)

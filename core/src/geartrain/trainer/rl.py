@@ -207,10 +207,15 @@ class RLTrainer:
         reuse = actor_updates and reuses_update_log_probs(self.config)
         with timed(metrics, "timing/log_probs_s"):
             old_from = None if reuse else self.roles.actor  # reuse: the update gives the old log-probs
-            metrics.update(forward(
-                batch, actor=old_from, reference=self.roles.reference, critic=self.roles.critic,
-                reference_call=self.roles.reference_call,
-            ))
+            metrics.update(
+                forward(
+                    batch,
+                    actor=old_from,
+                    reference=self.roles.reference,
+                    critic=self.roles.critic,
+                    reference_call=self.roles.reference_call,
+                )
+            )
         metrics.update(self.advantages(batch))
         with timed(metrics, "timing/update_s"):
             metrics.update(self.update(batch, step, actor=actor_updates, reuse=reuse))
@@ -231,8 +236,12 @@ class RLTrainer:
             token_rewards = token_rewards + batch["turn_rewards"]
         if self.kl_ctrl is not None:
             token_rewards, kl_metrics = apply_kl_penalty(
-                token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,
-                coef=self.kl_ctrl.value, kind=algo.kl_kind,
+                token_rewards,
+                batch["old_log_probs"],
+                batch["ref_log_probs"],
+                mask,
+                coef=self.kl_ctrl.value,
+                kind=algo.kl_kind,
             )
             metrics.update(kl_metrics)
             self.kl_ctrl.update(kl_metrics["actor/reward_kl_penalty"], n_steps=len(batch))
@@ -241,7 +250,10 @@ class RLTrainer:
             token_rewards,
             mask,
             config=AdvantageConfig(
-                gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_by_std, unbiased_var=algo.unbiased_var,
+                gamma=algo.gamma,
+                lam=algo.lam,
+                norm_by_std=algo.norm_by_std,
+                unbiased_var=algo.unbiased_var,
                 gpg_f_norm=algo.gpg_f_norm,
                 gdpo_weights=tuple(algo.gdpo_reward_weights) if algo.gdpo_reward_weights else None,
             ),

@@ -67,14 +67,18 @@ def train_mini_batches(engine: Engine, parts: list[Batch], loss_fn: Any) -> dict
     return {k: v / max(len(parts), 1) for k, v in totals.items()}
 
 
-def train_epochs(engine: Engine, batch: Batch | list[Batch], loss_fn: Any, epochs: int, mini_batches: int, seed: int) -> dict[str, float]:
+def train_epochs(
+    engine: Engine, batch: Batch | list[Batch], loss_fn: Any, epochs: int, mini_batches: int, seed: int
+) -> dict[str, float]:
     """``batch`` as planned mini-batches (a list, see :func:`plan_mini_batches`), or a whole
     batch planned here into ``epochs`` x ``mini_batches`` optimizer steps."""
     parts = batch if isinstance(batch, list) else plan_mini_batches(batch, epochs, mini_batches, seed)
     return train_mini_batches(engine, parts, loss_fn)
 
 
-def _prompts_and_sampling(prompts: list[list[int]] | Batch, sampling: SamplingParams) -> tuple[list[list[int]], SamplingParams]:
+def _prompts_and_sampling(
+    prompts: list[list[int]] | Batch, sampling: SamplingParams
+) -> tuple[list[list[int]], SamplingParams]:
     """A generate call's prompts: token-id lists, or a data-parallel share of a prompt batch
     (:func:`geartrain.cluster.dispatch.prompt_batch`) whose ``prompt_index`` keeps the
     samples placement-invariant."""
@@ -170,8 +174,14 @@ class ActorRolloutWorker:
         self._enter_rollout(metrics)
         start = time.perf_counter()
         batch, episode_metrics = run_episode_share(
-            self.rollout.generate, self._tokenizer(), prompts, sampling, agent,
-            base_dir=base_dir, max_model_len=self.rollout.config.max_model_len, rank=self.rank,
+            self.rollout.generate,
+            self._tokenizer(),
+            prompts,
+            sampling,
+            agent,
+            base_dir=base_dir,
+            max_model_len=self.rollout.config.max_model_len,
+            rank=self.rank,
         )
         metrics.update(episode_metrics)
         metrics["timing/generate_s"] = time.perf_counter() - start
@@ -254,7 +264,9 @@ class ActorRolloutWorker:
         model with the adapters off (no second copy of the weights)."""
         return self.engine.compute_log_probs(batch, adapters_off=True)
 
-    def update(self, batch: Batch | list[Batch], epochs: int = 1, mini_batches: int = 1, seed: int = 0) -> dict[str, float]:
+    def update(
+        self, batch: Batch | list[Batch], epochs: int = 1, mini_batches: int = 1, seed: int = 0
+    ) -> dict[str, float]:
         """Train on ``batch``: planned mini-batches (a list), or one batch planned here."""
         for part in batch if isinstance(batch, list) else [batch]:
             part.info["need_entropy"] = False
@@ -271,7 +283,9 @@ class ActorRolloutWorker:
         metrics = dict(out.metrics)
         metrics.update(self.engine.optimizer_step())
         metrics.update(self._updated())
-        return StepOutput(outputs=out.outputs, metrics={f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()})
+        return StepOutput(
+            outputs=out.outputs, metrics={f"actor/{k}" if "/" not in k else k: v for k, v in metrics.items()}
+        )
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, root: str, step: int, extra: dict[str, Any], keep_last: int) -> str:
@@ -313,7 +327,9 @@ class CriticWorker:
     def compute_values(self, batch: Batch) -> StepOutput:
         return self.engine.compute_log_probs(batch)
 
-    def update(self, batch: Batch | list[Batch], epochs: int = 1, mini_batches: int = 1, seed: int = 0) -> dict[str, float]:
+    def update(
+        self, batch: Batch | list[Batch], epochs: int = 1, mini_batches: int = 1, seed: int = 0
+    ) -> dict[str, float]:
         metrics = train_epochs(self.engine, batch, self.loss_fn, epochs, mini_batches, seed)
         return {f"critic/{k}" if "/" not in k else k: v for k, v in metrics.items()}
 
@@ -373,7 +389,9 @@ class SFTWorker:
     """Supervised fine-tuning of the policy model (the warm start), with an optional
     rollout to score it greedily while it trains."""
 
-    def __init__(self, engine: EngineConfig, model: ModelConfig, rollout: RolloutConfig | None = None, *, ctx: EngineContext) -> None:
+    def __init__(
+        self, engine: EngineConfig, model: ModelConfig, rollout: RolloutConfig | None = None, *, ctx: EngineContext
+    ) -> None:
         self.engine = Engine(engine, model, ctx)
         self.model_config = model
         self.rollout = None
@@ -387,14 +405,22 @@ class SFTWorker:
         self.engine.sync_weights(self.rollout)
         return _global_prompt_index(self.rollout.generate(prompts, sampling), sampling)
 
-    def run_episodes(self, prompts: Batch, sampling: SamplingParams, agent: AgentConfig, base_dir: str | None = None) -> Batch:
+    def run_episodes(
+        self, prompts: Batch, sampling: SamplingParams, agent: AgentConfig, base_dir: str | None = None
+    ) -> Batch:
         """Multi-turn episodes from the current SFT weights (see
         :meth:`ActorRolloutWorker.run_episodes`)."""
         assert self.rollout is not None, "SFTWorker was built without a rollout"
         self.engine.sync_weights(self.rollout)
         batch, _ = run_episode_share(
-            self.rollout.generate, load_tokenizer(self.model_config), prompts, sampling, agent,
-            base_dir=base_dir, max_model_len=self.rollout.config.max_model_len, rank=self.engine.ctx.rank,
+            self.rollout.generate,
+            load_tokenizer(self.model_config),
+            prompts,
+            sampling,
+            agent,
+            base_dir=base_dir,
+            max_model_len=self.rollout.config.max_model_len,
+            rank=self.engine.ctx.rank,
         )
         return batch
 

@@ -77,12 +77,21 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
     sampling = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop_token_ids=stop, seed=0)
     if cfg.rollout.agent is not None:  # greedy episodes: the answer is the last model turn
         prompts = PromptBatch(rows=rows, indices=list(range(len(rows))), epoch=-1)
-        batch = group.call("run_episodes", episode_prompt_batch(prompts), sampling, cfg.rollout.agent, cfg.base_dir, dispatch=Dispatch.DP)
+        batch = group.call(
+            "run_episodes",
+            episode_prompt_batch(prompts),
+            sampling,
+            cfg.rollout.agent,
+            cfg.base_dir,
+            dispatch=Dispatch.DP,
+        )
         batch, _ = annotate_episodes(batch, prompts, 1)
     else:
         batch = group.call("generate", prompt_batch([r.prompt_ids for r in rows]), sampling, dispatch=Dispatch.DP)
         mask = batch["response_mask"].bool()
-        texts = tokenizer.batch_decode([batch["input_ids"][i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True)
+        texts = tokenizer.batch_decode(
+            [batch["input_ids"][i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True
+        )
         batch["response_text"] = texts
         batch["ground_truth"] = [r.ground_truth for r in rows]
         batch["prompt"] = [r.prompt for r in rows]
@@ -127,9 +136,15 @@ class Job:
     """Builds the roles for ``config`` and runs them; see :func:`run_job`."""
 
     def __init__(
-        self, config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
-        reward_fn: Callable[..., Any] | None = None, echo: Callable[[str], None] = print,
-        data: DataSource | None = None, validation_data: DataSource | None = None,
+        self,
+        config: TrainConfig,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        reward_fn: Callable[..., Any] | None = None,
+        echo: Callable[[str], None] = print,
+        data: DataSource | None = None,
+        validation_data: DataSource | None = None,
     ) -> None:
         self.config = config
         self.resume = resume
@@ -177,7 +192,9 @@ class Job:
             try:
                 old = json.loads(saved.read_text(encoding="utf-8"))
             except (UnicodeDecodeError, ValueError) as exc:
-                raise CheckpointError(f"{saved} is unreadable ({exc}); cannot compare the config of the run to resume") from None
+                raise CheckpointError(
+                    f"{saved} is unreadable ({exc}); cannot compare the config of the run to resume"
+                ) from None
             changes = check_resume_config(old, self.config.model_dump(mode="json"), str(self.out))
             if changes:
                 self.echo(f"--resume: the config differs from the run's in {len(changes)} setting(s), all applied:")
@@ -196,8 +213,14 @@ class Job:
         engine = cfg.actor.engine.model_copy(update={"optim": cfg.sft.optim, "lora": None})
         dev = pre.datasets.get("sft.dev_path")
         group = self._placement().group(
-            "actor", SFTWorker, engine, cfg.model, cfg.rollout if dev is not None else None,
-            world_size=engine.parallel.world_size, pool="actor", seed=cfg.trainer.seed,
+            "actor",
+            SFTWorker,
+            engine,
+            cfg.model,
+            cfg.rollout if dev is not None else None,
+            world_size=engine.parallel.world_size,
+            pool="actor",
+            seed=cfg.trainer.seed,
         )
         evaluate = None
         if dev is not None:
@@ -229,9 +252,13 @@ class Job:
         config = self.config.model_dump(mode="json")
         out: list[Any] = []
         if "wandb" in t.loggers:
-            out.append(WandbLogger(self.out, project=t.project, name=name, config=config, mode=t.wandb_mode, resume=resume))
+            out.append(
+                WandbLogger(self.out, project=t.project, name=name, config=config, mode=t.wandb_mode, resume=resume)
+            )
         if "mlflow" in t.loggers:
-            out.append(MlflowLogger(self.out, project=t.project, name=name, config=config, tracking_uri=t.mlflow_tracking_uri))
+            out.append(
+                MlflowLogger(self.out, project=t.project, name=name, config=config, tracking_uri=t.mlflow_tracking_uri)
+            )
         return out
 
     def _sft_model(self) -> ModelConfig:
@@ -239,7 +266,9 @@ class Job:
         its manifest."""
         sft_dir = self.out / "sft_model"
         if not (sft_dir / "config.json").exists():
-            raise CheckpointError(f"{sft_dir} is missing: the SFT warm start of this run did not finish; start afresh with --overwrite")
+            raise CheckpointError(
+                f"{sft_dir} is missing: the SFT warm start of this run did not finish; start afresh with --overwrite"
+            )
         problems = verify_manifest(sft_dir, exclude=frozenset())
         if problems:
             raise CheckpointError(
@@ -261,36 +290,74 @@ class Job:
 
         separate = cfg.rollout.placement == "separate"
         actor: WorkerGroup = placement.group(
-            "actor", TrainerWorker if separate else ActorRolloutWorker, cfg.actor.engine, policy, cfg.rollout,
-            actor_loss_config(cfg), free_memory=cfg.trainer.free_memory, async_rollout=cfg.trainer.async_rollout,
-            world_size=cfg.actor.engine.parallel.world_size, pool="actor", seed=seed,
+            "actor",
+            TrainerWorker if separate else ActorRolloutWorker,
+            cfg.actor.engine,
+            policy,
+            cfg.rollout,
+            actor_loss_config(cfg),
+            free_memory=cfg.trainer.free_memory,
+            async_rollout=cfg.trainer.async_rollout,
+            world_size=cfg.actor.engine.parallel.world_size,
+            pool="actor",
+            seed=seed,
         )
         rollout = None
         if separate:  # the replicas: processes of their own, each a whole inference engine
             actor = VersionedGroup(actor)
-            rollout = placement.group("rollout", RolloutReplica, cfg.rollout, policy, world_size=cfg.rollout.replicas,
-                                      pool="rollout", seed=seed, resources=cfg.rollout.resources_per_replica)
+            rollout = placement.group(
+                "rollout",
+                RolloutReplica,
+                cfg.rollout,
+                policy,
+                world_size=cfg.rollout.replicas,
+                pool="rollout",
+                seed=seed,
+                resources=cfg.rollout.resources_per_replica,
+            )
         reference, reference_call = None, "compute_log_probs"
         if cfg.builds_reference and cfg.actor.lora is not None:
             # the reference equals the initial policy = the actor's base with its adapters off
             reference, reference_call = actor, "compute_ref_log_probs"
             saved = reference_weight_bytes(policy)
-            self.echo(f"reference policy: the actor's base with LoRA adapters off (no second copy: {saved / 2**20:.1f} MiB saved)")
+            self.echo(
+                f"reference policy: the actor's base with LoRA adapters off (no second copy: {saved / 2**20:.1f} MiB saved)"
+            )
         elif cfg.builds_reference:
-            reference = placement.group("reference", ReferenceWorker, cfg.reference.engine, policy,
-                                        world_size=cfg.reference.engine.parallel.world_size, pool=pool("reference"), seed=seed)
+            reference = placement.group(
+                "reference",
+                ReferenceWorker,
+                cfg.reference.engine,
+                policy,
+                world_size=cfg.reference.engine.parallel.world_size,
+                pool=pool("reference"),
+                seed=seed,
+            )
         critic = None
         if cfg.builds_critic:
             critic_model = cfg.critic.model or policy.model_copy(update={"value_head": True})
             critic = placement.group(
-                "critic", CriticWorker, cfg.critic.engine, critic_model,
+                "critic",
+                CriticWorker,
+                cfg.critic.engine,
+                critic_model,
                 critic_loss_config(cfg),
-                world_size=cfg.critic.engine.parallel.world_size, pool=pool("critic"), seed=seed,
+                world_size=cfg.critic.engine.parallel.world_size,
+                pool=pool("critic"),
+                seed=seed,
             )
         if cfg.reward.model is None and cfg.reward.workers > 0:  # rule functions on Ray actors of their own
             reward: WorkerGroup = placement.group(
-                "reward", RewardWorker, self.reward_fn, None, None, timeout_s=cfg.reward.timeout_s,
-                world_size=cfg.reward.workers, pool="reward", seed=seed, resources=cfg.reward.resources_per_worker,
+                "reward",
+                RewardWorker,
+                self.reward_fn,
+                None,
+                None,
+                timeout_s=cfg.reward.timeout_s,
+                world_size=cfg.reward.workers,
+                pool="reward",
+                seed=seed,
+                resources=cfg.reward.resources_per_worker,
             )
         elif cfg.reward.model is None:  # a rule function needs no model: it runs in the driver
             reward = InlineWorkerGroup(
@@ -298,11 +365,24 @@ class Job:
             )
         else:
             reward = placement.group(
-                "reward", RewardWorker, None, cfg.reward.engine, cfg.reward.model, timeout_s=cfg.reward.timeout_s,
-                world_size=cfg.reward.engine.parallel.world_size, pool=pool("reward"), seed=seed,
+                "reward",
+                RewardWorker,
+                None,
+                cfg.reward.engine,
+                cfg.reward.model,
+                timeout_s=cfg.reward.timeout_s,
+                world_size=cfg.reward.engine.parallel.world_size,
+                pool=pool("reward"),
+                seed=seed,
             )
-        return RLRoles(actor=actor, reward=reward, reference=reference, critic=critic, reference_call=reference_call,
-                       rollout=rollout)
+        return RLRoles(
+            actor=actor,
+            reward=reward,
+            reference=reference,
+            critic=critic,
+            reference_call=reference_call,
+            rollout=rollout,
+        )
 
     def _data(self, pre: Preflight) -> tuple[PromptLoader, PromptDataset | None]:
         return PromptLoader.from_config(pre.datasets["data.path"]), pre.datasets.get("validation.path")
@@ -326,7 +406,11 @@ class Job:
         """SHA-256 of the SFT warm start's manifest (``None``: the run has none). Saved with
         every checkpoint, so a resume notices a warm start swapped for another run's."""
         manifest = self.out / "sft_model" / MANIFEST
-        return hashlib.sha256(manifest.read_bytes()).hexdigest() if self.config.sft.enabled and manifest.is_file() else None
+        return (
+            hashlib.sha256(manifest.read_bytes()).hexdigest()
+            if self.config.sft.enabled and manifest.is_file()
+            else None
+        )
 
     def _load(self, roles: RLRoles, trainer: RLTrainer, path: Path) -> tuple[int, float | None]:
         extra = roles.actor.call("load_checkpoint", str(path))
@@ -392,15 +476,24 @@ class Job:
         resume_step = CheckpointManager.step_of(latest) if latest is not None else None
         jsonl = JsonlLogger(self.out / "metrics.jsonl", resume_step=resume_step)
         tb = (
-            TensorBoardLogger(self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None)
-            if cfg.trainer.tensorboard and "tensorboard" in cfg.trainer.loggers else None
+            TensorBoardLogger(
+                self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None
+            )
+            if cfg.trainer.tensorboard and "tensorboard" in cfg.trainer.loggers
+            else None
         )
         sinks = Fanout([x for x in (tb, *self._trackers(resume_step is not None)) if x is not None])
 
         completions = (
-            CompletionsLogger(self.out / "completions.jsonl", cfg.trainer.log_completions, seed=cfg.trainer.seed,
-                              resume_step=resume_step, tensorboard=tb.writer if tb is not None else None)
-            if cfg.trainer.log_completions else None
+            CompletionsLogger(
+                self.out / "completions.jsonl",
+                cfg.trainer.log_completions,
+                seed=cfg.trainer.seed,
+                resume_step=resume_step,
+                tensorboard=tb.writer if tb is not None else None,
+            )
+            if cfg.trainer.log_completions
+            else None
         )
 
         loader, val = self._data(pre)
@@ -421,8 +514,10 @@ class Job:
             self.position.step = self.position.checkpoint = start
             self.echo(f"resumed from {latest} (step {start})")
             if cfg.rollout.placement == "separate" and cfg.algorithm.max_staleness > 0:
-                self.echo(f"separate rollout: the samples in flight at the checkpoint were not saved; they are discarded, "
-                          f"and steps {start + 1}.. generate theirs again from the checkpoint's weights")
+                self.echo(
+                    f"separate rollout: the samples in flight at the checkpoint were not saved; they are discarded, "
+                    f"and steps {start + 1}.. generate theirs again from the checkpoint's weights"
+                )
         else:
             start = 0
             val0 = trainer.validate()
@@ -430,7 +525,15 @@ class Job:
             if completions is not None and val0:
                 completions.validation(0, trainer.last_validation)
             accuracy_before = val0.get("val/accuracy")
-            log({"phase": "rl", "step": 0, **val0, "data/prompts": float(len(loader.dataset)), "data/filtered": float(loader.dataset.num_filtered)})
+            log(
+                {
+                    "phase": "rl",
+                    "step": 0,
+                    **val0,
+                    "data/prompts": float(len(loader.dataset)),
+                    "data/filtered": float(loader.dataset.num_filtered),
+                }
+            )
             if cfg.trainer.save_every > 0:
                 self._save(roles, trainer, 0, accuracy_before)
 
@@ -478,11 +581,17 @@ class Job:
             path = Path(roles.actor.call("export_hf", str(self.out / "hf"), tokenizer))
             if (path / "config.json").is_file():  # a LoRA export is an adapter directory
                 final = {k: v for k, v in last_validation.items() if k.startswith("val/")}
-                card = ModelCard(base_model=base_model_name(cfg.model), algorithm=self.algo_label, steps=total, metrics=final)
+                card = ModelCard(
+                    base_model=base_model_name(cfg.model), algorithm=self.algo_label, steps=total, metrics=final
+                )
                 finish_hf_export(path, card, tokenizer)
             self.echo(f"exported the policy to {path}")
         if cfg.trainer.plot:
-            png = plot_curves(read_jsonl(self.out / "metrics.jsonl"), self.out / "curves.png", title=f"{self.algo_label} ({self.out.name})")
+            png = plot_curves(
+                read_jsonl(self.out / "metrics.jsonl"),
+                self.out / "curves.png",
+                title=f"{self.algo_label} ({self.out.name})",
+            )
             self.echo(f"curves: {png}")
         _shutdown(roles)
         seconds = time.perf_counter() - started
@@ -491,12 +600,23 @@ class Job:
             self.echo(f"accuracy before {self.algo_label}: {100 * accuracy_before:.1f}%")
         if accuracy_after is not None:
             self.echo(f"accuracy after {self.algo_label}: {100 * accuracy_after:.1f}%")
-        return JobResult(accuracy_before=accuracy_before, accuracy_after=accuracy_after, steps=total, output_dir=self.out, seconds=seconds)
+        return JobResult(
+            accuracy_before=accuracy_before,
+            accuracy_after=accuracy_after,
+            steps=total,
+            output_dir=self.out,
+            seconds=seconds,
+        )
 
 
 def run_job(
-    config: TrainConfig, *, resume: bool = False, overwrite: bool = False, reward_fn: Callable[..., Any] | None = None,
-    data: DataSource | None = None, validation_data: DataSource | None = None,
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    reward_fn: Callable[..., Any] | None = None,
+    data: DataSource | None = None,
+    validation_data: DataSource | None = None,
 ) -> JobResult:
     """Run ``config`` end to end. An ``output_dir`` that holds a run is refused unless
     ``resume`` (continue from its newest intact checkpoint under
@@ -505,8 +625,9 @@ def run_job(
     overrides ``reward.function`` (per-sample or batched: docs/rewards.md); ``data`` and
     ``validation_data`` (a ``datasets.Dataset``, a list of dicts or a path) replace
     ``data.path`` and ``validation.path``."""
-    return Job(config, resume=resume, overwrite=overwrite, reward_fn=reward_fn, data=data,
-               validation_data=validation_data).run()
+    return Job(
+        config, resume=resume, overwrite=overwrite, reward_fn=reward_fn, data=data, validation_data=validation_data
+    ).run()
 
 
 def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False, overwrite: bool = False) -> int:

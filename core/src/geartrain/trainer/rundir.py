@@ -82,17 +82,25 @@ class RunDirectory:
         if not existing.is_dir():
             raise RunDirectoryError(f"{where} cannot be created: {existing} is a file, not a directory")
         if not os.access(existing, os.W_OK | os.X_OK):
-            raise RunDirectoryError(f"{where} is not writable ({existing} denies write access); choose another trainer.output_dir")
+            raise RunDirectoryError(
+                f"{where} is not writable ({existing} denies write access); choose another trainer.output_dir"
+            )
         for name, kind in RUN_ENTRIES.items():
             entry = self.path / name
             if not os.path.lexists(entry):
                 continue
             if kind == "dir" and not entry.is_dir():
-                raise RunDirectoryError(f"{entry} is a file where geartrain keeps a directory; move it away or choose another trainer.output_dir")
+                raise RunDirectoryError(
+                    f"{entry} is a file where geartrain keeps a directory; move it away or choose another trainer.output_dir"
+                )
             if kind == "file" and not entry.is_file():
-                raise RunDirectoryError(f"{entry} is not a regular file (geartrain writes its {name} there); move it away or choose another trainer.output_dir")
+                raise RunDirectoryError(
+                    f"{entry} is not a regular file (geartrain writes its {name} there); move it away or choose another trainer.output_dir"
+                )
             if not os.access(entry, os.W_OK):
-                raise RunDirectoryError(f"{entry} is not writable; fix its permissions or choose another trainer.output_dir")
+                raise RunDirectoryError(
+                    f"{entry} is not writable; fix its permissions or choose another trainer.output_dir"
+                )
         found = self.holds_run()
         if self.resume and not found:
             raise RunDirectoryError(

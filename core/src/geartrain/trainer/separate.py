@@ -106,8 +106,11 @@ class RolloutReplica:
         self.rollout.update_weights(stream)
         drain(stream)  # a backend that stopped early: the sender still waits on every bucket
         self.version = version
-        return {"timing/weight_receive_s": time.perf_counter() - start, "separate/weight_bytes": float(stats.bytes),
-                "separate/weight_buckets": float(stats.num_buckets)}
+        return {
+            "timing/weight_receive_s": time.perf_counter() - start,
+            "separate/weight_bytes": float(stats.bytes),
+            "separate/weight_buckets": float(stats.num_buckets),
+        }
 
     def generate(self, prompts: list[list[int]] | Batch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
         """This replica's share of a request, each row with its ``weight_version``."""
@@ -136,8 +139,10 @@ class RolloutReplica:
         compared = [name for name in expected if name in have]
         differ = sorted(name for name in compared if have[name] != expected[name])
         if differ or not compared:
-            raise GeartrainError(f"rollout replica {self.rank} (weights version {self.version}) differs from the trainer in "
-                                 f"{len(differ)} of {len(compared)} tensors compared: {', '.join(differ[:5])}")
+            raise GeartrainError(
+                f"rollout replica {self.rank} (weights version {self.version}) differs from the trainer in "
+                f"{len(differ)} of {len(compared)} tensors compared: {', '.join(differ[:5])}"
+            )
         return len(compared)
 
     def close(self) -> None:
@@ -152,11 +157,20 @@ class TrainerWorker(ActorRolloutWorker):
     """The actor's engine with no rollout: it trains, and rank 0 sends the weights."""
 
     def __init__(
-        self, engine: EngineConfig, model: ModelConfig, rollout: RolloutConfig, loss: Any, *,
-        free_memory: bool = False, async_rollout: bool = False, ctx: EngineContext,
+        self,
+        engine: EngineConfig,
+        model: ModelConfig,
+        rollout: RolloutConfig,
+        loss: Any,
+        *,
+        free_memory: bool = False,
+        async_rollout: bool = False,
+        ctx: EngineContext,
     ) -> None:
         if free_memory or async_rollout:
-            raise GeartrainError("the separate rollout shares nothing with the trainer: free_memory and async_rollout do not apply")
+            raise GeartrainError(
+                "the separate rollout shares nothing with the trainer: free_memory and async_rollout do not apply"
+            )
         self.engine = Engine(engine, model, ctx)
         self.rollout = None  # type: ignore[assignment]
         self.loss_fn = make_actor_loss(loss)
@@ -174,7 +188,9 @@ class TrainerWorker(ActorRolloutWorker):
         self.sends: SendQueue | None = None
 
     def generate(self, prompts: Any, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
-        raise GeartrainError("rollout.placement = 'separate': the trainer ranks hold no rollout (the replicas generate)")
+        raise GeartrainError(
+            "rollout.placement = 'separate': the trainer ranks hold no rollout (the replicas generate)"
+        )
 
     def update_group_addresses(self, replicas: int) -> list[tuple[str, int]]:
         """One rendezvous address per replica's update group (hosted by rank 0)."""
@@ -276,7 +292,9 @@ class SeparateGeneration(Generation):
     """Rollout batches from the replicas in ``rollout`` (see the module docstring);
     ``actor`` is the trainer's group wrapped in a :class:`VersionedGroup`."""
 
-    def __init__(self, config: TrainConfig, actor: VersionedGroup, rollout: WorkerGroup, tokenizer: Any, loader: PromptLoader) -> None:
+    def __init__(
+        self, config: TrainConfig, actor: VersionedGroup, rollout: WorkerGroup, tokenizer: Any, loader: PromptLoader
+    ) -> None:
         super().__init__(config, actor, tokenizer, loader)
         self.trainer = actor
         self.rollout = rollout
@@ -298,8 +316,10 @@ class SeparateGeneration(Generation):
     def connect(self) -> None:
         """Build one weight-update group per replica (trainer rank 0 and the replica)."""
         addresses = self.trainer.call("update_group_addresses", self.rollout.world_size)
-        joining = [self.trainer.submit("join_update_groups", addresses, self.max_staleness + 1),
-                   self.rollout.submit("join_update_group", addresses)]
+        joining = [
+            self.trainer.submit("join_update_groups", addresses, self.max_staleness + 1),
+            self.rollout.submit("join_update_group", addresses),
+        ]
         for pending in joining:
             pending.result()
 
@@ -339,7 +359,9 @@ class SeparateGeneration(Generation):
             self.rollout.call("alive")
             raise
 
-    def _result(self, request: tuple[int, PendingCall], replica: int | None = None) -> tuple[Batch, list[float] | None, dict[str, float]]:
+    def _result(
+        self, request: tuple[int, PendingCall], replica: int | None = None
+    ) -> tuple[Batch, list[float] | None, dict[str, float]]:
         """A sent request's samples (on ``replica``, or split over all), their ``ready_at``
         (simulated latency; ``None``: ready now) and the replicas' metrics, with those of
         the weight loads applied before it."""
@@ -358,7 +380,9 @@ class SeparateGeneration(Generation):
         batch["staleness"] = float(self.trainer.version) - versions
         gap = int(batch["staleness"].max()) if len(batch) else 0
         if gap > max(self.max_staleness, 0):
-            raise GeartrainError(f"a sample is {gap} weight versions old, more than algorithm.max_staleness = {self.max_staleness}")
+            raise GeartrainError(
+                f"a sample is {gap} weight versions old, more than algorithm.max_staleness = {self.max_staleness}"
+            )
 
     def _take(self, request: tuple[int, PendingCall], prompts: PromptBatch, n: int) -> tuple[Batch, dict[str, float]]:
         start = time.perf_counter()
@@ -414,7 +438,9 @@ class SeparateGeneration(Generation):
         replicas = self.rollout.world_size
         share = -(-len(prompts) // replicas)
         for lo in range(0, len(prompts), share):
-            part = PromptBatch(rows=prompts.rows[lo:lo + share], indices=prompts.indices[lo:lo + share], epoch=prompts.epoch)
+            part = PromptBatch(
+                rows=prompts.rows[lo : lo + share], indices=prompts.indices[lo : lo + share], epoch=prompts.epoch
+            )
             request = prompt_batch(part.prompt_ids)
             request.meta["prompt_index"] = list(range(lo, lo + len(part)))  # samples as if sent whole
             now = time.time()
@@ -447,8 +473,16 @@ class SeparateGeneration(Generation):
             rows = list(range(i * n, (i + 1) * n))
             one = PromptBatch(rows=[prompts.rows[i]], indices=[prompts.indices[i]], epoch=prompts.epoch)
             ready = max(ready_at[r] for r in rows) if ready_at else arrived
-            groups.append(Group(request=number, index=i, prompt=one, rows=batch.index(rows),
-                                version=int(batch["weight_version"][rows[0]]), ready_at=ready))
+            groups.append(
+                Group(
+                    request=number,
+                    index=i,
+                    prompt=one,
+                    rows=batch.index(rows),
+                    version=int(batch["weight_version"][rows[0]]),
+                    ready_at=ready,
+                )
+            )
         request.ready = max((g.ready_at for g in groups), default=arrived)
         self.queue.add(groups)
 
@@ -457,8 +491,9 @@ class SeparateGeneration(Generation):
         old (see :mod:`geartrain.trainer.group_queue`), the pipeline kept full."""
         if self.queue is None:
             groups = self.config.data.batch_size
-            self.queue = GroupQueue(batch_groups=groups, max_staleness=self.max_staleness,
-                                    capacity=(self.max_staleness + 1) * groups)
+            self.queue = GroupQueue(
+                batch_groups=groups, max_staleness=self.max_staleness, capacity=(self.max_staleness + 1) * groups
+            )
             self.first_step = step
         queue, version, start = self.queue, self.trainer.version, time.perf_counter()
         while queue.has_room(queue.batch_groups):
@@ -481,12 +516,20 @@ class SeparateGeneration(Generation):
         wait = time.perf_counter() - start
         batch = concat_rollouts([g.rows for g in taken])
         self._stamp(batch)
-        prompts = PromptBatch(rows=[g.prompt.rows[0] for g in taken], indices=[g.prompt.indices[0] for g in taken],
-                              epoch=taken[0].prompt.epoch)
-        metrics.update({"timing/rollout_wait_s": wait, "timing/generate_s": wait,
-                        "async/dropped_groups": float(queue.dropped - dropped),
-                        "async/queued_groups": float(len(queue.finished)),
-                        "async/loader_batches": float(len({self.batch_of[g.request] for g in taken}))})
+        prompts = PromptBatch(
+            rows=[g.prompt.rows[0] for g in taken],
+            indices=[g.prompt.indices[0] for g in taken],
+            epoch=taken[0].prompt.epoch,
+        )
+        metrics.update(
+            {
+                "timing/rollout_wait_s": wait,
+                "timing/generate_s": wait,
+                "async/dropped_groups": float(queue.dropped - dropped),
+                "async/queued_groups": float(len(queue.finished)),
+                "async/loader_batches": float(len({self.batch_of[g.request] for g in taken})),
+            }
+        )
         self.batch_of = {n: b for n, b in self.batch_of.items() if n in queue.requests}
         return prompts, batch, metrics
 

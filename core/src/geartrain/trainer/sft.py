@@ -29,7 +29,9 @@ from geartrain.trainer.config import SFTConfig
 
 def sft_dataset(config: SFTConfig, path: str, tokenizer: Any, data: DataConfig) -> PromptDataset:
     """The SFT rows (prompt handling as in the RL data section; the response is required)."""
-    cfg = data.model_copy(update={"path": path, "require_ground_truth": False, "batch_size": config.batch_size, "seed": config.seed})
+    cfg = data.model_copy(
+        update={"path": path, "require_ground_truth": False, "batch_size": config.batch_size, "seed": config.seed}
+    )
     rows: list[dict[str, Any]] | str = path
     if config.max_prompts is not None:
         from geartrain.data.sources import read_rows
@@ -40,13 +42,16 @@ def sft_dataset(config: SFTConfig, path: str, tokenizer: Any, data: DataConfig) 
         turns = row.meta.get("turns")
         if turns is not None:
             if not isinstance(turns, list) or not all(
-                isinstance(t, dict) and t.get("role") in ("model", "observation") and isinstance(t.get("text"), str) for t in turns
+                isinstance(t, dict) and t.get("role") in ("model", "observation") and isinstance(t.get("text"), str)
+                for t in turns
             ):
                 raise DataError(
-                    f"{row.where or path}: 'turns' must be a list of {{\"role\": \"model\" | \"observation\", \"text\": str}}"
+                    f'{row.where or path}: \'turns\' must be a list of {{"role": "model" | "observation", "text": str}}'
                 )
         elif not isinstance(row.meta.get(config.response_key), str):
-            raise DataError(f"{row.where or path}: SFT rows need a string '{config.response_key}' (or multi-turn 'turns')")
+            raise DataError(
+                f"{row.where or path}: SFT rows need a string '{config.response_key}' (or multi-turn 'turns')"
+            )
     return dataset
 
 
@@ -101,7 +106,9 @@ def run_sft(
         stop = False
         if evaluate is not None and step % config.eval_every == 0:
             metrics["sft/dev_accuracy"] = accuracy = evaluate()
-            stop = config.stop_at_accuracy is not None and step >= config.min_steps and accuracy >= config.stop_at_accuracy
+            stop = (
+                config.stop_at_accuracy is not None and step >= config.min_steps and accuracy >= config.stop_at_accuracy
+            )
         if on_step is not None:
             on_step(step, metrics)
         if stop:

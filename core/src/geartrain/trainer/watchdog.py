@@ -55,8 +55,10 @@ def _reward_problem(metrics: dict[str, Any]) -> str | None:
         return None
     value = float(value)
     if value != value or value in (float("inf"), float("-inf")):
-        return (f"the reward scores are not finite (reward/max_abs = {value}; a score beyond float32's range, "
-                "e.g. 1e300, becomes inf)")
+        return (
+            f"the reward scores are not finite (reward/max_abs = {value}; a score beyond float32's range, "
+            "e.g. 1e300, becomes inf)"
+        )
     if value > HUGE_REWARD:
         return f"the reward scores are too large (reward/max_abs = {value:.3g}; their float32 variance overflows)"
     return None
@@ -110,8 +112,12 @@ class Watchdog:
         problem = _reward_problem(metrics)
         if problem is not None and not self.bad_rewards_said:
             self.bad_rewards_said = True
-            logger.warning("step %d: %s; the advantages and the gradient will not be finite. Fix the reward function "
-                           "(this is said once)", step, problem)
+            logger.warning(
+                "step %d: %s; the advantages and the gradient will not be finite. Fix the reward function "
+                "(this is said once)",
+                step,
+                problem,
+            )
 
     def _rewards(self, step: int, metrics: dict[str, Any]) -> None:
         fraction = metrics.get("reward/error_fraction")
@@ -122,8 +128,10 @@ class Watchdog:
             return
         self.failed_rewards += 1
         k = self.config.max_failed_reward_steps
-        what = f"every reward call of step {step} failed or timed out ({int(metrics.get('reward/errors', 0))} errors, " \
-               f"{int(metrics.get('reward/timeouts', 0))} timeouts): all its samples scored 0"
+        what = (
+            f"every reward call of step {step} failed or timed out ({int(metrics.get('reward/errors', 0))} errors, "
+            f"{int(metrics.get('reward/timeouts', 0))} timeouts): all its samples scored 0"
+        )
         if k and self.failed_rewards >= k:
             raise TrainingStalledError(
                 f"{what}, for {self.failed_rewards} steps in a row; fix the reward function (its first traceback is "
@@ -152,5 +160,8 @@ class Watchdog:
             cause += "; sampling.n = 1 leaves a group-relative advantage nothing to compare"
         logger.warning(
             "the advantages were all zero for the last %d steps (through step %d), so the policy gradient is zero and "
-            "nothing is learned: %s", self.zero_advantage, step, cause,
+            "nothing is learned: %s",
+            self.zero_advantage,
+            step,
+            cause,
         )

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from geartrain import load_state, safe_dcp_reader, safe_load_planner, save_state
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -28,8 +29,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-
-from geartrain import load_state, safe_dcp_reader, safe_load_planner, save_state
 
 from geartrain_fsdp.sharding import FSDPModel
 
@@ -75,7 +74,9 @@ def _check_lora(model: FSDPModel, saved: dict[str, Any] | None, path: Path) -> N
     if (saved is None) != (mine is None):
         what = "LoRA adapters only" if saved is not None else "a full model, no LoRA adapters"
         want = "LoRA adapters (actor.lora)" if mine is not None else "a full model"
-        raise CheckpointError(f"{path} holds {what}, but this engine trains {want}; resume with the configuration it was saved with")
+        raise CheckpointError(
+            f"{path} holds {what}, but this engine trains {want}; resume with the configuration it was saved with"
+        )
     if saved is None or mine is None:
         return
     if saved["base_sha256"] != mine["base_sha256"]:
@@ -84,7 +85,10 @@ def _check_lora(model: FSDPModel, saved: dict[str, Any] | None, path: Path) -> N
             f"but this engine's base '{mine['base']}' has sha256 {mine['base_sha256'][:12]}...: the base model changed; "
             "resume on the base the run started from"
         )
-    if saved["config"]["rank"] != mine["config"]["rank"] or saved["config"]["target_modules"] != mine["config"]["target_modules"]:
+    if (
+        saved["config"]["rank"] != mine["config"]["rank"]
+        or saved["config"]["target_modules"] != mine["config"]["target_modules"]
+    ):
         raise CheckpointError(
             f"{path}: its adapters have rank {saved['config']['rank']} on {saved['config']['target_modules']}, this engine's "
             f"rank {mine['config']['rank']} on {mine['config']['target_modules']}; resume with the saved actor.lora"
@@ -169,8 +173,12 @@ def load(model: FSDPModel, path: Path) -> dict[str, Any]:
     _check_lora(model, trainer.get("lora"), path)
     state = _app_state(model)
     with _single_process_is_intended():
-        dcp.load(state, storage_reader=safe_dcp_reader(path / "dcp"), planner=safe_load_planner(),
-                 process_group=model.meshes.ctx_group)
+        dcp.load(
+            state,
+            storage_reader=safe_dcp_reader(path / "dcp"),
+            planner=safe_load_planner(),
+            process_group=model.meshes.ctx_group,
+        )
     set_model_state_dict(model.module, state["model"], options=_model_options(model, strict=model.peft is None))
     if model.optimizer is not None:
         set_optimizer_state_dict(model.module, model.optimizer, state["optim"])

@@ -50,8 +50,7 @@ def check_backend(backend: str, device: torch.device) -> str | None:
     has_cxx = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
     if backend == "inductor" and device.type == "cpu" and not has_cxx:
         return (
-            "the inductor backend on CPU needs a C++ compiler (g++): install one, "
-            "or set compile_backend = 'aot_eager'"
+            "the inductor backend on CPU needs a C++ compiler (g++): install one, or set compile_backend = 'aot_eager'"
         )
     return None
 

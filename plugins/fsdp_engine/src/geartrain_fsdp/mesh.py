@@ -54,16 +54,24 @@ def build_meshes(
     device = device_of(ctx)
     dp, sp = parallel.dp, parallel.sp
     if parallel.tp != 1 or parallel.pp != 1:
-        raise ConfigError([("parallel", "the fsdp engine has no tensor/pipeline parallelism (parallel.tp and parallel.pp must be 1)")])
+        raise ConfigError(
+            [("parallel", "the fsdp engine has no tensor/pipeline parallelism (parallel.tp and parallel.pp must be 1)")]
+        )
     world = ctx.world_size
     if dp * sp != world:
-        raise ConfigError([("parallel", f"parallel.dp * parallel.sp = {dp * sp} but the worker group has {world} ranks")])
+        raise ConfigError(
+            [("parallel", f"parallel.dp * parallel.sp = {dp * sp} but the worker group has {world} ranks")]
+        )
     if world == 1 and shard_one_rank and ctx.process_group is None:
-        raise ConfigError([(
-            "options.cpu_offload",
-            "FSDP2's CPU offload on one rank needs the role's process group (a training job provides one; "
-            "in code pass EngineContext(process_group=geartrain.cluster.process_group.acquire_single_rank_group(device)))",
-        )])
+        raise ConfigError(
+            [
+                (
+                    "options.cpu_offload",
+                    "FSDP2's CPU offload on one rank needs the role's process group (a training job provides one; "
+                    "in code pass EngineContext(process_group=geartrain.cluster.process_group.acquire_single_rank_group(device)))",
+                )
+            ]
+        )
     if world == 1 and not shard_one_rank:
         if hsdp_replicate != 1:
             raise ConfigError([("options.hsdp_replicate", "needs more than one rank")])

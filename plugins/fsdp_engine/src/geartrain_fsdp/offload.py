@@ -17,7 +17,6 @@ from geartrain.types import MemoryStats
 from geartrain_fsdp.sharding import FSDPModel
 
 
-
 def _move_module(model: FSDPModel, device: torch.device) -> None:
     # FSDP2 re-registers its sharded parameters when the module is moved as a whole
     model.module.to(device)

@@ -71,7 +71,12 @@ def shard(module: torch.nn.Module, config: EngineConfig, model_config: ModelConf
     from geartrain_fsdp.sharding import shard_model
 
     return shard_model(
-        module, config, options_of(config, FSDPOptions), ctx, value_head=model_config.value_head, model_config=model_config
+        module,
+        config,
+        options_of(config, FSDPOptions),
+        ctx,
+        value_head=model_config.value_head,
+        model_config=model_config,
     )
 
 

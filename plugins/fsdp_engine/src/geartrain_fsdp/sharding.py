@@ -80,7 +80,9 @@ def shard_model(
     (``ModelConfig.value_head``) whose outputs are ``values``."""
     meshes = build_meshes(config.parallel, ctx, options.hsdp_replicate, shard_one_rank=options.cpu_offload)
     if config.parallel.sp > 1 and not options.remove_padding:
-        raise ConfigError([("options.remove_padding", "sequence parallel (parallel.sp > 1) needs remove_padding = true")])
+        raise ConfigError(
+            [("options.remove_padding", "sequence parallel (parallel.sp > 1) needs remove_padding = true")]
+        )
     try:
         kernel = choose_kernel(options.attention, meshes.device, torch_dtype(config.param_dtype))
     except ValueError as exc:
@@ -179,7 +181,9 @@ def _any_rank_on_meta(module: nn.Module, meshes: Meshes) -> bool:
     return bool(on_meta.item())
 
 
-def _take_rank0_state(module: TokenOutputs, group: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+def _take_rank0_state(
+    module: TokenOutputs, group: Any
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
     """Rank 0's full weights and buffers (copies: the broadcast overwrites what it is
     given); then every rank's module is moved to the meta device before sharding."""
     state = None

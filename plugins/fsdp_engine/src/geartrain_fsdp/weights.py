@@ -34,7 +34,9 @@ def iter_full_weights(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Full tensors named as in the transformers checkpoint, cast to ``dtype``, gathered
     ``bucket_bytes`` at a time. Collective: every rank must consume it to the end."""
-    return stream_weights(hf_state_entries(model), dtype=dtype, bucket_bytes=bucket_bytes, device=device, materialize=_full)
+    return stream_weights(
+        hf_state_entries(model), dtype=dtype, bucket_bytes=bucket_bytes, device=device, materialize=_full
+    )
 
 
 def reshard_for_rollout(model: FSDPModel, rollout: WeightReceiver | None) -> SyncStats:
@@ -53,7 +55,12 @@ def reshard_for_rollout(model: FSDPModel, rollout: WeightReceiver | None) -> Syn
         adapters = all(s[3] for s in with_receiver)
     if model.peft is None:
         return send_weights(
-            hf_state_entries(model), rollout, dtype=dtype, bucket_bytes=bucket_bytes, device=model.device, materialize=_full
+            hf_state_entries(model),
+            rollout,
+            dtype=dtype,
+            bucket_bytes=bucket_bytes,
+            device=model.device,
+            materialize=_full,
         )
     assert model.config.lora is not None
     if model.config.lora.sync == "adapter" and adapters:
@@ -62,12 +69,18 @@ def reshard_for_rollout(model: FSDPModel, rollout: WeightReceiver | None) -> Syn
     return _send_stream(iter_merged_weights(model, dtype, bucket_bytes, model.device, stats), rollout, stats)
 
 
-def _send_stream(stream: Iterator[tuple[str, torch.Tensor]], rollout: WeightReceiver | None, stats: BucketStats) -> SyncStats:
+def _send_stream(
+    stream: Iterator[tuple[str, torch.Tensor]], rollout: WeightReceiver | None, stats: BucketStats
+) -> SyncStats:
     return deliver_stream(stream, rollout, stats, start=time.perf_counter())
 
 
 def iter_merged_weights(
-    model: FSDPModel, dtype: torch.dtype, bucket_bytes: int, device: torch.device | str = "cpu", stats: BucketStats | None = None
+    model: FSDPModel,
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    device: torch.device | str = "cpu",
+    stats: BucketStats | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """LoRA: the full weights of the adapted model (``W + scale x B A`` where adapted) under
     their transformers names, cast to ``dtype``, ``bucket_bytes`` at a time. Collective."""
@@ -99,7 +112,9 @@ def iter_merged_weights(
     return stream_buckets(buckets, gather, stats)
 
 
-def adapter_tensors(model: FSDPModel, dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def adapter_tensors(
+    model: FSDPModel, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """The adapter's tensors, full, named as in a PEFT adapter file. Collective."""
     from geartrain_fsdp.lora import adapter_names, sites
 
@@ -111,7 +126,9 @@ def adapter_tensors(model: FSDPModel, dtype: torch.dtype, device: torch.device |
     return out
 
 
-def _sync_adapter(model: FSDPModel, rollout: AdapterReceiver | None, dtype: torch.dtype, bucket_bytes: int) -> SyncStats:
+def _sync_adapter(
+    model: FSDPModel, rollout: AdapterReceiver | None, dtype: torch.dtype, bucket_bytes: int
+) -> SyncStats:
     """Adapter-only sync: the base once (the rollout may have started from other weights),
     then only the adapter tensors through ``update_adapter``."""
     from geartrain_fsdp.lora import ADAPTER, adapter_config, transformers_name
@@ -120,7 +137,9 @@ def _sync_adapter(model: FSDPModel, rollout: AdapterReceiver | None, dtype: torc
     stats = BucketStats()
     if not model.base_synced:
         base = [(plain, t) for name, t in hf_state_entries(model) if (plain := transformers_name(name)) is not None]
-        stream = stream_weights(base, dtype=dtype, bucket_bytes=bucket_bytes, device=model.device, materialize=_full, stats=stats)
+        stream = stream_weights(
+            base, dtype=dtype, bucket_bytes=bucket_bytes, device=model.device, materialize=_full, stats=stats
+        )
         _send_stream(stream, rollout, stats)  # type: ignore[arg-type]
         model.base_synced = True
     tensors = adapter_tensors(model, dtype, model.device)
@@ -134,7 +153,6 @@ def _sync_adapter(model: FSDPModel, rollout: AdapterReceiver | None, dtype: torc
         num_buckets=stats.num_buckets + 1,
         max_bucket_bytes=max(stats.max_bucket_bytes, nbytes),
     )
-
 
 
 def export_hf(model: FSDPModel, path: Path, tokenizer: Any | None) -> None:
@@ -167,7 +185,11 @@ def _write_adapter(model: FSDPModel, path: Path, tokenizer: Any | None) -> None:
         path.mkdir(parents=True, exist_ok=True)
         config = adapter_config(model.peft, model.base)
         (path / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            str(path / "adapter_model.safetensors"),
+            metadata={"format": "pt"},
+        )
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     _barrier(model)

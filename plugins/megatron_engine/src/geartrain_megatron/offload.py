@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from geartrain_megatron.engine import MegatronModel
 
 
-
 @dataclass(slots=True)
 class Parked:
     """One released storage: the tensor (whose storage is now empty), its size and, unless

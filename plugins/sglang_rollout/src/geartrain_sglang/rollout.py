@@ -14,8 +14,8 @@ import torch
 from geartrain.batch import Batch
 from geartrain.config import ModelConfig, RolloutConfig
 from geartrain.errors import GeartrainError
-from geartrain.memory import device_memory_in_use, measured_move
 from geartrain.layout import check_generate_inputs, samples_batch
+from geartrain.memory import device_memory_in_use, measured_move
 from geartrain.modeling import build_hf_model, model_directory, pad_token_id
 from geartrain.types import EngineContext, MemoryStats, SamplingParams, SyncStats
 from geartrain.weights import (
@@ -145,9 +145,13 @@ class SglangRollout:
         (``Engine.load_lora_adapter_from_tensors``: no files), replacing the previous one;
         while a CPU engine is released it is loaded at ``resume``."""
         if self.config.max_lora_rank is None:
-            raise GeartrainError("sglang rollout: update_adapter needs rollout.max_lora_rank (the engine starts without LoRA)")
+            raise GeartrainError(
+                "sglang rollout: update_adapter needs rollout.max_lora_rank (the engine starts without LoRA)"
+            )
         if int(config["r"]) > self.config.max_lora_rank:
-            raise GeartrainError(f"sglang rollout: adapter rank {config['r']} exceeds rollout.max_lora_rank ({self.config.max_lora_rank})")
+            raise GeartrainError(
+                f"sglang rollout: adapter rank {config['r']} exceeds rollout.max_lora_rank ({self.config.max_lora_rank})"
+            )
         if self.released and self.device != "cpu":
             raise GeartrainError("sglang rollout: update_adapter while released; call resume() first")
         held = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
@@ -161,7 +165,9 @@ class SglangRollout:
     def _load_adapter(self) -> None:
         if self.adapter is not None:
             name, tensors, config = self.adapter
-            _check_lora(self.engine.load_lora_adapter_from_tensors(name, tensors, config), "load_lora_adapter_from_tensors")
+            _check_lora(
+                self.engine.load_lora_adapter_from_tensors(name, tensors, config), "load_lora_adapter_from_tensors"
+            )
 
     def _load(self, stream: Iterable[tuple[str, torch.Tensor]], stats: BucketStats) -> None:
         eng = self.engine

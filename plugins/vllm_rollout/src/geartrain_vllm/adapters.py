@@ -71,7 +71,9 @@ class AdapterSlot:
         from vllm.lora.request import LoRARequest
 
         if self.max_rank is None:
-            raise GeartrainError("vllm rollout: update_adapter needs rollout.max_lora_rank (the engine starts without LoRA)")
+            raise GeartrainError(
+                "vllm rollout: update_adapter needs rollout.max_lora_rank (the engine starts without LoRA)"
+            )
         rank = int(config["r"])
         if rank > self.max_rank:
             raise GeartrainError(f"vllm rollout: adapter rank {rank} exceeds rollout.max_lora_rank ({self.max_rank})")
@@ -81,8 +83,12 @@ class AdapterSlot:
         path = self.root / f"{name}-{lora_id}"
         path.mkdir(parents=True)
         (path / "adapter_config.json").write_text(json.dumps(config))
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path / "adapter_model.safetensors"))
-        served = ServedAdapter(name, lora_id, path, LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=str(path)))
+        save_file(
+            {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path / "adapter_model.safetensors")
+        )
+        served = ServedAdapter(
+            name, lora_id, path, LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=str(path))
+        )
         previous, self.served = self.served, served
         if llm is not None:
             llm.llm_engine.add_lora(served.request)  # loaded now: a bad adapter fails here, not in generate

@@ -24,8 +24,15 @@ if TYPE_CHECKING:
 
 @hookimpl
 def capabilities() -> list[str]:
-    return [Capability.CPU, Capability.CUDA, Capability.TENSOR_PARALLEL, Capability.RELEASE_MEMORY, Capability.LORA,
-            Capability.REPETITION_PENALTY, Capability.MIN_P]
+    return [
+        Capability.CPU,
+        Capability.CUDA,
+        Capability.TENSOR_PARALLEL,
+        Capability.RELEASE_MEMORY,
+        Capability.LORA,
+        Capability.REPETITION_PENALTY,
+        Capability.MIN_P,
+    ]
 
 
 @hookimpl

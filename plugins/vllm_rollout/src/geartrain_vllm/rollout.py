@@ -75,7 +75,9 @@ class VllmRollout:
             "vllm", prompts, sampling, max_model_len=self.config.max_model_len, vocab_size=self.vocab_size
         )
         requests = build_requests(prompts, sampling)
-        outputs = self.llm.generate(requests.prompts, requests.params, use_tqdm=False, lora_request=self.adapter.request)
+        outputs = self.llm.generate(
+            requests.prompts, requests.params, use_tqdm=False, lora_request=self.adapter.request
+        )
         return samples_batch(samples_from_outputs(prompts, requests.owners, outputs, sampling), self.pad_token_id)
 
     # ------------------------------------------------------------------ weights

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from pydantic import BaseModel, ConfigDict
-
 import geartrain
+import torch
 from geartrain.modeling import build_hf_model
 from geartrain.optim import build_optimizer, clipped_step
 from geartrain.weights import send_weights
+from pydantic import BaseModel, ConfigDict
 
 
 class SimpleOptions(BaseModel):
@@ -56,7 +55,10 @@ def build_model(config: geartrain.ModelConfig, ctx: geartrain.EngineContext) -> 
 
 @geartrain.hookimpl
 def shard(
-    module: torch.nn.Module, config: geartrain.EngineConfig, model_config: geartrain.ModelConfig, ctx: geartrain.EngineContext
+    module: torch.nn.Module,
+    config: geartrain.EngineConfig,
+    model_config: geartrain.ModelConfig,
+    ctx: geartrain.EngineContext,
 ) -> SimpleModel:
     if ctx.world_size != 1:
         raise ValueError(f"the simple engine runs on one rank, got world_size={ctx.world_size}")
@@ -105,7 +107,9 @@ def _per_token(model: SimpleModel, micro: geartrain.Batch, need_entropy: bool) -
 
 
 @geartrain.hookimpl
-def forward_backward(model: SimpleModel, batch: geartrain.Batch, loss_fn: geartrain.LossFn | None, forward_only: bool) -> geartrain.StepOutput:
+def forward_backward(
+    model: SimpleModel, batch: geartrain.Batch, loss_fn: geartrain.LossFn | None, forward_only: bool
+) -> geartrain.StepOutput:
     for key in ("input_ids", "attention_mask"):
         if key not in batch:
             raise KeyError(f"the batch has no '{key}' (it has {batch.tensor_keys()})")
