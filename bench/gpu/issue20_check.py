@@ -32,8 +32,10 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +44,9 @@ import torch
 
 RESULTS: dict[str, Any] = {}
 START = time.perf_counter()
+#: Where a child process (``--isolate``) writes its figures after each one, so that what it
+#: measured before a crash or a hang still reaches the parent.
+CHILD_RESULTS: str | None = None
 
 #: Dense bf16 tensor FLOP/s and HBM bytes/s by card name (NVIDIA data sheets, SXM parts).
 CARDS = {
@@ -56,6 +61,10 @@ CARDS = {
 def record(name: str, value: Any) -> None:
     RESULTS[name] = value
     print(f"{name}: {value}", flush=True)
+    if CHILD_RESULTS:
+        with open(CHILD_RESULTS + ".tmp", "w") as f:
+            json.dump(RESULTS, f, default=str)
+        os.replace(CHILD_RESULTS + ".tmp", CHILD_RESULTS)
 
 
 def card(device: str) -> tuple[str, float, float]:
@@ -518,6 +527,75 @@ def memory(a: argparse.Namespace) -> None:
             record(f"largest_offload{offload}_ckpt{ckpt}", {"largest": best, "tries": outcomes})
 
 
+# --------------------------------------------------------------------------- isolation
+def run_child(a: argparse.Namespace, label: str, section_key: str, **overrides: Any) -> bool:
+    """Run ``section_key`` in a child process of its own (``--isolate``): a CUDA error that
+    poisons the context, a hang in a graph capture or an out-of-memory kill then costs that
+    section only. The child gets the parent's arguments (with ``overrides``) and the budget
+    left; it is killed, with its process group (inductor's compile workers), when that runs
+    out. Its figures are merged into :data:`RESULTS` as they were written, also after a crash.
+    Returns whether the child ended cleanly without a ``<section>_error``."""
+    left = a.budget - (time.perf_counter() - START)
+    if left <= 0:
+        record(f"{label}_skipped", "time budget spent")
+        return False
+    fd, path = tempfile.mkstemp(prefix=f"issue20-{label}-", suffix=".json")
+    os.close(fd)
+    os.unlink(path)  # the child creates it with its first figure
+    spec = {**vars(a), **overrides, "budget": left, "sections": [section_key], "isolate": False}
+    spec_path = path + ".spec"
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    cmd = [sys.executable, os.path.abspath(__file__), "--child-spec", spec_path, "--child-results", path]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        rc: int | str = proc.wait(timeout=left + a.child_grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc = f"killed after {time.perf_counter() - t0:.0f} s (the budget left was {left:.0f} s): a hang?"
+    child: dict[str, Any] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            child = json.load(f)
+        os.unlink(path)
+    os.unlink(spec_path)
+    child.pop("device", None)
+    child.pop("total_s", None)
+    RESULTS.update(child)
+    failed = rc != 0 or any(k.endswith("_error") for k in child)
+    if rc != 0:
+        record(f"{label}_error", f"child process: {rc if isinstance(rc, str) else f'exit status {rc}'}")
+    record(f"{label}_process_s", round(time.perf_counter() - t0, 1))
+    return not failed
+
+
+def run_isolated(a: argparse.Namespace) -> None:
+    """The sections, each in its own process (see :func:`run_child`); ``decode`` runs one
+    process per graph mode, ``grpo`` one for geartrain and one for TRL. When the ``"step"``
+    decode failed, the GRPO step's rollout uses ``"forward"`` instead (recorded)."""
+    step_decode_failed = False
+    for key in a.sections:
+        if key == "decode":
+            for graph in a.decode_graphs:
+                ok = run_child(a, f"decode_{graph}", "decode", decode_graphs=[graph])
+                step_decode_failed |= graph == "step" and not ok
+        elif key == "grpo":
+            graph = a.grpo_decode_graph
+            if graph == "step" and step_decode_failed:
+                graph = "forward"
+                why = "the 'step' decode failed above: the GRPO step decodes with 'forward'"
+                record("grpo_decode_graph_fallback", why)
+            run_child(a, "grpo_geartrain", "grpo_geartrain", grpo_decode_graph=graph)
+            run_child(a, "grpo_trl", "grpo_trl")
+            ours, trl = RESULTS.get("grpo_geartrain"), RESULTS.get("grpo_trl")
+            if isinstance(ours, dict) and isinstance(trl, dict):
+                record("grpo_geartrain_over_trl", round(ours["step_s"] / trl["step_s"], 3))
+        else:
+            run_child(a, key, key)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -551,7 +629,21 @@ def main() -> int:
     ap.add_argument("--decode-batches", nargs="+", type=int, help="decode batch sizes (default 64 256; 4 8 dry)")
     ap.add_argument("--grpo-decode-graph", default="step", choices=["step", "forward", "none"])
     ap.add_argument("--profile-decode", action="store_true", help="print the top ops of one decode call per variant")
+    ap.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each section in a process of its own, killed when the budget runs out (default: on CUDA)",
+    )
+    ap.add_argument(
+        "--child-grace", type=float, default=30.0, help="seconds an isolated section may run past the budget left"
+    )
+    ap.add_argument("--fault", choices=["crash", "hang"], help="the script's own test: every child section fails so")
+    ap.add_argument("--child-spec", help=argparse.SUPPRESS)
+    ap.add_argument("--child-results", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child_spec:
+        return child_main(a.child_spec, a.child_results)
     big = not a.dry_run
     a.steps = 3 if big else 1
     a.seq_min, a.seq_max = (1024, 2048) if big else (16, 32)
@@ -561,25 +653,53 @@ def main() -> int:
     a.decode_batches = a.decode_batches or ([64, 256] if big else [4, 8])
     a.grpo_prompts, a.n = (64, 8) if big else (4, 4)
     a.micro_tokens = 16384 if big else 256
+    a.isolate = a.device == "cuda" if a.isolate is None else a.isolate
     name, peak, bw = card(a.device)
     record("device", {"name": name, "bf16_peak_flops": peak, "hbm_bytes_per_s": bw, "torch": torch.__version__})
-    sections = {
-        "attention": lambda: attention(a),
-        "mfu05": lambda: update_mfu(a, "qwen2.5-0.5b", a.micro_tokens),
-        "decode": lambda: decode(a),
-        "mfu15": lambda: update_mfu(a, "qwen2.5-1.5b", a.micro_tokens // 2),
-        "grpo": lambda: (grpo_geartrain(a), grpo_trl(a)),
-        "grpo1024": lambda: grpo_geartrain(a, response_tokens=1024 if big else 16),
-        "memory": lambda: memory(a),
-    }
-    for key in a.sections:
-        section(key, a.budget, sections[key])
+    if a.isolate:
+        run_isolated(a)
+    else:
+        run_sections(a)
     record("total_s", round(time.perf_counter() - START, 1))
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "issue20.json"), "w") as f:
             json.dump(RESULTS, f, indent=1, default=str)
     return 0
+
+
+def child_main(spec_path: str, results_path: str) -> int:
+    """A child of :func:`run_child`: the parent's arguments from ``spec_path``, its
+    figures to ``results_path`` as they come."""
+    global CHILD_RESULTS
+    CHILD_RESULTS = results_path
+    with open(spec_path) as f:
+        a = argparse.Namespace(**json.load(f))
+    if a.fault == "crash":
+        record(f"{a.sections[0]}_before_fault", 1)  # a figure from before the crash must still arrive
+        os._exit(134)  # as a CUDA error that aborts the process would
+    if a.fault == "hang":
+        time.sleep(10**6)
+    run_sections(a)
+    return 0
+
+
+def run_sections(a: argparse.Namespace) -> None:
+    """``a.sections`` one after another in this process."""
+    big = not a.dry_run
+    sections = {
+        "attention": lambda: attention(a),
+        "mfu05": lambda: update_mfu(a, "qwen2.5-0.5b", a.micro_tokens),
+        "decode": lambda: decode(a),
+        "mfu15": lambda: update_mfu(a, "qwen2.5-1.5b", a.micro_tokens // 2),
+        "grpo": lambda: (grpo_geartrain(a), grpo_trl(a)),
+        "grpo_geartrain": lambda: grpo_geartrain(a),
+        "grpo_trl": lambda: grpo_trl(a),
+        "grpo1024": lambda: grpo_geartrain(a, response_tokens=1024 if big else 16),
+        "memory": lambda: memory(a),
+    }
+    for key in a.sections:
+        section(key, a.budget, sections[key])
 
 
 if __name__ == "__main__":

@@ -50,3 +50,44 @@ def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
     assert results["decode_batch4_step"]["profile_top_ops"]
     # the same weights on both sides (engine bf16 vs fp32 rollout on CPU): a bf16-sized mismatch
     assert max(results["grpo_geartrain"]["mean_abs_logp_mismatch_per_step"]) < 1e-2
+
+
+def run_script(tmp_path: Path, *args: str) -> dict:
+    cmd = [sys.executable, str(ROOT / "bench/gpu/issue20_check.py"), "--device", "cpu", "--dry-run", *args]
+    env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((tmp_path / "issue20.json").read_text())
+
+
+def test_isolated_sections_survive_a_crash_and_fall_back_to_the_forward_graph(tmp_path: Path) -> None:
+    """``--isolate`` (the default on CUDA): a section whose process dies (as on a CUDA error)
+    costs that section only; what it recorded before still arrives; a failed ``"step"``
+    decode makes the GRPO step decode with ``"forward"``."""
+    results = run_script(
+        tmp_path, "--isolate", "--fault", "crash", "--sections", "decode", "grpo", "--decode-graphs", "step", "forward"
+    )
+    for label in ("decode_step", "decode_forward", "grpo_geartrain", "grpo_trl"):
+        assert results[f"{label}_error"] == "child process: exit status 134", label
+    assert results["decode_before_fault"] == 1  # written by the child before it died
+    assert "'step' decode failed" in results["grpo_decode_graph_fallback"]
+    assert "total_s" in results
+
+
+def test_isolated_section_that_hangs_is_killed_at_the_budget(tmp_path: Path) -> None:
+    results = run_script(
+        tmp_path, "--isolate", "--fault", "hang", "--budget", "3", "--child-grace", "1", "--sections", "mfu05"
+    )
+    assert results["mfu05_error"].startswith("child process: killed after")
+    assert results["total_s"] < 60  # the hang did not hold the run
+
+
+def test_isolated_sections_measure_as_in_one_process(tmp_path: Path) -> None:
+    """The figures of isolated sections are those of the in-process run (same seeds)."""
+    one = run_script(tmp_path, "--sections", "decode", "--decode-graphs", "forward")
+    iso = run_script(tmp_path, "--isolate", "--sections", "decode", "--decode-graphs", "forward")
+    for rows in (4, 8):
+        a, b = one[f"decode_batch{rows}_forward"], iso[f"decode_batch{rows}_forward"]
+        assert a["generated_tokens"] == b["generated_tokens"]
+        assert a["mean_abs_logp_vs_hf_forward"] < 1e-4 and b["mean_abs_logp_vs_hf_forward"] < 1e-4
+    assert "decode_forward_error" not in iso and iso["decode_forward_process_s"] > 0
