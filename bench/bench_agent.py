@@ -145,8 +145,8 @@ def main() -> None:
     )
     prompts = [[tok.bos_token_id, *tok.encode(f"task {i}:", add_special_tokens=False)] for i in range(args.episodes)]
     print(
-        f"# bench_agent: {args.episodes} episodes x {args.turns} tool calls (+ a final turn), {TOKENS_PER_TURN} tokens a turn, "
-        f"torch threads {args.threads}, load {os.getloadavg()[0]:.2f}"
+        f"# bench_agent: {args.episodes} episodes x {args.turns} tool calls (+ a final turn), "
+        f"{TOKENS_PER_TURN} tokens a turn, torch threads {args.threads}, load {os.getloadavg()[0]:.2f}"
     )
     print("| tool latency | distribution | round-synchronous episodes/s | asynchronous episodes/s | speed-up |")
     print("|---|---|---|---|---|")

@@ -106,7 +106,8 @@ def main() -> None:
         return Engine(cfg, model_cfg, EngineContext(role="actor"))
 
     print(
-        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  torch {torch.__version__}  threads {torch.get_num_threads()}  clock {'cpu' if args.cpu_time else 'wall'}"
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  {platform.machine()}  torch {torch.__version__}  "
+        f"threads {torch.get_num_threads()}  clock {'cpu' if args.cpu_time else 'wall'}"
     )
     print(f"# model: qwen2 hidden={args.hidden} layers={args.layers} vocab=128; batch {args.rows} x {args.width}")
 
@@ -142,7 +143,8 @@ def main() -> None:
         t_plain.append(timed(plain_step, 1))
     te, tp = statistics.median(t_engine), statistics.median(t_plain)
     print(
-        f"train step, equal lengths: engine {tokens / te:,.0f} tok/s, plain loop {tokens / tp:,.0f} tok/s, ratio {tp / te:.3f}"
+        f"train step, equal lengths: engine {tokens / te:,.0f} tok/s, plain loop {tokens / tp:,.0f} tok/s, "
+        f"ratio {tp / te:.3f}"
     )
 
     # 2. packed vs padded on variable lengths
@@ -155,7 +157,8 @@ def main() -> None:
         t_padded.append(timed(lambda: (padded.forward_backward(var, loss_fn), padded.optimizer_step()), 1))
     tk, td = statistics.median(t_packed), statistics.median(t_padded)
     print(
-        f"variable lengths ({real} real of {var['attention_mask'].numel()} slots): packed {real / tk:,.0f} tok/s, padded {real / td:,.0f} tok/s, speed-up {td / tk:.2f}x"
+        f"variable lengths ({real} real of {var['attention_mask'].numel()} slots): packed {real / tk:,.0f} tok/s, "
+        f"padded {real / td:,.0f} tok/s, speed-up {td / tk:.2f}x"
     )
 
     # 3. weight export vs memcpy
@@ -178,8 +181,9 @@ def main() -> None:
         t_copy.append(timed(lambda: [torch.empty_like(p).copy_(p) for p in params], 1))
     ts, tc = statistics.median(t_sync), statistics.median(t_copy)
     print(
-        f"weight export: {nbytes / ts / 1e6:,.0f} MB/s ({nbytes / 1e6:.1f} MB, {stats.num_tensors} tensors, {stats.num_buckets} buckets); "
-        f"plain copy {copy_bytes / tc / 1e6:,.0f} MB/s; ratio {(nbytes / ts) / (copy_bytes / tc):.2f}"
+        f"weight export: {nbytes / ts / 1e6:,.0f} MB/s ({nbytes / 1e6:.1f} MB, {stats.num_tensors} tensors, "
+        f"{stats.num_buckets} buckets); plain copy {copy_bytes / tc / 1e6:,.0f} MB/s; "
+        f"ratio {(nbytes / ts) / (copy_bytes / tc):.2f}"
     )
 
 

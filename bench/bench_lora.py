@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             f"peak {r['peak_bytes'] / 2**30:7.3f} GiB  step {r['step_s']:.3f} s"
         )
     print(
-        f"  LoRA / full: peak {lora['peak_bytes'] / max(full['peak_bytes'], 1):.3f}x, step time {lora['step_s'] / full['step_s']:.3f}x"
+        f"  LoRA / full: peak {lora['peak_bytes'] / max(full['peak_bytes'], 1):.3f}x, "
+        f"step time {lora['step_s'] / full['step_s']:.3f}x"
     )
     if args.json:
         with open(args.json, "w") as f:

@@ -65,7 +65,8 @@ def table(rows: list[dict]) -> str:
         else:
             ok = "yes" if r["gain"] >= 30 and r["seconds"] < 300 else "no"
             lines.append(
-                f"| {r['seed']} | {r['before']:.1f}% | {r['after']:.1f}% | {r['gain']:+.1f} | {r['seconds']:.0f} | {ok} |"
+                f"| {r['seed']} | {r['before']:.1f}% | {r['after']:.1f}% | {r['gain']:+.1f} "
+                f"| {r['seconds']:.0f} | {ok} |"
             )
     return "\n".join(lines)
 
@@ -90,10 +91,12 @@ def main(argv: list[str]) -> None:
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = (
-        f"{SECTION}\n\n`python bench/main_job_seeds.py` ({when}, {platform.machine()}, 2 CPU cores shared with other jobs; "
-        "wall time = the whole `geartrain train` process, start-up included). Held-out accuracy: greedy exact match on "
-        "the 256 validation problems never seen in training. A seed sets `trainer.seed`, `model.seed` (initial weights), "
-        "`sft.seed` and `data.seed` (data order).\n\n" + table(rows) + "\n"
+        f"{SECTION}\n\n`python bench/main_job_seeds.py` ({when}, {platform.machine()}, "
+        "2 CPU cores shared with other jobs; wall time = the whole `geartrain train` process, start-up included). "
+        "Held-out accuracy: greedy exact match on the 256 validation problems never seen in training. "
+        "A seed sets `trainer.seed`, `model.seed` (initial weights), `sft.seed` and `data.seed` (data order).\n\n"
+        + table(rows)
+        + "\n"
     )
     write_section(body)
     print(body)

@@ -80,6 +80,5 @@ def build_config(overrides: list[str]) -> TrainConfig:
 
 if __name__ == "__main__":
     result = run_job(build_config(sys.argv[1:]), reward_fn=exact_match)
-    print(
-        f"gain: {100 * ((result.accuracy_after or 0) - (result.accuracy_before or 0)):.1f} points in {result.seconds:.0f}s"
-    )
+    gain = 100 * ((result.accuracy_after or 0) - (result.accuracy_before or 0))
+    print(f"gain: {gain:.1f} points in {result.seconds:.0f}s")

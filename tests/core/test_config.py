@@ -91,7 +91,8 @@ def test_every_problem_is_reported_with_its_path(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         "bad.toml",
-        'steps = "many"\n[actor]\nbackend = "simple-test"\nmax_tokens_per_micro_batch = 0\n[actor.optim]\nlr = -1\nlr_schedule = "cosine"\n'
+        'steps = "many"\n[actor]\nbackend = "simple-test"\nmax_tokens_per_micro_batch = 0\n'
+        '[actor.optim]\nlr = -1\nlr_schedule = "cosine"\n'
         '[rollout]\ntemperatur = 1.0\n[model]\ntiny = "qwen2"\npath = "x"\n',
     )
     with pytest.raises(ConfigError) as err:
@@ -130,8 +131,8 @@ def test_a_missing_backend_is_a_problem_at_its_path(tmp_path: Path) -> None:
         load_config(Job, write(tmp_path, "m.toml", "[actor]\nbackend = 'megatron'\n"))
     problems = dict(err.value.problems)
     assert (
-        "pip install ./plugins/megatron_engine   (the geartrain-megatron package, from the root of a geartrain checkout)"
-        in problems["actor.backend"]
+        "pip install ./plugins/megatron_engine   "
+        "(the geartrain-megatron package, from the root of a geartrain checkout)" in problems["actor.backend"]
     )
 
 
@@ -274,7 +275,8 @@ def test_a_backend_config_error_carries_the_section_path(tmp_path: Path, capsys:
         job = write(
             tmp_path,
             "job.toml",
-            f'[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "picky"\n[data]\npath = "{data}"\nbatch_size = 2\n'
+            '[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "picky"\n'
+            f'[data]\npath = "{data}"\nbatch_size = 2\n'
             f'[trainer]\noutput_dir = "{tmp_path / "out"}"\n[validation]\nevery_n_steps = 0\n',
         )
         assert cli.main(["train", str(job)]) == 2
@@ -336,8 +338,8 @@ def test_config_schema_prints_every_field_and_check_explains_a_bad_key(capsys: p
     assert cli.main(["check", str(job), "actor.engine.optim.lr=-1", "--no-plugins", "--config-only"]) == 2
     err = capsys.readouterr().err
     assert (
-        "actor.engine.optim.lr: should be greater than or equal to 0; got -1 (the command-line override 'actor.engine.optim.lr=-1')"
-        in err
+        "actor.engine.optim.lr: should be greater than or equal to 0; "
+        "got -1 (the command-line override 'actor.engine.optim.lr=-1')" in err
     )
     assert "actor.engine.optim.lr is: Peak learning rate (AdamW)" in err
 

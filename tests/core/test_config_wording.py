@@ -52,7 +52,8 @@ def test_a_validators_message_has_no_pydantic_prefix(tmp_path: Path, capsys: pyt
     assert "model: set exactly one of 'path'" in text
     text = _error(
         tmp_path,
-        '[model]\ntiny = "qwen2"\n[rollout]\nmax_model_len = 8\n[sampling]\nmax_tokens = 4\n[data]\nmax_prompt_length = 6\n',
+        '[model]\ntiny = "qwen2"\n[rollout]\nmax_model_len = 8\n'
+        "[sampling]\nmax_tokens = 4\n[data]\nmax_prompt_length = 6\n",
         [],
     )
     assert "data.max_prompt_length (6) + sampling.max_tokens (4) = 10 exceeds rollout.max_model_len (8)" in text

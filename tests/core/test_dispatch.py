@@ -91,7 +91,8 @@ def test_prompt_batch_and_mini_batch_lists_split() -> None:
     # a clear error with the fix, not a plain ValueError
     with pytest.raises(
         GeartrainError,
-        match=r"2 rows cannot be split across 3 data-parallel ranks: .*at least 3 rows .*data\.batch_size.* or lower parallel\.dp",
+        match=r"2 rows cannot be split across 3 data-parallel ranks: "
+        r".*at least 3 rows .*data\.batch_size.* or lower parallel\.dp",
     ):
         dp_rows(_batch([1, 2]), 3, balance=False)
     assert reduce_metrics([{"a": 1.0}, {"a": 2.0}]) == {"a": 1.0}

@@ -7,7 +7,8 @@ import sys
 def test_import_geartrain_pulls_no_backend() -> None:
     code = (
         "import sys, geartrain, geartrain.hookspecs, geartrain.testing, geartrain.cli\n"
-        "heavy = [m for m in ('vllm', 'sglang', 'megatron', 'flash_attn', 'ray', 'geartrain_fsdp', 'geartrain_vllm') if m in sys.modules]\n"
+        "heavy = [m for m in ('vllm', 'sglang', 'megatron', 'flash_attn', 'ray', 'geartrain_fsdp', 'geartrain_vllm') "
+        "if m in sys.modules]\n"
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -20,7 +20,8 @@ from geartrain.cluster.ray_reaper import start_reaper, stop_reaper
 session = os.environ["SESSION"]  # not in the driver's own command line, as with Ray
 # a "raylet" with a "worker" child, and an "agent": what Ray starts, by command line
 raylet = subprocess.Popen([sys.executable, "-c",
-    "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)",
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)",
     f"--session-dir={session}"])
 agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"--session_dir={session}"])
 pipe = start_reaper(session)

@@ -198,7 +198,12 @@ def test_a_trl_function_gets_the_answer_column_by_its_own_name(geartrain, tmp_pa
 
 def test_a_reward_that_raises_on_some_rows_only_passes_check_with_a_note(geartrain, tmp_path: Path) -> None:
     # what a run tolerates (those samples score 0 and are counted) is not refused up front
-    body = "def score(response, ground_truth):\n    if ground_truth == 'olleh':\n        raise KeyError('no')\n    return 1.0\n"
+    body = (
+        "def score(response, ground_truth):\n"
+        "    if ground_truth == 'olleh':\n"
+        "        raise KeyError('no')\n"
+        "    return 1.0\n"
+    )
     proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:score"\n')), "--no-plugins")
     assert proc.returncode == 0, proc.stderr
     assert (

@@ -42,7 +42,8 @@ def test_install_list_build_conform_uninstall(tmp_path: Path) -> None:
             "-c",
             "import geartrain\n"
             "from geartrain.config import EngineConfig, ModelConfig\n"
-            "e = geartrain.Engine(EngineConfig(backend='simple'), ModelConfig(tiny='qwen2'), geartrain.EngineContext(role='actor'))\n"
+            "e = geartrain.Engine(EngineConfig(backend='simple'), ModelConfig(tiny='qwen2'), "
+            "geartrain.EngineContext(role='actor'))\n"
             "print(type(e.handle).__module__, e.info.distribution)",
         )
         assert built.returncode == 0, built.stderr
@@ -75,7 +76,8 @@ def test_sglang_plugin_lists_in_a_core_only_environment() -> None:
             "import geartrain\n"
             "from geartrain.config import ModelConfig, RolloutConfig\n"
             "from geartrain.rollout import Rollout\n"
-            "Rollout(RolloutConfig(backend='sglang'), ModelConfig(tiny='qwen2'), geartrain.EngineContext(role='rollout'))",
+            "Rollout(RolloutConfig(backend='sglang'), ModelConfig(tiny='qwen2'), "
+            "geartrain.EngineContext(role='rollout'))",
         )
         assert built.returncode != 0 and "SGLang is not installed" in built.stderr, built.stderr[-2000:]
     finally:

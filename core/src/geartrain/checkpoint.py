@@ -171,7 +171,8 @@ class CheckpointManager:
         path = Path(path)
         if not (path / MARKER).exists():
             raise CheckpointError(
-                f"{path} is not a complete checkpoint (no {MARKER} marker): it was cut off mid-write or is not a geartrain checkpoint"
+                f"{path} is not a complete checkpoint (no {MARKER} marker): it was cut off mid-write "
+                "or is not a geartrain checkpoint"
             )
         problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST)
         if problems:

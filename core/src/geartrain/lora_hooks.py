@@ -78,8 +78,8 @@ class LoraHooks:
                 raise GeartrainError(f"update_adapter: '{module}' is a {type(layer).__name__}, not a linear layer")
             if tuple(a.shape) != (rank, layer.in_features) or tuple(b.shape) != (layer.out_features, rank):
                 raise GeartrainError(
-                    f"update_adapter: '{module}' needs A [{rank}, {layer.in_features}] and B [{layer.out_features}, {rank}], "
-                    f"got {tuple(a.shape)} and {tuple(b.shape)}"
+                    f"update_adapter: '{module}' needs A [{rank}, {layer.in_features}] "
+                    f"and B [{layer.out_features}, {rank}], got {tuple(a.shape)} and {tuple(b.shape)}"
                 )
             weights[module] = (a.detach().to(device, dtype, copy=True), b.detach().to(device, dtype, copy=True))
         hooks = cls(name=name, scale=scale, weights=weights)

@@ -107,8 +107,9 @@ LossFn: TypeAlias = Callable[[dict[str, torch.Tensor], "Batch", LossContext], tu
 """``loss_fn(outputs, micro_batch, ctx) -> (loss, metrics)``.
 
 ``outputs`` holds per-token tensors ``[b, T]`` for the micro-batch (``log_probs`` always;
-``entropy`` when asked for; ``values`` for value models), aligned to its ``input_ids``; ``micro_batch``'s tensors are on the same device as
-``outputs`` (the engine moves them there before calling the loss).
+``entropy`` when asked for; ``values`` for value models), aligned to its ``input_ids``;
+``micro_batch``'s tensors are on the same device as ``outputs`` (the engine moves them there
+before calling the loss).
 ``loss`` is this micro-batch's *share* of the global loss (e.g. a token sum divided by
 ``ctx.global_tokens``): the engine arranges for the gradient to equal the gradient of the
 sum of all shares over micro-batches and data-parallel ranks. ``metrics`` are shares in

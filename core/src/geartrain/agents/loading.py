@@ -45,7 +45,8 @@ def load_environment(
     missing = [m for m in ("reset", "step") if isinstance(target, type) and not callable(getattr(target, m, None))]
     if missing:
         raise GeartrainError(
-            f"{key} = '{spec}': {target.__name__} has no {' or '.join(missing)} method (see geartrain.agents.Environment)"
+            f"{key} = '{spec}': {target.__name__} has no {' or '.join(missing)} method "
+            "(see geartrain.agents.Environment)"
         )
     arguments = dict(kwargs or {})
     return lambda: target(**arguments)

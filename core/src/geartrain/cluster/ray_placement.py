@@ -120,7 +120,8 @@ class RankHost:
 
         node = ray.get_runtime_context().get_node_id()
         self._log(
-            f"rank {rank} of {world_size} in pool '{pool}', pid {os.getpid()}, node {socket.gethostname()} (Ray node {node})"
+            f"rank {rank} of {world_size} in pool '{pool}', pid {os.getpid()}, "
+            f"node {socket.gethostname()} (Ray node {node})"
         )
 
     def _heartbeat(self) -> None:
@@ -424,7 +425,8 @@ class RankPool:
             lines = str(exc).strip().splitlines()
             what = "raised an error:\n" + "\n".join(f"  {line}" for line in lines[-12:])
         raise RankFailure(
-            f"{who} {what}\nduring {method}; last lines of its log {self.log_paths[rank]}:\n{_tail(self.log_paths[rank])}"
+            f"{who} {what}\nduring {method}; last lines of its log {self.log_paths[rank]}:\n"
+            f"{_tail(self.log_paths[rank])}"
         ) from exc
 
     def close(self, graceful: bool = True) -> None:

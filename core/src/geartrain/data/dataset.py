@@ -126,7 +126,8 @@ class PromptDataset:
             messages = self._check_messages(where, messages)
             if not any(m["content"].strip() for m in messages):
                 raise DataError(
-                    f"{where}: every message of '{cfg.messages_key}' is empty or whitespace; give the row a prompt or remove it"
+                    f"{where}: every message of '{cfg.messages_key}' is empty or whitespace; "
+                    "give the row a prompt or remove it"
                 )
         truth = row.get(cfg.ground_truth_key)
         if truth is None:

@@ -394,7 +394,10 @@ def probe_term(
         try:
             parse_output(out)
         except ValueError as exc:
-            return f"returned {type(out).__name__} {out!r:.60} on {where[i]}: {exc}; return a number or a dict with a numeric 'score'"
+            return (
+                f"returned {type(out).__name__} {out!r:.60} on {where[i]}: {exc}; "
+                "return a number or a dict with a numeric 'score'"
+            )
     return None
 
 

@@ -788,7 +788,8 @@ class TrainConfig(Section):
     def _agent_fits(self) -> TrainConfig:
         if self.rollout.agent is not None and self.trainer.async_rollout:
             raise ValueError(
-                "rollout.agent: multi-turn episodes do not run with trainer.async_rollout yet; set trainer.async_rollout = false"
+                "rollout.agent: multi-turn episodes do not run with trainer.async_rollout yet; "
+                "set trainer.async_rollout = false"
             )
         return self
 
@@ -813,9 +814,9 @@ class TrainConfig(Section):
                     f"(it is {self.sampling.n})"
                 )
             raise ValueError(
-                f"algorithm.advantage = '{algo.estimator}' takes its baseline from the other samples of the same prompt, "
-                f"so with sampling.n = {self.sampling.n} it would train with no baseline at all: set sampling.n >= 2, "
-                "or choose an estimator that needs no group (reinforce_plus_plus, or remax)"
+                f"algorithm.advantage = '{algo.estimator}' takes its baseline from the other samples of the "
+                f"same prompt, so with sampling.n = {self.sampling.n} it would train with no baseline at all: "
+                "set sampling.n >= 2, or choose an estimator that needs no group (reinforce_plus_plus, or remax)"
             )
         if algo.overlong_buffer is not None and algo.overlong_buffer > self.sampling.max_tokens:
             raise ValueError(

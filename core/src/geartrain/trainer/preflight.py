@@ -143,9 +143,9 @@ def _fit(
             (
                 key,
                 (
-                    f"{len(crash)} of {len(lengths)} prompts have >= rollout.max_model_len={limit} tokens, leaving no room to "
-                    f"generate (longest: {n} tokens, {where}); set data.max_prompt_length={limit - max_tokens} to drop them "
-                    "or raise rollout.max_model_len"
+                    f"{len(crash)} of {len(lengths)} prompts have >= rollout.max_model_len={limit} tokens, "
+                    f"leaving no room to generate (longest: {n} tokens, {where}); "
+                    f"set data.max_prompt_length={limit - max_tokens} to drop them or raise rollout.max_model_len"
                 ),
             )
         )

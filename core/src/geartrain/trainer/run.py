@@ -321,7 +321,8 @@ class Job:
             reference, reference_call = actor, "compute_ref_log_probs"
             saved = reference_weight_bytes(policy)
             self.echo(
-                f"reference policy: the actor's base with LoRA adapters off (no second copy: {saved / 2**20:.1f} MiB saved)"
+                f"reference policy: the actor's base with LoRA adapters off "
+                f"(no second copy: {saved / 2**20:.1f} MiB saved)"
             )
         elif cfg.builds_reference:
             reference = placement.group(

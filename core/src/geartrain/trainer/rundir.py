@@ -91,11 +91,13 @@ class RunDirectory:
                 continue
             if kind == "dir" and not entry.is_dir():
                 raise RunDirectoryError(
-                    f"{entry} is a file where geartrain keeps a directory; move it away or choose another trainer.output_dir"
+                    f"{entry} is a file where geartrain keeps a directory; "
+                    "move it away or choose another trainer.output_dir"
                 )
             if kind == "file" and not entry.is_file():
                 raise RunDirectoryError(
-                    f"{entry} is not a regular file (geartrain writes its {name} there); move it away or choose another trainer.output_dir"
+                    f"{entry} is not a regular file (geartrain writes its {name} there); "
+                    "move it away or choose another trainer.output_dir"
                 )
             if not os.access(entry, os.W_OK):
                 raise RunDirectoryError(

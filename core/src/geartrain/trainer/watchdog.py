@@ -151,7 +151,10 @@ class Watchdog:
         if not k or self.zero_advantage != k:
             return  # once per streak
         if float(metrics.get("reward/std", 1.0)) == 0.0:
-            cause = f"every sample got the same reward ({metrics.get('reward/mean')}): the reward is constant on these prompts"
+            cause = (
+                f"every sample got the same reward ({metrics.get('reward/mean')}): "
+                "the reward is constant on these prompts"
+            )
         else:
             cause = "the samples of each group got identical rewards"
         if self.temperature == 0.0:

@@ -81,17 +81,18 @@ def _check_lora(model: FSDPModel, saved: dict[str, Any] | None, path: Path) -> N
         return
     if saved["base_sha256"] != mine["base_sha256"]:
         raise CheckpointError(
-            f"{path}: its LoRA adapters were trained on base '{saved['base']}' (sha256 {saved['base_sha256'][:12]}...), "
-            f"but this engine's base '{mine['base']}' has sha256 {mine['base_sha256'][:12]}...: the base model changed; "
-            "resume on the base the run started from"
+            f"{path}: its LoRA adapters were trained on base '{saved['base']}' "
+            f"(sha256 {saved['base_sha256'][:12]}...), but this engine's base '{mine['base']}' "
+            f"has sha256 {mine['base_sha256'][:12]}...: the base model changed; resume on the base the run started from"
         )
     if (
         saved["config"]["rank"] != mine["config"]["rank"]
         or saved["config"]["target_modules"] != mine["config"]["target_modules"]
     ):
         raise CheckpointError(
-            f"{path}: its adapters have rank {saved['config']['rank']} on {saved['config']['target_modules']}, this engine's "
-            f"rank {mine['config']['rank']} on {mine['config']['target_modules']}; resume with the saved actor.lora"
+            f"{path}: its adapters have rank {saved['config']['rank']} on {saved['config']['target_modules']}, "
+            f"this engine's rank {mine['config']['rank']} on {mine['config']['target_modules']}; "
+            "resume with the saved actor.lora"
         )
 
 

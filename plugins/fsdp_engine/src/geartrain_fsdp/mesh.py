@@ -68,7 +68,8 @@ def build_meshes(
                 (
                     "options.cpu_offload",
                     "FSDP2's CPU offload on one rank needs the role's process group (a training job provides one; "
-                    "in code pass EngineContext(process_group=geartrain.cluster.process_group.acquire_single_rank_group(device)))",
+                    "in code pass EngineContext(process_group="
+                    "geartrain.cluster.process_group.acquire_single_rank_group(device)))",
                 )
             ]
         )

@@ -1,11 +1,12 @@
 """Dynamic micro-batches and padding removal.
 
 A batch row is ``[left pad | prompt | response | right pad]``; its real tokens are where
-``attention_mask`` is 1. :func:`~geartrain.micro_batches.plan_micro_batches` (the core's) groups rows under a token budget;
-:func:`pack` concatenates a micro-batch's real tokens into one row with ``position_ids``
-restarting at 0 for every sequence (and ``cu_seqlens`` marking the boundaries), and
-:func:`scatter_shifted` puts per-token results back into the ``[b, T]`` layout of
-:mod:`geartrain.types` (result for token ``t`` comes from the hidden state at ``t - 1``).
+``attention_mask`` is 1. :func:`~geartrain.micro_batches.plan_micro_batches` (the core's)
+groups rows under a token budget; :func:`pack` concatenates a micro-batch's real tokens into
+one row with ``position_ids`` restarting at 0 for every sequence (and ``cu_seqlens`` marking
+the boundaries), and :func:`scatter_shifted` puts per-token results back into the ``[b, T]``
+layout of :mod:`geartrain.types` (result for token ``t`` comes from the hidden state at
+``t - 1``).
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ class SglangRollout:
         self.device = "cuda" if ctx.device.startswith("cuda") else "cpu"
         if importlib.util.find_spec("sglang") is None:
             raise GeartrainError(
-                "sglang rollout: SGLang is not installed here; on GPUs `pip install './plugins/sglang_rollout[gpu]'` from the checkout, "
+                "sglang rollout: SGLang is not installed here; "
+                "on GPUs `pip install './plugins/sglang_rollout[gpu]'` from the checkout, "
                 "on CPU follow the recipe in the plugin's README (plugins/sglang_rollout/README.md)"
             )
         self._owns_work_dir = options.work_dir is None
@@ -150,7 +151,8 @@ class SglangRollout:
             )
         if int(config["r"]) > self.config.max_lora_rank:
             raise GeartrainError(
-                f"sglang rollout: adapter rank {config['r']} exceeds rollout.max_lora_rank ({self.config.max_lora_rank})"
+                f"sglang rollout: adapter rank {config['r']} exceeds "
+                f"rollout.max_lora_rank ({self.config.max_lora_rank})"
             )
         if self.released and self.device != "cpu":
             raise GeartrainError("sglang rollout: update_adapter while released; call resume() first")
