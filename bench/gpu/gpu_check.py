@@ -8,6 +8,7 @@ memory, torch rollout on CUDA after a weight sync (rollout log-probs == engine l
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -27,7 +28,6 @@ from geartrain.testing.reference import (
 from geartrain.types import EngineContext
 
 results: dict[str, object] = {}
-import os
 
 DEV = os.environ.get("GT_DEVICE", "cuda")
 CUDA = DEV == "cuda"

@@ -127,7 +127,7 @@ def test_three_turn_episode_loss_mask_is_exactly_the_model_tokens(rollout: Rollo
     batch = episode_batch(episodes, tok.pad_token_id)
     width = batch.info["prompt_length"]
     sampled: dict[int, list[list[int]]] = {}  # episode -> the ids each of its turns sampled
-    for prompts, sampling, out in spy.calls:
+    for _prompts, sampling, out in spy.calls:
         w = out.info["prompt_length"]
         for row, key in enumerate(sampling.prompt_indices):
             n = int(out["response_mask"][row].sum())

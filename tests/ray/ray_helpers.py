@@ -36,7 +36,7 @@ RAY2 = ["cluster.placement=ray", "actor.engine.parallel.dp=2"]
 def digit_reward(response: str, ground_truth: str) -> float:
     """Partial credit: the share of the answer's characters the response gets right, in
     place. A random policy earns some, so advantages and gradients are not all zero."""
-    hits = sum(a == b for a, b in zip(response, ground_truth))
+    hits = sum(a == b for a, b in zip(response, ground_truth, strict=False))
     return hits / max(len(ground_truth), 1) - 0.1 * abs(len(response) - len(ground_truth))
 
 

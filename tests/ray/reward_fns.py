@@ -11,6 +11,6 @@ def pid_reward(response: str, ground_truth: str) -> dict[str, float]:
     and a failure on every response that starts with '7' (counted in ``reward/errors``)."""
     if response.startswith("7"):
         raise ValueError("seven")
-    hits = sum(a == b for a, b in zip(response, ground_truth))
+    hits = sum(a == b for a, b in zip(response, ground_truth, strict=False))
     score = hits / max(len(ground_truth), 1) - 0.1 * abs(len(response) - len(ground_truth))
     return {"score": score, "acc": float(response.strip() == ground_truth), "pid": float(os.getpid())}

@@ -84,8 +84,8 @@ def test_ten_steps_match_the_fsdp_engine(layout: dict[str, int], fsdp: tuple, pl
     assert losses == pytest.approx(ref_losses, abs=1e-4)
     assert norms == pytest.approx(ref_norms, abs=1e-4)
     print(
-        f"\n{layout}: max |loss diff| {max(abs(a - b) for a, b in zip(losses, ref_losses)):.2e}, "
-        f"max |grad norm diff| {max(abs(a - b) for a, b in zip(norms, ref_norms)):.2e}"
+        f"\n{layout}: max |loss diff| {max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)):.2e}, "
+        f"max |grad norm diff| {max(abs(a - b) for a, b in zip(norms, ref_norms, strict=True)):.2e}"
     )
     assert set(weights) <= set(ref_weights)
     for name, tensor in weights.items():

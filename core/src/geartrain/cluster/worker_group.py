@@ -69,8 +69,10 @@ class WorkerGroup(ABC):
             raise NotImplementedError(f"{type(self).__name__} cannot call one rank of {self.world_size}")
         return self.submit(method, *args, **kwargs)
 
+    @abstractmethod
     def shutdown(self) -> None:
-        """Stop the ranks and free what they hold."""
+        """Stop the ranks and free what they hold (abstract: every group holds something, a
+        process group or rank processes, and a no-op default would leak it silently)."""
 
 
 class PendingCall:
@@ -179,9 +181,11 @@ class Placement(ABC):
         :class:`~geartrain.trainer.config.RankResources`) is what each rank of a new pool
         reserves where the placement reserves anything (default: ``cluster.resources_per_rank``)."""
 
-    def close(self, graceful: bool = True) -> None:
+    def close(self, graceful: bool = True) -> None:  # noqa: B027 - a deliberate no-op default (see docstring)
         """Stop every rank this placement started (``graceful``: let each rank close its
-        workers first; otherwise stop them at once, e.g. after an error or Ctrl-C)."""
+        workers first; otherwise stop them at once, e.g. after an error or Ctrl-C). This
+        default does nothing, for placements that start no processes of their own (the inline
+        one: each group frees its rank in :meth:`WorkerGroup.shutdown`)."""
 
     def __enter__(self) -> Placement:
         return self
