@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from geartrain import GeartrainError
@@ -78,6 +79,47 @@ def test_a_signature_that_fits_neither_convention_is_refused_by_name() -> None:
         make_term(one_arg)
     with pytest.raises(GeartrainError, match="requires 'threshold'"):
         make_term(lambda response, ground_truth, threshold: 1.0)
+
+
+# ------------------------------------------------------------------ TRL's None: a term that does not apply
+def math_reward(completions: list[str], task: list[str], **kwargs: Any) -> list[float | None]:
+    return [(1.0 if c == "4" else 0.0) if t == "math" else None for c, t in zip(completions, task, strict=True)]
+
+
+def code_reward(completions: list[str], task: list[str], **kwargs: Any) -> list[float | None]:
+    return [(0.5 if "def" in c else 0.0) if t == "code" else None for c, t in zip(completions, task, strict=True)]
+
+
+def test_a_trl_multi_task_reward_returning_none_skips_that_term_for_that_sample() -> None:
+    """TRL's GRPOTrainer turns ``None`` into NaN and sums ``nansum(weight x score)``; each
+    term's mean is over the samples it scored (``nanmean``), not the batch."""
+    scorer = RewardScorer([make_term(math_reward, weight=1.0), make_term(code_reward, weight=2.0)])
+    result = scorer.score(
+        ["4", "5", "def f(): pass"],
+        ["4", "4", ""],
+        prompts=["2+2=", "2+2=", "write f"],
+        metas=[{"task": "math"}, {"task": "math"}, {"task": "code"}],
+    )
+    assert result.errors == []
+    assert result.scores.tolist() == pytest.approx([1.0, 0.0, 1.0])
+    assert result.term_scores == {"math_reward": [1.0, 0.0, None], "code_reward": [None, None, 0.5]}
+    assert result.metrics["reward/math_reward/mean"] == pytest.approx(0.5)  # over 2 samples, not 3
+    assert result.metrics["reward/code_reward/mean"] == pytest.approx(0.5)  # over 1 sample, not 3
+    assert result.metrics["reward/error_fraction"] == 0.0
+
+
+def test_a_sample_every_term_returns_none_for_is_a_counted_failure(caplog: pytest.LogCaptureFixture) -> None:
+    scorer = RewardScorer([make_term(math_reward), make_term(code_reward)])
+    with caplog.at_level("WARNING", logger="geartrain.rewards"):
+        result = scorer.score(["4", "4"], ["4", "4"], metas=[{"task": "math"}, {"task": "poetry"}])
+    assert result.scores.tolist() == [1.0, 0.0]
+    assert result.errors == [1] and result.metrics["reward/errors"] == 1.0
+    assert result.term_scores == {"math_reward": [1.0, None], "code_reward": [None, None]}
+    assert "reward/code_reward/mean" not in result.metrics  # it scored no sample: no mean of 0
+    assert "every reward function (2) returned None for this sample" in caplog.text
+    # one term, per sample: None everywhere is the same failure
+    alone = RewardScorer(lambda response, ground_truth: None).score(["a", "b"], ["a", "b"])
+    assert alone.errors == [0, 1] and alone.scores.tolist() == [0.0, 0.0]
 
 
 # ------------------------------------------------------------------ geartrain check calls them
@@ -210,6 +252,25 @@ def test_a_reward_that_raises_on_some_rows_only_passes_check_with_a_note(geartra
         "raised KeyError: 'no'" in proc.stdout + proc.stderr
         and "1 of 4 probed rows raised" in proc.stdout + proc.stderr
     )
+
+
+def test_check_notes_rows_no_function_scores_and_refuses_when_none_is_scored(geartrain, tmp_path: Path) -> None:
+    body = (
+        "def some(completions, ground_truth):\n"
+        "    return [None if g == 'olleh' else 1.0 for g in ground_truth]\n"
+        "def nothing(completions, **kwargs):\n"
+        "    return [None] * len(completions)\n"
+    )
+    toml = '[[reward.functions]]\nname = "some"\nfunction = "reward.py:some"\n'
+    proc = geartrain("check", str(_job(tmp_path, body, toml)), "--no-plugins")
+    assert proc.returncode == 0, proc.stderr
+    assert "every reward function returned None on 1 of 4 probed rows (first: " in proc.stdout + proc.stderr
+    toml += '[[reward.functions]]\nname = "nothing"\nfunction = "reward.py:nothing"\n'
+    proc = geartrain("check", str(_job(tmp_path, body, toml)), "--no-plugins")
+    assert proc.returncode == 0, proc.stderr  # 'nothing' applies nowhere, 'some' scores 3 rows: a note
+    proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:nothing"\n')), "--no-plugins")
+    assert proc.returncode == 2
+    assert "reward.function: every reward function returned None on 4 of 4 probed rows" in proc.stderr
 
 
 def test_a_reward_file_may_use_dataclasses_with_postponed_annotations(tmp_path: Path) -> None:

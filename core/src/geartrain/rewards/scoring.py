@@ -6,6 +6,11 @@ not a number or a dict with a numeric ``score`` gets reward 0; it is counted in
 ``timeout_s`` (also counted in ``reward/timeouts``). A :class:`RewardScorer` logs its first
 failure (logger ``geartrain.rewards``, WARNING, with the sample and the traceback) and its
 first timeout once; after that they are only counted.
+
+A function that returns ``None`` for a sample does not apply to it (TRL's multi-task
+convention): that term is absent for the sample, the sample's reward is the weighted sum of
+the terms that are present, and the term's own metric leaves the sample out. A sample for
+which *every* term returns ``None`` has no reward: it is a failure as above.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ class RewardResult:
     errors: list[int] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     term_scores: dict[str, list[float | None]] = field(default_factory=dict)
-    """Each term's own score per sample, by term name (``None`` where it failed)."""
+    """Each term's own score per sample, by term name (``None`` where it failed or
+    returned ``None``: absent)."""
     timeouts: list[int] = field(default_factory=list)
     _exact: list[float] | None = field(default=None, repr=False)
     """The scores as the function returned them (``scores`` is float32)."""
@@ -106,8 +112,10 @@ def summarize(
     timeouts: Sequence[int],
 ) -> dict[str, float]:
     """A batch's reward metrics: ``reward/mean``, ``reward/errors``, ``reward/timeouts``,
-    ``reward/error_fraction``, each term's ``reward/<term>/mean`` when there are several,
-    and ``reward/<extra>`` (the mean over the samples that reported it)."""
+    ``reward/error_fraction``, each term's ``reward/<term>/mean`` when there are several
+    (the mean over the samples it scored: absent and failed ones are left out, and a term
+    that scored none of the batch has no such metric that step), and ``reward/<extra>``
+    (the mean over the samples that reported it)."""
     n = len(scores)
     metrics = {
         "reward/mean": sum(scores) / n if n else 0.0,
@@ -118,7 +126,8 @@ def summarize(
     if len(term_scores) > 1:
         for name, values in term_scores.items():
             present = [v for v in values if v is not None]
-            metrics[f"reward/{name}/mean"] = sum(present) / len(present) if present else 0.0
+            if present:
+                metrics[f"reward/{name}/mean"] = sum(present) / len(present)
     for key, values in extras.items():
         present = [v for v in values if v is not None]
         if present:
@@ -128,6 +137,20 @@ def summarize(
 
 class _BadOutput(ValueError):
     pass
+
+
+class _Absent:
+    """A term's outcome for a sample it returned ``None`` for (it does not apply)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
+def _parse_or_absent(output: Any) -> tuple[float, dict[str, float]] | _Absent:
+    return ABSENT if output is None else parse_output(output)
 
 
 def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
@@ -154,8 +177,10 @@ class RewardScorer:
     """Scores batches with the job's reward terms (one function, or several with weights:
     :mod:`geartrain.rewards.terms`) over a run.
 
-    A sample's reward is ``sum(weight x score)`` over the terms; a sample for which any term
-    raises or returns something unusable gets reward 0 and is counted in ``reward/errors``.
+    A sample's reward is ``sum(weight x score)`` over the terms that apply to it (a term
+    that returns ``None`` for a sample is absent from its sum, as TRL's ``nansum``); a
+    sample for which any term raises or returns something unusable, or every term returns
+    ``None``, gets reward 0 and is counted in ``reward/errors``.
     ``timeout_s`` bounds the time one batch's calls may take together: when it runs out,
     the call in progress and the samples not yet scored get reward 0 and are counted in
     ``reward/timeouts`` (and ``reward/errors``), and the run goes on. (A Python thread
@@ -197,11 +222,11 @@ class RewardScorer:
                 parsed: list[Any] = []
                 for out in outs:
                     try:
-                        parsed.append(parse_output(out))
+                        parsed.append(_parse_or_absent(out))
                     except _BadOutput as exc:
                         parsed.append(exc)
                 return parsed
-            return parse_output(term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i])))
+            return _parse_or_absent(term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i])))
         except Exception as exc:  # a user function's bug must not stop the run
             return exc
 
@@ -232,7 +257,7 @@ class RewardScorer:
 
     def _log_failure(
         self,
-        term: RewardTerm,
+        name: str,
         i: int,
         out: BaseException,
         prompts: Sequence[str],
@@ -242,7 +267,7 @@ class RewardScorer:
         logger.warning(
             "reward function %s failed on sample %d (reward 0; this traceback is logged once, further "
             "failures are counted in reward/errors): %s: %s\n  prompt=%r\n  response=%r\n  ground_truth=%r",
-            term.name,
+            name,
             i,
             type(out).__name__,
             out,
@@ -290,17 +315,27 @@ class RewardScorer:
         for i in range(n):
             outs = [row[i] for row in outcome]
             bad = next((out for out in outs if isinstance(out, BaseException)), None)
+            name = self.name
             if bad is not None:
-                term = self.terms[next(t for t, out in enumerate(outs) if out is bad)]
+                name = self.terms[next(t for t, out in enumerate(outs) if out is bad)].name
+            elif all(out is ABSENT for out in outs):
+                bad = _BadOutput(
+                    f"every reward function ({len(outs)}) returned None for this sample; "
+                    "at least one must return a score for each sample"
+                )
+            if bad is not None:
                 if not self._failure_logged:
-                    self._log_failure(term, i, bad, prompts, responses, truths)
+                    self._log_failure(name, i, bad, prompts, responses, truths)
                     self._failure_logged = logged_now = True
                 failed.append(i)
                 continue
             if i in timed_out:
                 continue
             total = 0.0
-            for term, (score, numeric) in zip(self.terms, outs, strict=True):
+            for term, out in zip(self.terms, outs, strict=True):
+                if out is ABSENT:
+                    continue
+                score, numeric = out
                 total += term.weight * score
                 term_scores[term.name][i] = score
                 for key, value in numeric.items():
@@ -364,12 +399,15 @@ def probe_term(
     metas: list[dict[str, Any]],
     where: list[str],
     notes: list[str] | None = None,
+    absent: list[int] | None = None,
 ) -> str | None:
     """Call ``term`` on a few samples as a run would and say what is wrong (``None``: it
     returned a usable score for each it did not raise on): a raise on every sample, or a
-    return value that is not a number or a dict with a numeric ``score``. ``where`` names
-    each sample's data row. A per-sample function that raises on *some* samples only is what
-    a run tolerates (those samples score 0 and are counted): that goes to ``notes``."""
+    return value that is not a number, a dict with a numeric ``score`` or ``None``. ``where``
+    names each sample's data row. A per-sample function that raises on *some* samples only
+    is what a run tolerates (those samples score 0 and are counted): that goes to ``notes``.
+    The samples it returned ``None`` for (it does not apply to them) are appended to
+    ``absent``: whether another term scores them is the caller's to check."""
     if term.batched:
         try:
             outs = list(enumerate(call_batched(term.fn, prompts, responses, truths, metas, term.truth_column)))
@@ -391,12 +429,16 @@ def probe_term(
                 "a run scores those samples 0 and counts them (reward/errors)"
             )
     for i, out in outs:
+        if out is None:
+            if absent is not None:
+                absent.append(i)
+            continue
         try:
             parse_output(out)
         except ValueError as exc:
             return (
                 f"returned {type(out).__name__} {out!r:.60} on {where[i]}: {exc}; "
-                "return a number or a dict with a numeric 'score'"
+                "return a number, a dict with a numeric 'score', or None where the function does not apply"
             )
     return None
 

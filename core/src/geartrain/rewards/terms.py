@@ -21,8 +21,10 @@ attribute, e.g. from :func:`batched_reward`) or when its first parameter is name
 ``prompts`` or ``completions``.
 
 A score is a number, or a dict with a numeric ``score`` and optional numeric extras
-(``acc``...) that become metrics. With several terms the reward of a sample is
-``sum(weight x score)`` and each term is logged on its own (``reward/<name>/mean``).
+(``acc``...) that become metrics, or ``None`` where the function does not apply to the
+sample (TRL's convention). With several terms the reward of a sample is
+``sum(weight x score)`` over the terms that returned a score and each term is logged on its
+own (``reward/<name>/mean``, over the samples it scored).
 """
 
 from __future__ import annotations

@@ -82,16 +82,41 @@ def _probe_rewards(
     notes: list[str] | None = None,
 ) -> None:
     """Call every reward term on the first rows, with each row's ground truth as the
-    response (a dummy a run could produce), as step 1 would."""
+    response (a dummy a run could produce), as step 1 would. A row that every term returns
+    ``None`` for has no reward (a run counts it as a failed sample): on every probed row
+    that is a problem, on some a note."""
     rows = dataset.rows[:4]
     truths = ["" if r.ground_truth is None else r.ground_truth for r in rows]
+    unscored = set(range(len(rows)))
+    refused = False
     for i, term in enumerate(terms):
         key = f"reward.functions[{i}].function" if config.reward.functions else "reward.function"
+        absent: list[int] = []
         problem = probe_term(
-            term, truths, truths, [r.prompt for r in rows], [dict(r.meta) for r in rows], [r.where for r in rows], notes
+            term,
+            truths,
+            truths,
+            [r.prompt for r in rows],
+            [dict(r.meta) for r in rows],
+            [r.where for r in rows],
+            notes,
+            absent,
         )
+        unscored &= set(absent)
         if problem:
+            refused = True
             problems.append((key, f"'{term.name}' {problem}"))
+    if unscored and not refused:
+        key = "reward.functions" if config.reward.functions else "reward.function"
+        first = rows[min(unscored)].where
+        what = (
+            f"every reward function returned None on {len(unscored)} of {len(rows)} probed rows (first: {first}): "
+            "a run scores such a sample 0 and counts it in reward/errors"
+        )
+        if len(unscored) == len(rows):
+            problems.append((key, f"{what}; return a score for the samples a function applies to"))
+        elif notes is not None:
+            notes.append(f"{key}: {what}")
 
 
 def _loggers_installed(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
