@@ -100,3 +100,15 @@ def test_zero_turns_a_watchdog_off() -> None:
     dog = Watchdog(WatchdogConfig(max_skipped_steps=0, max_failed_reward_steps=0))
     for step in range(1, 10):
         dog.observe(step, {**OK, "actor/skipped": 1.0, "reward/error_fraction": 1.0})
+
+
+def test_steps_whose_episodes_all_failed_warn_then_stop(caplog: pytest.LogCaptureFixture) -> None:
+    dog = Watchdog(WatchdogConfig(max_failed_episode_steps=2))
+    failed = {**OK, "agent/env_error_fraction": 1.0, "agent/env_errors": 16.0}
+    with caplog.at_level(logging.WARNING, logger="geartrain.watchdog"):
+        dog.observe(1, {**failed, "agent/env_error_fraction": 0.5})  # some episodes ran: no streak
+        dog.observe(2, failed)
+    assert len(caplog.records) == 1
+    assert "every episode of step 2 ended with an environment error (16 episodes)" in caplog.records[0].getMessage()
+    with pytest.raises(TrainingStalledError, match="for 2 steps in a row; fix the environment"):
+        dog.observe(3, failed)

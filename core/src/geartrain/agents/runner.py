@@ -17,6 +17,8 @@ rollout's ``max_model_len``). An episode that runs out of tokens is truncated an
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -29,6 +31,8 @@ from geartrain.agents.trajectory import Episode, Segment
 from geartrain.batch import Batch
 from geartrain.errors import GeartrainError
 from geartrain.types import SamplingParams
+
+logger = logging.getLogger("geartrain.agents")
 
 __all__ = ["TURN_STRIDE", "EpisodeRunner", "RunnerLimits", "episode_metrics"]
 
@@ -77,6 +81,9 @@ class EpisodeRunner:
         self.observation_role = observation_role
         self.workers = workers
         self.batch_wait = batch_wait
+        self.logged_failures: set[str] = set()
+        """Kinds of environment failure (``what: type``) already logged by this runner: the
+        first of each kind is logged with its traceback, the rest are only counted."""
         """After the first step of a wait finishes, wait this share of the mean generation
         or step time (whichever is longer) for more before generating (0: generate at once)."""
         probe = factory()
@@ -113,7 +120,15 @@ class EpisodeRunner:
 
     def _observe(self, ep: Episode, obs: str | Sequence[str] | None, info: Mapping[str, Any]) -> bool:
         """Append an observation; ``True`` when the episode goes on (room for a turn)."""
+        if self._room(ep) < 1:  # a turn needs at least one token
+            self._finish(ep, "truncated", truncated=True)
+            return False
         ids = self._observation_ids(obs) if obs else []
+        last = ep.segments[-1].ids if ep.segments and ep.segments[-1].kind == "model" else []
+        if self.chat_template and ids and last and last[-1] == ids[0]:
+            # the bridge starts with the template's end-of-turn token, which the turn already
+            # ends with when it stopped on it (EOS = <|im_end|> / <|eot_id|>): once, not twice
+            ids = ids[1:]
         if ids:
             if len(ids) + 1 > self._room(ep):
                 self._finish(ep, "truncated", truncated=True)
@@ -214,15 +229,18 @@ class EpisodeRunner:
         try:
             result = fut.result()
         except Exception as exc:  # an environment's bug ends its episode, not the run
-            ep.error = f"{type(exc).__name__}: {exc}"
-            self._finish(ep, "error")
-            return False
+            return self._fail(ep, f"{type(exc).__name__}: {exc}", what, exc)
         if what == "reset":
+            if result is not None and not isinstance(result, str):
+                return self._fail(
+                    ep, f"reset returned {type(result).__name__}, not a str (the first observation) or None"
+                )
             return self._observe(ep, result or None, {})
         if not isinstance(result, StepResult):
-            ep.error = f"step returned {type(result).__name__}, not a StepResult"
-            self._finish(ep, "error")
-            return False
+            return self._fail(ep, f"step returned {type(result).__name__}, not a StepResult")
+        problem = _step_result_problem(result)
+        if problem is not None:
+            return self._fail(ep, problem)
         turn = ep.segments[-1]
         turn.reward = float(result.reward)
         turn.info = dict(result.info)
@@ -233,6 +251,24 @@ class EpisodeRunner:
             self._finish(ep, "max_turns")
             return False
         return self._observe(ep, result.observation, {})
+
+    def _fail(self, ep: Episode, error: str, what: str | None = None, exc: BaseException | None = None) -> bool:
+        """End ``ep`` as an environment error; the first failure of each kind in this
+        runner (one per step and rank in the trainer) is logged, with its traceback when it raised."""
+        ep.error = error
+        self._finish(ep, "error")
+        kind = f"{what or 'result'}: {type(exc).__name__ if exc else error.split(' ', 1)[0]}"
+        if kind not in self.logged_failures:
+            self.logged_failures.add(kind)
+            logger.warning(
+                "environment %s (its episode %d ends as an error; more like it in this step are counted in "
+                "agent/env_errors, not logged): %s",
+                f"{what} raised" if exc else "returned a bad result",
+                ep.index,
+                error,
+                exc_info=exc,
+            )
+        return False
 
     def _generate(self, episodes: list[Episode], sampling: SamplingParams) -> list[tuple[list[int], list[float], str]]:
         budgets = [min(self.limits.max_tokens_per_turn, self._room(ep)) for ep in episodes]
@@ -253,6 +289,23 @@ class EpisodeRunner:
             lps = batch["rollout_log_probs"][row, width : width + n].tolist()
             out.append((ids, lps, batch["finish_reason"][row]))
         return out
+
+
+def _step_result_problem(result: StepResult) -> str | None:
+    """What is wrong with a :class:`StepResult`'s fields (``None``: nothing)."""
+    obs = result.observation
+    if not (
+        obs is None or isinstance(obs, str) or (isinstance(obs, (list, tuple)) and all(isinstance(o, str) for o in obs))
+    ):
+        return f"StepResult.observation is {type(obs).__name__}, not a str, a list of str or None"
+    reward = result.reward
+    try:  # a number of any kind: int, float, bool, a numpy scalar, a one-element tensor
+        value = None if isinstance(reward, (str, bytes)) else float(reward)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not math.isfinite(value):
+        return f"StepResult.reward is {reward!r}, not a finite number"
+    return None
 
 
 def _close(env: Any) -> None:
@@ -290,6 +343,7 @@ def episode_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "agent/truncated": float(sum(bool(r["truncated"]) for r in records)),
         "agent/max_turns_hit": float(sum(r["finish"] == "max_turns" for r in records)),
         "agent/env_errors": float(sum(r["finish"] == "error" for r in records)),
+        "agent/env_error_fraction": sum(r["finish"] == "error" for r in records) / n if records else 0.0,
         "agent/model_tokens_mean": sum(r["model_tokens"] for r in records) / n,
         "agent/observation_tokens_mean": sum(r["observation_tokens"] for r in records) / n,
     }

@@ -4,7 +4,7 @@ tokenized, and filtered by length."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,10 +48,23 @@ class PromptDataset:
     A malformed row raises :class:`geartrain.DataError` naming the source and the row
     (1-based; the line number for JSONL). Prompts longer than ``config.max_prompt_length``
     tokens are dropped; ``num_filtered`` says how many, and the count is logged.
+
+    ``tools`` (JSON-schema function specs, e.g. a tool environment's ``tools``) are passed
+    to the chat template where one is applied, as ``apply_chat_template(..., tools=...)``:
+    the template shows the model which tools exist and their arguments (TRL and verl do the
+    same). Plain prompts (no template) are unchanged by them.
     """
 
-    def __init__(self, source: DataSource, tokenizer: Any, config: DataConfig | None = None) -> None:
+    def __init__(
+        self,
+        source: DataSource,
+        tokenizer: Any,
+        config: DataConfig | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
         self.config = config or DataConfig()
+        self.tools = [dict(t) for t in tools]
         self.source = source_name(source)
         parsed = [self._parse(where, row) for where, row in read_rows(source)]
         if not parsed:
@@ -180,7 +193,8 @@ class PromptDataset:
         messages = parsed.messages or [{"role": "user", "content": parsed.prompt or ""}]
         if cfg.system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        extra = {"tools": self.tools} if self.tools else {}
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
 
 
 def _warn_unknown_characters(

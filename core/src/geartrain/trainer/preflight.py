@@ -183,6 +183,21 @@ def _fit(
         )
 
 
+def _environment_tools(factory: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The tool specs (``tools``) of one environment built by ``factory``; a constructor
+    that raises is the environment's problem, named as such."""
+    try:
+        env = factory()
+    except Exception as exc:  # noqa: BLE001 - a user's constructor: any failure is reported
+        raise GeartrainError(f"building the environment raised {type(exc).__name__}: {exc}") from None
+    try:
+        return [dict(t) for t in getattr(env, "tools", None) or ()]
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
 def preflight(
     config: TrainConfig,
     *,
@@ -206,20 +221,26 @@ def preflight(
     data_given = data is not None or "data" in config.model_fields_set
     problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)
 
+    tools: list[dict[str, Any]] = []  # the agent environment's tool specs, for the chat template
     if config.rollout.agent is not None:
         agent = config.rollout.agent
         try:
-            load_environment(agent.environment, kwargs=agent.environment_kwargs, base_dir=config.base_dir)
+            factory = load_environment(agent.environment, kwargs=agent.environment_kwargs, base_dir=config.base_dir)
+            tools = _environment_tools(factory)
         except GeartrainError as exc:
             problems.append(("rollout.agent.environment", str(exc)))
 
     data_cfg = config.data.model_copy(update={"path": config.resolve(config.data.path)})
     sources: list[tuple[str, Any, Callable[[Any], PromptDataset]]] = [
-        ("data.path", data if data is not None else data_cfg.path, lambda p: PromptDataset(p, tokenizer, data_cfg)),
+        (
+            "data.path",
+            data if data is not None else data_cfg.path,
+            lambda p: PromptDataset(p, tokenizer, data_cfg, tools=tools),
+        ),
         (
             "validation.path",
             validation_data if validation_data is not None else config.resolve(config.validation.path),
-            lambda p: PromptDataset(p, tokenizer, data_cfg),
+            lambda p: PromptDataset(p, tokenizer, data_cfg, tools=tools),
         ),
     ]
     raw_paths = {
@@ -230,13 +251,17 @@ def preflight(
     }
     if config.sft.enabled:
         sources.append(
-            ("sft.path", config.resolve(config.sft.path), lambda p: sft_dataset(config.sft, p, tokenizer, config.data))
+            (
+                "sft.path",
+                config.resolve(config.sft.path),
+                lambda p: sft_dataset(config.sft, p, tokenizer, config.data, tools=tools),
+            )
         )
         sources.append(
             (
                 "sft.dev_path",
                 config.resolve(config.sft.dev_path),
-                lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p})),
+                lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p}), tools=tools),
             )
         )
     for key, path, build in sources:

@@ -14,7 +14,7 @@ are masked, as in RL.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,8 +27,11 @@ from geartrain.layout import sequence_batch
 from geartrain.trainer.config import SFTConfig
 
 
-def sft_dataset(config: SFTConfig, path: str, tokenizer: Any, data: DataConfig) -> PromptDataset:
-    """The SFT rows (prompt handling as in the RL data section; the response is required)."""
+def sft_dataset(
+    config: SFTConfig, path: str, tokenizer: Any, data: DataConfig, *, tools: Sequence[Mapping[str, Any]] = ()
+) -> PromptDataset:
+    """The SFT rows (prompt handling as in the RL data section, ``tools`` included; the
+    response is required)."""
     cfg = data.model_copy(
         update={"path": path, "require_ground_truth": False, "batch_size": config.batch_size, "seed": config.seed}
     )
@@ -37,7 +40,7 @@ def sft_dataset(config: SFTConfig, path: str, tokenizer: Any, data: DataConfig) 
         from geartrain.data.sources import read_rows
 
         rows = [row for _, row in read_rows(path)][: config.max_prompts]
-    dataset = PromptDataset(rows, tokenizer, cfg)
+    dataset = PromptDataset(rows, tokenizer, cfg, tools=tools)
     for row in dataset.rows:
         turns = row.meta.get("turns")
         if turns is not None:

@@ -9,7 +9,10 @@ consecutive steps in which
   ``zero_advantage_steps`` of them warn once per streak, naming the likely cause (identical
   samples in each group, or a constant reward);
 * every reward call failed or timed out (``reward/error_fraction``) — each such step warns,
-  ``max_failed_reward_steps`` of them stop the run.
+  ``max_failed_reward_steps`` of them stop the run;
+* every multi-turn episode ended with an environment error (``agent/env_error_fraction``:
+  ``reset`` or ``step`` raised or returned a bad result) — each such step warns,
+  ``max_failed_episode_steps`` of them stop the run.
 
 Scores that are not finite or too large for the loss's float32 arithmetic
 (``reward/max_abs``, see :data:`HUGE_REWARD`) are named as such, once, and in place of the
@@ -41,6 +44,8 @@ class WatchdogConfig(Section):
     """Warn after this many consecutive steps whose advantages were all zero (no learning signal)."""
     max_failed_reward_steps: int = Field(3, ge=0)
     """Stop after this many consecutive steps whose reward calls all failed or timed out."""
+    max_failed_episode_steps: int = Field(3, ge=0)
+    """Stop after this many consecutive steps whose episodes all ended with an environment error."""
 
 
 #: a score's magnitude beyond which float32 statistics of a batch (its variance: the square)
@@ -78,6 +83,7 @@ class Watchdog:
         self.skipped = 0
         self.zero_advantage = 0
         self.failed_rewards = 0
+        self.failed_episodes = 0
         self.bad_rewards_said = False
 
     def observe(self, step: int, metrics: dict[str, Any]) -> None:
@@ -86,6 +92,7 @@ class Watchdog:
         self._scale(step, metrics)
         self._skipped(step, metrics)
         self._rewards(step, metrics)
+        self._episodes(step, metrics)
         self._advantages(step, metrics)
 
     def _skipped(self, step: int, metrics: dict[str, Any]) -> None:
@@ -136,6 +143,26 @@ class Watchdog:
             raise TrainingStalledError(
                 f"{what}, for {self.failed_rewards} steps in a row; fix the reward function (its first traceback is "
                 f"logged above) or raise reward.timeout_s (or watchdog.max_failed_reward_steps, now {k})"
+            )
+        logger.warning("%s (the run stops after %s such steps in a row)", what, k or "no")
+
+    def _episodes(self, step: int, metrics: dict[str, Any]) -> None:
+        fraction = metrics.get("agent/env_error_fraction")
+        if fraction is None:
+            return
+        if float(fraction) < 1.0:
+            self.failed_episodes = 0
+            return
+        self.failed_episodes += 1
+        k = self.config.max_failed_episode_steps
+        what = (
+            f"every episode of step {step} ended with an environment error ({int(metrics.get('agent/env_errors', 0))} "
+            "episodes): the environment's reset or step raised or returned a bad result"
+        )
+        if k and self.failed_episodes >= k:
+            raise TrainingStalledError(
+                f"{what}, for {self.failed_episodes} steps in a row; fix the environment (its first failure is logged "
+                f"above, by the rank that ran it) or raise watchdog.max_failed_episode_steps (now {k})"
             )
         logger.warning("%s (the run stops after %s such steps in a row)", what, k or "no")
 
