@@ -152,6 +152,56 @@ def test_bad_paths(tmp_path, tok):
         PromptDataset(tmp_path / "p.tsv", tok)
 
 
+# ------------------------------------------------------------------ TRL's conversational format
+TRL_MESSAGES = [{"role": "user", "content": "2+2="}]
+TRL_ROWS = [{"prompt": TRL_MESSAGES, "ground_truth": "4"}, {"prompt": "3+3=", "ground_truth": "6"}]
+
+
+def test_messages_key_prompt_reads_trls_conversational_prompt_column(tok):
+    """docs/coming_from_trl.md maps TRL's prompt column to data.messages_key; that key may
+    be the prompt key itself, and the value's type says which a row holds."""
+    ds = PromptDataset(TRL_ROWS, tok, DataConfig(messages_key="prompt"))
+    chat, plain = ds.rows
+    assert chat.prompt == tok.apply_chat_template(TRL_MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert chat.prompt == "user: 2+2=\nassistant: " and chat.prompt_ids == char_ids(chat.prompt)
+    assert chat.messages == TRL_MESSAGES and chat.meta == {}
+    assert (plain.prompt, plain.messages) == ("3+3=", None)
+    with pytest.raises(DataError, match=r"row 1: a row needs 'prompt' \(a string or a list of \{role, content\}"):
+        PromptDataset([{"ground_truth": "4"}], tok, DataConfig(messages_key="prompt"))
+
+
+def test_a_list_of_messages_under_prompt_is_read_as_messages_by_default(tmp_path, tok):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    default = PromptDataset(TRL_ROWS, tok)
+    assert [(r.prompt, r.messages) for r in default.rows] == [
+        ("user: 2+2=\nassistant: ", TRL_MESSAGES),
+        ("3+3=", None),
+    ]
+    path = tmp_path / "trl.parquet"  # Parquet readers give a list of structs as a numpy array
+    pq.write_table(pa.Table.from_pylist(TRL_ROWS[:1]), path)
+    assert PromptDataset(path, tok)[0].messages == TRL_MESSAGES
+    with pytest.raises(DataError, match=r"row 1: 'prompt' rows need data.apply_chat_template"):
+        PromptDataset(TRL_ROWS, tok, DataConfig(apply_chat_template=False))
+
+
+@pytest.mark.parametrize(
+    ("bad_row", "message"),
+    [
+        ({"prompt": [{"role": "user"}], "ground_truth": "2"}, r"line 4: 'prompt'\[0\] must be an object with string"),
+        ({"prompt": [], "ground_truth": "2"}, "line 4: 'prompt' must be a non-empty list of {role, content} objects"),
+        ({"prompt": [{"role": "user", "content": " "}], "ground_truth": "2"}, "line 4: every message of 'prompt'"),
+        ({"prompt": TRL_MESSAGES, "messages": TRL_MESSAGES, "ground_truth": "2"}, "line 4: .* it has both"),
+        ({"prompt": {"role": "user"}, "ground_truth": "2"}, "line 4: 'prompt' must be a non-empty string or a list"),
+    ],
+)
+def test_a_malformed_conversational_prompt_names_its_row(tmp_path, tok, bad_row, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [ROWS[0], ROWS[2], bad_row], blank_after=1)
+    with pytest.raises(DataError, match=f"bad.jsonl, {message}"):
+        PromptDataset(path, tok)
+
+
 # ------------------------------------------------------------------ loader
 def numbers_dataset(tok, n: int = 10) -> PromptDataset:
     return PromptDataset([{"prompt": f"{i}+0=", "ground_truth": str(i)} for i in range(n)], tok)

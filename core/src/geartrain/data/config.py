@@ -13,7 +13,9 @@ class DataConfig(Section):
     Row schema (JSONL object, Parquet row or ``datasets.Dataset`` row): exactly one of
     ``prompt`` (str) and ``messages`` (a list of ``{"role": str, "content": str}``), a
     ``ground_truth`` (str or number), and any other fields, kept as the row's ``meta``.
-    The key names are configurable.
+    A list of messages under ``prompt`` is read as ``messages`` (TRL's conversational
+    format, ``{"prompt": [{"role": "user", "content": ...}]}``): the value's type decides.
+    The key names are configurable, and may be the same column.
     """
 
     path: str | None = None
@@ -21,9 +23,10 @@ class DataConfig(Section):
     a directory written by ``datasets``' ``save_to_disk`` (hub ids are not downloaded);
     ``run_job(config, data=...)`` takes a ``datasets.Dataset`` or a list of dicts instead."""
     prompt_key: str = "prompt"
-    """Field of a row that holds a plain prompt."""
+    """Field of a row that holds a plain prompt (or, TRL's conversational format, a list of
+    messages)."""
     messages_key: str = "messages"
-    """Field of a row that holds chat messages."""
+    """Field of a row that holds chat messages (may equal ``prompt_key``)."""
     ground_truth_key: str = Field("ground_truth", validation_alias=AliasChoices("ground_truth_key", "answer_key"))
     """Field of a row that holds the ground truth (``answer_key`` is accepted as its other
     name), e.g. ``"answer"`` for a dataset whose column is called so."""

@@ -39,6 +39,16 @@ class _Parsed:
     messages: list[dict[str, str]] | None
     ground_truth: str | None
     meta: dict[str, Any]
+    messages_from: str = ""
+    """The key the messages were read from (``messages_key``, or ``prompt_key`` for TRL's
+    conversational rows)."""
+
+
+def _is_conversation(value: Any) -> bool:
+    """Whether a prompt column's value is a list of messages rather than text (TRL's
+    conversational format: ``{"prompt": [{"role": "user", "content": ...}]}``)."""
+    # numpy arrays come from some Parquet readers; a numpy scalar (ndim 0) is not a list
+    return isinstance(value, list | tuple) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) >= 1)
 
 
 class PromptDataset:
@@ -123,23 +133,21 @@ class PromptDataset:
                 f"{where}: a row must be an object with '{cfg.prompt_key}' or '{cfg.messages_key}', "
                 f"got {type(row).__name__}"
             )
-        prompt, messages = row.get(cfg.prompt_key), row.get(cfg.messages_key)
-        if (prompt is None) == (messages is None):
-            which = "both" if prompt is not None else "neither"
-            raise DataError(
-                f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', it has {which}"
-            )
+        prompt, messages, messages_from = self._prompt_or_messages(where, row)
         if prompt is not None and (not isinstance(prompt, str) or not prompt):
-            raise DataError(f"{where}: '{cfg.prompt_key}' must be a non-empty string, got {prompt!r:.80}")
+            raise DataError(
+                f"{where}: '{cfg.prompt_key}' must be a non-empty string or a list of {{role, content}} messages "
+                f"(TRL's conversational format), got {prompt!r:.80}"
+            )
         if isinstance(prompt, str) and not prompt.strip():
             raise DataError(
                 f"{where}: '{cfg.prompt_key}' is only whitespace ({prompt!r:.40}); give the row a prompt or remove it"
             )
         if messages is not None:
-            messages = self._check_messages(where, messages)
+            messages = self._check_messages(where, messages, messages_from)
             if not any(m["content"].strip() for m in messages):
                 raise DataError(
-                    f"{where}: every message of '{cfg.messages_key}' is empty or whitespace; "
+                    f"{where}: every message of '{messages_from}' is empty or whitespace; "
                     "give the row a prompt or remove it"
                 )
         truth = row.get(cfg.ground_truth_key)
@@ -154,10 +162,36 @@ class PromptDataset:
             truth = str(truth)
         used = {cfg.prompt_key, cfg.messages_key, cfg.ground_truth_key}
         meta = {k: v for k, v in row.items() if k not in used}
-        return _Parsed(where=where, prompt=prompt, messages=messages, ground_truth=truth, meta=meta)
+        return _Parsed(
+            where=where, prompt=prompt, messages=messages, ground_truth=truth, meta=meta, messages_from=messages_from
+        )
 
-    def _check_messages(self, where: str, messages: Any) -> list[dict[str, str]]:
-        key = self.config.messages_key
+    def _prompt_or_messages(self, where: str, row: Mapping[str, Any]) -> tuple[Any, Any, str]:
+        """``(prompt, messages, the key the messages come from)``, exactly one of the first
+        two set. The value's type decides: a list under the prompt key is a conversation
+        (TRL's conversational format), anything else there a plain prompt (checked later);
+        with ``messages_key == prompt_key`` the one column holds either."""
+        cfg = self.config
+        prompt = row.get(cfg.prompt_key)
+        messages = row.get(cfg.messages_key) if cfg.messages_key != cfg.prompt_key else None
+        if _is_conversation(prompt):
+            if messages is not None:
+                raise DataError(
+                    f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', it has both"
+                )
+            return None, prompt, cfg.prompt_key
+        if prompt is None and messages is None and cfg.messages_key == cfg.prompt_key:
+            raise DataError(
+                f"{where}: a row needs '{cfg.prompt_key}' (a string or a list of {{role, content}} messages)"
+            )
+        if (prompt is None) == (messages is None):
+            which = "both" if prompt is not None else "neither"
+            raise DataError(
+                f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', it has {which}"
+            )
+        return prompt, messages, cfg.messages_key
+
+    def _check_messages(self, where: str, messages: Any, key: str) -> list[dict[str, str]]:
         if hasattr(messages, "tolist"):  # numpy arrays from some Parquet readers
             messages = messages.tolist()
         if not isinstance(messages, list) or not messages:
@@ -181,7 +215,8 @@ class PromptDataset:
         if not use_template:
             if parsed.messages is not None:
                 raise DataError(
-                    f"{parsed.where}: '{cfg.messages_key}' rows need data.apply_chat_template (true or unset)"
+                    f"{parsed.where}: '{parsed.messages_from}' rows need data.apply_chat_template (true or unset): "
+                    "they hold messages"
                 )
             assert parsed.prompt is not None
             return parsed.prompt
