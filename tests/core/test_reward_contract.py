@@ -11,10 +11,17 @@ from typing import Any
 
 import pytest
 from geartrain import GeartrainError
+from geartrain.batch import Batch
 from geartrain.cli import main
+from geartrain.data import PromptDataset, PromptLoader
 from geartrain.errors import ConfigError
-from geartrain.rewards import RewardScorer, batched_reward, detect_batched, make_term
+from geartrain.rewards import RewardResult, RewardScorer, batched_reward, detect_batched, make_term
+from geartrain.testing.tiny import tiny_tokenizer
 from geartrain.trainer import load_train_config
+from geartrain.trainer.config import TrainConfig
+from geartrain.trainer.preflight import preflight
+from geartrain.trainer.roles import RewardWorker
+from geartrain.types import EngineContext
 
 
 @pytest.fixture
@@ -120,6 +127,56 @@ def test_a_sample_every_term_returns_none_for_is_a_counted_failure(caplog: pytes
     # one term, per sample: None everywhere is the same failure
     alone = RewardScorer(lambda response, ground_truth: None).score(["a", "b"], ["a", "b"])
     assert alone.errors == [0, 1] and alone.scores.tolist() == [0.0, 0.0]
+
+
+# ------------------------------------------------------------------ TRL's conversational shapes
+def conversational_reward(completions: list[list[dict[str, str]]], **kwargs: Any) -> list[float]:
+    """TRL's documented shape for conversational datasets (e.g. its format reward examples)."""
+    return [float(len(c[0]["content"]) > 0) for c in completions]
+
+
+def test_a_trl_conversational_reward_reads_completions_as_messages() -> None:
+    """On conversational rows TRL calls a reward function with ``prompts`` = each row's
+    messages and ``completions=[[{"role": "assistant", "content": text}], ...]``; geartrain
+    check calls it so, and passes it."""
+    config = TrainConfig.model_validate({"model": {"tiny": "qwen2"}, "data": {"max_prompt_length": 64}})
+    rows = [{"messages": [{"role": "user", "content": "2+2="}], "ground_truth": "4"}] * 2
+    pre = preflight(config, reward_fn=conversational_reward, tokenizer=tiny_tokenizer(), data=rows)
+    assert pre.reward is not None and pre.reward[0].batched
+
+
+def test_a_batched_reward_gets_trls_shapes_per_row_through_the_reward_worker() -> None:
+    """Rows from TRL's conversational format get message shapes, plain rows strings, through
+    the path a run takes: the loader's per-sample metadata into the reward worker. A
+    per-sample (geartrain) function keeps strings for both."""
+    tok = tiny_tokenizer()
+    question = [{"role": "user", "content": "2+2="}]
+    rows = [{"prompt": question, "ground_truth": "4"}, {"prompt": "3+3=", "ground_truth": "6"}]
+    prompts = PromptLoader(PromptDataset(rows, tok), 2, shuffle=False).next_batch()
+    batch = Batch(meta={**prompts.sample_meta(2), "response_text": ["4", "5", "6", "7"]})
+    seen: dict[str, Any] = {}
+
+    def trl_exact(prompts, completions, ground_truth, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.update(prompts=prompts, completions=completions)
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(t == g) for t, g in zip(texts, ground_truth, strict=True)]
+
+    def per_sample(response, ground_truth, *, prompt, meta):  # noqa: ANN001, ANN202
+        seen.setdefault("per_sample", []).append((response, prompt))
+        return 0.0
+
+    worker = RewardWorker([make_term(trl_exact), make_term(per_sample)], None, None, ctx=EngineContext(role="reward"))
+    result = RewardResult.from_rows(worker.score(batch))
+    assert result.errors == [] and result.scores.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert seen["prompts"] == [question, question, "3+3=", "3+3="]
+    assert seen["completions"] == [
+        [{"role": "assistant", "content": "4"}],
+        [{"role": "assistant", "content": "5"}],
+        "6",
+        "7",
+    ]
+    chat = tok.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
+    assert seen["per_sample"] == [("4", chat), ("5", chat), ("6", "3+3="), ("7", "3+3=")]
 
 
 # ------------------------------------------------------------------ geartrain check calls them

@@ -37,6 +37,7 @@ SCORED_KEYS = ROLLOUT_KEYS | {
     "prompt",
     "ground_truth",
     "data_meta",
+    "prompt_messages",
     "uid",
     "response_text",
     "loss_mask",

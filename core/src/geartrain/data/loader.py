@@ -43,8 +43,10 @@ class PromptBatch:
 
     def sample_meta(self, n: int = 1) -> dict[str, list[Any]]:
         """Per-sample metadata for the ``n`` samples of each prompt, prompt-major (as
-        ``SamplingParams.n`` lays out rollouts): ``prompt``, ``ground_truth``, ``data_meta``
-        and ``uid`` (``"<epoch>:<index>"``, equal for samples of one prompt: a group id)."""
+        ``SamplingParams.n`` lays out rollouts): ``prompt``, ``ground_truth``, ``data_meta``,
+        ``prompt_messages`` (the row's messages for a conversational row, else ``None``: what
+        a TRL reward function gets as its prompt) and ``uid`` (``"<epoch>:<index>"``, equal
+        for samples of one prompt: a group id)."""
 
         def rep(values: list[Any]) -> list[Any]:
             return [v for v in values for _ in range(n)]
@@ -53,6 +55,7 @@ class PromptBatch:
             "prompt": rep(self.prompts),
             "ground_truth": rep(self.ground_truths),
             "data_meta": rep(self.metas),
+            "prompt_messages": rep([r.messages for r in self.rows]),
             "uid": rep([f"{self.epoch}:{i}" for i in self.indices]),
         }
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from geartrain.rewards.registry import RewardFn, RewardOutput
-from geartrain.rewards.terms import RewardTerm, as_terms, call_batched
+from geartrain.rewards.terms import Messages, RewardTerm, as_terms, call_batched
 
 logger = logging.getLogger("geartrain.rewards")
 
@@ -214,11 +214,14 @@ class RewardScorer:
         truths: list[str],
         prompts: Sequence[str],
         metas: list[dict[str, Any]],
+        conversations: Sequence[Messages | None] | None = None,
     ) -> Any:
         term, i = self.terms[unit[0]], unit[1]
         try:
             if i is None:
-                outs = call_batched(term.fn, list(prompts), list(responses), truths, metas, term.truth_column)
+                outs = call_batched(
+                    term.fn, list(prompts), list(responses), truths, metas, term.truth_column, conversations
+                )
                 parsed: list[Any] = []
                 for out in outs:
                     try:
@@ -284,11 +287,18 @@ class RewardScorer:
         *,
         prompts: Sequence[str] | None = None,
         metas: Sequence[Mapping[str, Any] | None] | None = None,
+        conversations: Sequence[Messages | None] | None = None,
     ) -> RewardResult:
-        """Score every sample with every term (see the class docstring)."""
+        """Score every sample with every term (see the class docstring). ``conversations``:
+        per sample, the messages of its row when the row is a conversation (``None`` for a
+        plain prompt); a batched (TRL) term then gets TRL's shapes for that sample, a list of
+        messages as its prompt and ``[{"role": "assistant", "content": response}]`` as its
+        completion (:func:`~geartrain.rewards.terms.trl_shapes`)."""
         n = len(responses)
         prompts = list(prompts) if prompts is not None else [""] * n
         metas_in = list(metas) if metas is not None else [None] * n
+        if conversations is not None and len(conversations) != n:
+            raise ValueError(f"score_batch needs one conversation (or None) per response: {len(conversations)} for {n}")
         if not (len(ground_truths) == len(prompts) == len(metas_in) == n):
             raise ValueError(
                 f"score_batch needs one entry per response: {n} responses, {len(ground_truths)} ground truths, "
@@ -297,7 +307,9 @@ class RewardScorer:
         truths = ["" if t is None else str(t) for t in ground_truths]
         metas_d = [dict(m or {}) for m in metas_in]
         units = self._calls(responses, truths, prompts, metas_d)
-        results = self._run(len(units), lambda u: self._call(units[u], responses, truths, prompts, metas_d))
+        results = self._run(
+            len(units), lambda u: self._call(units[u], responses, truths, prompts, metas_d, conversations)
+        )
         # per term and sample: (score, extras), an exception, or None (not reached in time)
         outcome: list[list[Any]] = [[None] * n for _ in self.terms]
         for (t, i), out in zip(units, results, strict=False):
@@ -381,14 +393,17 @@ def score_batch(
     prompts: Sequence[str] | None = None,
     metas: Sequence[Mapping[str, Any] | None] | None = None,
     timeout_s: float | None = None,
+    conversations: Sequence[Messages | None] | None = None,
 ) -> RewardResult:
     """Call ``fn`` (anything :func:`get_reward` accepts) once per sample, with a fresh
     :class:`RewardScorer` (so its first failure is logged).
 
     ``ground_truths`` entries are passed as ``str`` (``None`` as ``""``); ``prompts``
-    default to ``""`` and ``metas`` to ``{}``.
+    default to ``""`` and ``metas`` to ``{}``; ``conversations`` as :meth:`RewardScorer.score`.
     """
-    return RewardScorer(fn, timeout_s=timeout_s).score(responses, ground_truths, prompts=prompts, metas=metas)
+    return RewardScorer(fn, timeout_s=timeout_s).score(
+        responses, ground_truths, prompts=prompts, metas=metas, conversations=conversations
+    )
 
 
 def probe_term(
@@ -400,6 +415,7 @@ def probe_term(
     where: list[str],
     notes: list[str] | None = None,
     absent: list[int] | None = None,
+    conversations: Sequence[Messages | None] | None = None,
 ) -> str | None:
     """Call ``term`` on a few samples as a run would and say what is wrong (``None``: it
     returned a usable score for each it did not raise on): a raise on every sample, or a
@@ -407,10 +423,13 @@ def probe_term(
     names each sample's data row. A per-sample function that raises on *some* samples only
     is what a run tolerates (those samples score 0 and are counted): that goes to ``notes``.
     The samples it returned ``None`` for (it does not apply to them) are appended to
-    ``absent``: whether another term scores them is the caller's to check."""
+    ``absent``: whether another term scores them is the caller's to check. ``conversations``
+    as :meth:`RewardScorer.score` (a batched term gets TRL's shapes for those samples)."""
     if term.batched:
         try:
-            outs = list(enumerate(call_batched(term.fn, prompts, responses, truths, metas, term.truth_column)))
+            outs = list(
+                enumerate(call_batched(term.fn, prompts, responses, truths, metas, term.truth_column, conversations))
+            )
         except Exception as exc:
             return f"raised {type(exc).__name__}: {exc} (called on {len(responses)} rows from {where[0]})"
     else:

@@ -14,7 +14,10 @@ Two calling conventions are accepted:
 
   called once per batch with keyword arguments: ``prompts``, ``completions``,
   ``ground_truth`` (a list) and every other column of the data rows (each a list, one entry
-  per response); it receives only the ones it names unless it takes ``**kwargs``.
+  per response); it receives only the ones it names unless it takes ``**kwargs``. For a
+  sample of a conversational row (``messages``, or a list of messages under ``prompt``)
+  the shapes are TRL's: its prompt is that list of messages and its completion
+  ``[{"role": "assistant", "content": text}]``; for a plain-prompt row both are strings.
 
 A function is batched when it says so (``reward.batched = true``, or a ``batched = True``
 attribute, e.g. from :func:`batched_reward`) or when its first parameter is named
@@ -142,6 +145,30 @@ def as_terms(spec: Any) -> list[RewardTerm]:
     return [make_term(spec)]
 
 
+Messages = list[dict[str, str]]
+
+
+def trl_shapes(
+    prompts: Sequence[str], completions: Sequence[str], conversations: Sequence[Messages | None] | None
+) -> tuple[list[str | Messages], list[str | Messages]]:
+    """``prompts`` and ``completions`` as TRL's ``GRPOTrainer`` passes them to a reward
+    function: for a sample whose row is a conversation (``conversations[i]`` its messages)
+    the prompt is those messages and the completion ``[{"role": "assistant", "content":
+    text}]``; for a plain-prompt sample (``None``, or no ``conversations``) both stay text."""
+    if conversations is None:
+        return list(prompts), list(completions)
+    shaped_prompts: list[str | Messages] = []
+    shaped_completions: list[str | Messages] = []
+    for prompt, completion, messages in zip(prompts, completions, conversations, strict=True):
+        if messages is None:
+            shaped_prompts.append(prompt)
+            shaped_completions.append(completion)
+        else:
+            shaped_prompts.append([dict(m) for m in messages])
+            shaped_completions.append([{"role": "assistant", "content": completion}])
+    return shaped_prompts, shaped_completions
+
+
 def call_batched(
     fn: Callable[..., Any],
     prompts: list[str],
@@ -149,14 +176,17 @@ def call_batched(
     truths: list[str],
     metas: list[dict[str, Any]],
     truth_column: str = "ground_truth",
+    conversations: Sequence[Messages | None] | None = None,
 ) -> list[Any]:
-    """Call a batched ``fn`` with the keywords it accepts: ``prompts``, ``completions``,
+    """Call a batched ``fn`` with the keywords it accepts: ``prompts``, ``completions``
+    (TRL's message shapes for conversational samples: :func:`trl_shapes`),
     ``ground_truth`` (also as ``truth_column``, the data's own name for it) and each data
     column (lists, one entry per response)."""
     columns: dict[str, list[Any]] = {"ground_truth": list(truths), truth_column: list(truths)}
     for key in dict.fromkeys(k for m in metas for k in m):
         columns.setdefault(key, [m.get(key) for m in metas])
-    kwargs: dict[str, Any] = {"prompts": list(prompts), "completions": list(completions), **columns}
+    shaped_prompts, shaped_completions = trl_shapes(prompts, completions, conversations)
+    kwargs: dict[str, Any] = {"prompts": shaped_prompts, "completions": shaped_completions, **columns}
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):

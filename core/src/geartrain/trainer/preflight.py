@@ -101,6 +101,7 @@ def _probe_rewards(
             [r.where for r in rows],
             notes,
             absent,
+            [r.messages for r in rows],
         )
         unscored &= set(absent)
         if problem:

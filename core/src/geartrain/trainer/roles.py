@@ -369,6 +369,7 @@ class RewardWorker:
                 batch["ground_truth"],
                 prompts=batch["prompt"],
                 metas=batch["data_meta"],
+                conversations=batch.get("prompt_messages"),
             )
             return result.rows()
         assert self.engine is not None

@@ -96,6 +96,7 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
         batch["ground_truth"] = [r.ground_truth for r in rows]
         batch["prompt"] = [r.prompt for r in rows]
         batch["data_meta"] = [r.meta for r in rows]
+        batch["prompt_messages"] = [r.messages for r in rows]
     values = correctness(RewardResult.from_rows(scorer.score(batch)))
     return sum(values) / max(len(values), 1)
 
