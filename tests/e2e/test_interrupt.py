@@ -105,7 +105,6 @@ def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(
     """torch.save's C++ zip writer can drop the KeyboardInterrupt raised in its Python write
     callback and fail later with "unexpected pos" (seen in a CI run): SIGINT arrived, so the
     job still ends as interrupted."""
-    import os
     import signal
 
     from torch.distributed.checkpoint import FileSystemWriter
@@ -116,8 +115,10 @@ def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(
         if "step_00000004" not in str(self.path):
             return real(self, plan, planner)
         try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1.0)  # the handler raises here
+            # to this thread, so the handler runs before raise_signal returns (os.kill lets
+            # the kernel pick any thread: under load the handler could run too late for this test)
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(1.0)  # not reached: the handler raised
         except KeyboardInterrupt:
             pass  # what the C++ writer does with it
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 367 vs 337")
