@@ -4,12 +4,15 @@ bad command-line override is reported as the override, not as the file."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from geartrain.cli import main
 from geartrain.errors import ConfigError
 from geartrain.trainer import load_train_config
+from geartrain.trainer.config import TrainConfig
+from geartrain.trainer.trl_names import TRL_NAMES
 
 JOB = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
 PYDANTIC = ("Extra inputs are not permitted", "Value error", "Input should", "<root>", "Field required")
@@ -60,3 +63,58 @@ def test_a_validators_message_has_no_pydantic_prefix(tmp_path: Path, capsys: pyt
     assert main(["check", str(JOB), "reward.functions=[{name = 'a'}]", "--config-only", "--no-plugins"]) == 2
     err = capsys.readouterr().err
     assert "reward.functions[0].function: required, not set (the command-line override" in err
+
+
+# ------------------------------------------------------------------ TRL's names
+DOC = Path(__file__).resolve().parents[2] / "docs" / "coming_from_trl.md"
+KEY_PATH = re.compile(r"[a-z_]+(?:\.[a-z_]+)+")
+
+
+@pytest.mark.parametrize(
+    ("override", "right_key"),
+    [
+        ("trainer.max_steps=10", "trainer.total_steps"),  # spelling alone said 'max_staleness'
+        ("algorithm.beta=0.04", "algorithm.kl_loss_coef"),  # spelling alone said 'dro_beta'
+        ("learning_rate=1e-5", "actor.engine.optim.lr"),  # at the top level too
+        ("sampling.num_generations=8", "sampling.n"),
+    ],
+)
+def test_a_trl_key_name_points_to_geartrains_key(tmp_path: Path, override: str, right_key: str) -> None:
+    name = override.split("=")[0].rsplit(".", 1)[-1]
+    text = _error(tmp_path, None, [override])
+    assert f"unknown key '{name}'; TRL's '{name}' is " in text and right_key in text, text
+    assert "did you mean" not in text
+
+
+def test_a_trl_name_in_a_job_file_gets_the_same_answer_and_typos_still_get_did_you_mean(tmp_path: Path) -> None:
+    text = _error(tmp_path, "[trainer]\nmax_steps = 3\nmax_stalenes = 1\n", [])
+    assert "trainer.max_steps: unknown key 'max_steps'; TRL's 'max_steps' is trainer.total_steps" in text
+    assert "trainer.max_stalenes: unknown key 'max_stalenes'; did you mean 'max_staleness'?" in text
+
+
+def _trl_table() -> list[tuple[str, str]]:
+    """``(TRL cell, geartrain cell)`` of each row of the guide's table of equivalent options."""
+    text = DOC.read_text().split("## Equivalent options", 1)[1]
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and not line.startswith("|--")]
+    return [(cells[0][2:], cells[1]) for cells in rows[1:]]
+
+
+def test_the_trl_names_table_and_the_guides_table_agree() -> None:
+    """TRL_NAMES is the one source: each name is in the guide's table with every key path it
+    names; each TRL option the guide lists by a bare name is in TRL_NAMES; every key path
+    is a real field of a job."""
+    table = _trl_table()
+    for name, target in TRL_NAMES.items():
+        rows = [gear for trl, gear in table if re.search(rf"`{name}(`|=| )", trl)]
+        assert rows, f"docs/coming_from_trl.md has no row for TRL's '{name}'"
+        for path in KEY_PATH.findall(target):
+            assert any(path in gear for gear in rows), f"the guide's row for '{name}' does not name {path}"
+    options = [trl for trl, _ in table if not trl.startswith("dataset column")]  # columns are not options
+    bare = {m for trl in options for m in re.findall(r"`([a-z_]+)`", trl)}
+    assert bare - set(TRL_NAMES) == set(), "TRL options in the guide that TRL_NAMES lacks"
+    config = TrainConfig()
+    for path in {p for target in TRL_NAMES.values() for p in KEY_PATH.findall(target)}:
+        node: object = config
+        for part in path.split("."):
+            assert part in type(node).model_fields, f"{path}: '{part}' is not a key"  # type: ignore[attr-defined]
+            node = getattr(node, part)

@@ -299,8 +299,10 @@ def validation_problems(
     exc: ValidationError, prefix: str = "", schema: type[BaseModel] | None = None
 ) -> list[tuple[str, str]]:
     """``(path, message)`` for each of pydantic's errors, in geartrain's words: an unknown
-    key with a "did you mean" suggestion (the fields of its section, from ``schema``), a
-    validator's own message without pydantic's prefix, a wrong value with what was given."""
+    key with the schema's own hint for that name (its ``unknown_key_hints``, e.g. another
+    framework's name for a key) or else a "did you mean" suggestion (the fields of its
+    section, from ``schema``), a validator's own message without pydantic's prefix, a wrong
+    value with what was given."""
     problems = []
     for err in exc.errors():
         loc = _format_loc(err["loc"])
@@ -319,6 +321,9 @@ def _message(err: Any, schema: type[BaseModel] | None) -> str:
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
         key = str(err["loc"][-1])
+        hint = getattr(schema, "unknown_key_hints", {}).get(key) if schema is not None else None
+        if hint:
+            return f"unknown key '{key}'; {hint}"
         parent = _model_at(schema, err["loc"][:-1]) if schema is not None else None
         if parent is None:
             return f"unknown key '{key}'"

@@ -22,15 +22,16 @@ file names only what differs. ``geartrain check`` and ``geartrain train`` load i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PositiveFloat, ValidationError, field_validator, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
 from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section
 from geartrain.data.config import DataConfig
+from geartrain.trainer.trl_names import trl_key_hints
 from geartrain.trainer.watchdog import WatchdogConfig
 from geartrain.validation import load_config
 
@@ -645,6 +646,10 @@ class TrainConfig(Section):
     base_dir: str | None = None
     """Directory relative data/reward paths are resolved against; set to the job file's
     directory by :func:`load_train_config`."""
+
+    unknown_key_hints: ClassVar[Mapping[str, str]] = trl_key_hints()
+    """An unknown key (in any section) that is one of TRL's names is answered with the
+    geartrain key that does its job rather than a spelling-based "did you mean"."""
 
     # ------------------------------------------------------------------ roles
     @property
