@@ -144,6 +144,26 @@ def test_parquet_and_hf_dataset_sources(tmp_path, tok):
         )
 
 
+@pytest.mark.parametrize("suffix", ["jsonl", "json", "csv"])
+def test_a_file_saved_with_a_byte_order_mark_reads_like_one_without(tmp_path, tok, suffix):
+    """Windows editors and Excel save UTF-8 with a byte-order mark: it is not part of the
+    first row (it was refused as invalid JSON, or glued onto the first CSV column's name)."""
+    rows = [{"prompt": "1+1=", "ground_truth": "2"}, {"prompt": "2+2=", "ground_truth": "4"}]
+    if suffix == "jsonl":
+        text = "\n".join(json.dumps(r) for r in rows) + "\n"
+    elif suffix == "json":
+        text = json.dumps(rows)
+    else:
+        text = "prompt,ground_truth\r\n" + "".join(f"{r['prompt']},{r['ground_truth']}\r\n" for r in rows)
+    plain, marked = tmp_path / f"plain.{suffix}", tmp_path / f"marked.{suffix}"
+    plain.write_text(text, encoding="utf-8")
+    marked.write_text(text, encoding="utf-8-sig")
+    assert marked.read_bytes().startswith(b"\xef\xbb\xbf")
+    expected = [(r.prompt_ids, r.ground_truth) for r in PromptDataset(plain, tok).rows]
+    assert [(r.prompt_ids, r.ground_truth) for r in PromptDataset(marked, tok).rows] == expected
+    assert expected[0] == (char_ids("1+1="), "2")
+
+
 def test_bad_paths(tmp_path, tok):
     with pytest.raises(DataError, match="no such data file"):
         PromptDataset(tmp_path / "missing.jsonl", tok)

@@ -124,8 +124,12 @@ def _saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"{path}, row {row_no}", row
 
 
+# "utf-8-sig": a file saved with a byte-order mark (Windows editors, Excel) reads as UTF-8;
+# without it the mark would glue onto the first JSON value or the first CSV column name.
+
+
 def _json(path: Path) -> Iterator[tuple[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")
     if not text.lstrip().startswith("["):
         yield from _jsonl(path)  # one object per line
         return
@@ -140,7 +144,7 @@ def _json(path: Path) -> Iterator[tuple[str, Any]]:
 def _csv(path: Path) -> Iterator[tuple[str, Any]]:
     import csv
 
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:
         for row_no, row in enumerate(csv.DictReader(f), start=2):  # line 1 is the header
             yield f"{path}, line {row_no}", dict(row)
 
@@ -149,7 +153,7 @@ def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise DataError(
                     f"{path}, line {line_no}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
