@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,38 @@ def test_a_turn_ended_by_eos_is_not_followed_by_a_second_end_of_turn_token() -> 
         ids = ep.token_ids()
         doubled = [i for i in range(len(ids) - 1) if ids[i] == ids[i + 1] == eos]
         assert not doubled, tok.decode(ids[len(prompt) :])
+
+
+RELEASE = threading.Event()
+
+
+class HangsOnItsTask(_Env):
+    """``step`` blocks (until the test releases it) on the task marked ``hang``."""
+
+    def reset(self, task: dict[str, Any]) -> str:
+        self.hang = bool(task.get("hang"))
+        return ""
+
+    def step(self, action: str) -> StepResult:
+        if self.hang:
+            RELEASE.wait()
+        return StepResult(reward=1.0, done=True)
+
+
+def test_an_environment_step_past_its_timeout_ends_only_its_own_episode(rollout: Rollout, tok: Any) -> None:
+    """A ``step`` that hangs ends its episode as an error at ``step_timeout_s``; the run
+    returns while that step is still blocked (without the limit it would wait forever)."""
+    RELEASE.clear()
+    runner = EpisodeRunner(rollout.generate, tok, HangsOnItsTask, LIMITS, step_timeout_s=0.5)
+    prompts = [[tok.bos_token_id, *tok.encode(f"task {i}:", add_special_tokens=False)] for i in range(2)]
+    try:
+        episodes, _ = runner.run(
+            prompts, [{"hang": False}, {"hang": True}], SamplingParams(temperature=1.0, seed=7, max_tokens=4)
+        )
+        assert not RELEASE.is_set()  # returned while the hung step still runs
+    finally:
+        RELEASE.set()
+    ok, hung = episodes
+    assert ok.finish == "done" and ok.error is None
+    assert hung.finish == "error"
+    assert "step took longer than 0.5 s (rollout.agent.step_timeout_s)" in (hung.error or ""), hung.error

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -70,6 +71,7 @@ class EpisodeRunner:
         observation_role: str = "tool",
         workers: int = 32,
         batch_wait: float = 0.1,
+        step_timeout_s: float | None = None,
     ) -> None:
         if limits.max_turns >= TURN_STRIDE:
             raise GeartrainError(f"rollout.agent.max_turns must be below {TURN_STRIDE}, got {limits.max_turns}")
@@ -81,6 +83,9 @@ class EpisodeRunner:
         self.observation_role = observation_role
         self.workers = workers
         self.batch_wait = batch_wait
+        self.step_timeout_s = step_timeout_s
+        """Seconds an environment's ``reset`` / ``step`` may take before its episode ends
+        as an error (``None``: no limit)."""
         self.logged_failures: set[str] = set()
         """Kinds of environment failure (``what: type``) already logged by this runner: the
         first of each kind is logged with its traceback, the rest are only counted."""
@@ -168,7 +173,7 @@ class EpisodeRunner:
 
         def reset(ep: Episode) -> str:
             ep.env = self._new_env()
-            return ep.env.reset(ep.task)
+            return _within(self.step_timeout_s, "reset", ep.env.reset, ep.task)
 
         submitted: dict[Future[Any], float] = {}
         step_s, steps = 0.0, 0
@@ -207,7 +212,7 @@ class EpisodeRunner:
                     if reason == "length" and self._room(ep) <= 0:
                         self._finish(ep, "truncated", truncated=True)
                         continue
-                    fut = pool.submit(ep.env.step, text)
+                    fut = pool.submit(_within, self.step_timeout_s, "step", ep.env.step, text)
                     pending[fut], submitted[fut] = (ep, "step"), time.perf_counter()
         finally:
             for ep in episodes:
@@ -289,6 +294,35 @@ class EpisodeRunner:
             lps = batch["rollout_log_probs"][row, width : width + n].tolist()
             out.append((ids, lps, batch["finish_reason"][row]))
         return out
+
+
+class EnvironmentTimeout(TimeoutError):
+    """An environment's ``reset`` or ``step`` ran past ``rollout.agent.step_timeout_s``."""
+
+
+def _within(timeout_s: float | None, what: str, fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)``, or :class:`EnvironmentTimeout` once it has run ``timeout_s`` seconds; the
+    call then goes on on a daemon thread (it cannot be stopped, and must not hold up the
+    job's exit as a pool thread would)."""
+    if timeout_s is None:
+        return fn(arg)
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box.append((True, fn(arg)))
+        except BaseException as exc:  # handed to the caller's thread as is
+            box.append((False, exc))
+        done.set()
+
+    threading.Thread(target=target, name=f"geartrain-env-{what}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise EnvironmentTimeout(f"{what} took longer than {timeout_s:g} s (rollout.agent.step_timeout_s)")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _step_result_problem(result: StepResult) -> str | None:

@@ -85,6 +85,7 @@ def run_episode_share(
         chat_template=agent.chat_template,
         observation_role=agent.observation_role,
         workers=agent.workers,
+        step_timeout_s=agent.step_timeout_s,
     )
     ids, index, tasks = prompts["prompt_ids"], prompts["prompt_index"], prompts["task"]
     rows = [(i, j) for i in range(len(ids)) for j in range(n)]
