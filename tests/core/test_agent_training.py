@@ -5,19 +5,21 @@ trainer builds from a rank's share of tasks."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from geartrain import EngineContext, ModelConfig, Rollout, RolloutConfig, SamplingParams
-from geartrain.agents import AgentConfig
+from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, StepResult, episode_batch
 from geartrain.algorithms import compute_advantages
 from geartrain.data import PromptBatch, PromptRow
 from geartrain.errors import ConfigError
+from geartrain.layout import sequence_batch
 from geartrain.rewards import token_level_scores
 from geartrain.testing.tiny import tiny_tokenizer
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch, render_sample, run_episode_share
-from geartrain.trainer.sft import sft_batch
+from geartrain.trainer.sft import observation_renderer, sft_batch
 
 CALCULATOR = Path(__file__).resolve().parents[2] / "examples" / "calculator"
 
@@ -43,6 +45,71 @@ def test_sft_on_a_multi_turn_trace_masks_the_observation_tokens() -> None:
     assert tok.decode(ids) == "[calc 12*3](36)36</s>"
     assert loss == [1] * len("[calc 12*3]") + [0] * len("(36)") + [1] * len("36") + [1]
     assert batch["loss_mask"][0, :width].sum() == 0
+
+
+class _Scripted:
+    """An environment that answers the trace's observations in order, then ends."""
+
+    def __init__(self, observations: list[str]) -> None:
+        self.observations = list(observations)
+
+    def reset(self, task: dict) -> str:
+        return ""
+
+    def step(self, action: str) -> StepResult:
+        if not self.observations:
+            return StepResult(done=True)
+        return StepResult(observation=self.observations.pop(0))
+
+
+def test_sft_traces_render_observations_as_the_chat_templated_episodes_do() -> None:
+    """With ``rollout.agent.chat_template`` the episodes render each observation as the
+    template's bridge; the SFT warm start must teach that same text, not the raw
+    observation: the trace's tokens and loss mask equal the episode runner's for the same
+    turns (the model's turns scripted, the observations from an environment)."""
+    tok = tiny_tokenizer()
+    model_turns, observations = ["[calc 12*3]", "36"], ["(36)"]
+    turns = [
+        {"role": "model", "text": model_turns[0]},
+        {"role": "observation", "text": observations[0]},
+        {"role": "model", "text": model_turns[1]},
+    ]
+    prompt = tok.encode(
+        tok.apply_chat_template([{"role": "user", "content": "12*3="}], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+    )
+    row = PromptRow(prompt_ids=prompt, prompt="12*3=", ground_truth="36", meta={"turns": turns})
+    agent = AgentConfig(environment="unused:Env", chat_template=True, observation_role="tool")
+    render = observation_renderer(agent, tok)
+    assert render is not None and observation_renderer(agent.model_copy(update={"chat_template": False}), tok) is None
+    sft = sft_batch([row], tok, "response", render_observation=render)
+    width = sft.info["prompt_length"]
+    sft_ids, sft_loss = sft["input_ids"][0, width:].tolist(), sft["loss_mask"][0, width:].tolist()
+
+    script = [tok.encode(t, add_special_tokens=False) for t in model_turns]
+
+    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
+        out = sequence_batch(
+            prompts,
+            [script.pop(0)],
+            tok.pad_token_id,
+        )
+        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
+        out["finish_reason"] = ["stop"]
+        return out
+
+    runner = EpisodeRunner(
+        generate, tok, lambda: _Scripted(observations), RunnerLimits(max_turns=4, max_model_len=256), chat_template=True
+    )
+    (ep,), _ = runner.run([prompt], [{}], SamplingParams(n=1, max_tokens=32))
+    episode = episode_batch([ep], tok.pad_token_id)
+    w = episode.info["prompt_length"]
+    n = int(episode["attention_mask"][0, w:].sum())
+    ep_ids, ep_mask = episode["input_ids"][0, w : w + n].tolist(), episode["response_mask"][0, w : w + n].tolist()
+    eos = [tok.eos_token_id]
+    assert sft_ids == ep_ids + eos  # the warm start ends its trace with EOS, as a finished episode's last turn would
+    assert sft_loss == ep_mask + [1]
+    assert "tool: (36)" in tok.decode(ep_ids)  # the bridge, not the raw observation
 
 
 def test_agent_config_and_its_checks() -> None:

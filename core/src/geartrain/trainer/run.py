@@ -54,7 +54,7 @@ from geartrain.trainer.rl import RLRoles, RLTrainer
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
 from geartrain.trainer.rundir import RunDirectory
 from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
-from geartrain.trainer.sft import run_sft
+from geartrain.trainer.sft import observation_renderer, run_sft
 from geartrain.trainer.watchdog import TrainingStalledError, Watchdog
 from geartrain.types import SamplingParams
 
@@ -237,7 +237,15 @@ class Job:
             progress.update(loss=metrics.get("sft/loss", float("nan")))
 
         start = time.perf_counter()
-        steps, last = run_sft(group, dataset, cfg.sft, tokenizer, on_step, evaluate)
+        steps, last = run_sft(
+            group,
+            dataset,
+            cfg.sft,
+            tokenizer,
+            on_step,
+            evaluate,
+            render_observation=observation_renderer(cfg.rollout.agent, tokenizer),
+        )
         progress.close()
         group.call("export_hf", str(sft_dir), tokenizer)
         write_manifest(sft_dir)  # a resume reads the warm start back: it is checked like a checkpoint

@@ -8,7 +8,9 @@ Multi-turn traces (the warm start of an agent) hold ``turns`` instead of a respo
 ``[{"role": "model", "text": ...}, {"role": "observation", "text": ...}, ...]``. Each turn
 is tokenized on its own (as the episode runner tokenizes observations: once, never with
 the history) and the loss is on the model turns and the final EOS only: observation tokens
-are masked, as in RL.
+are masked, as in RL. Where the episodes render observations with the chat template
+(``rollout.agent.chat_template``), so do the traces (:func:`observation_renderer`): the
+warm start teaches the format the RL episodes show.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 import torch
 
+from geartrain.agents import AgentConfig
+from geartrain.agents.formats import chat_bridge
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.data import DataConfig, PromptDataset, PromptLoader, PromptRow
@@ -58,9 +62,26 @@ def sft_dataset(
     return dataset
 
 
-def sft_batch(rows: list[PromptRow], tokenizer: Any, response_key: str) -> Batch:
+def observation_renderer(agent: AgentConfig | None, tokenizer: Any) -> Callable[[str], str] | None:
+    """How a trace's observation turn becomes text, as the episode runner renders an
+    observation: the chat template's bridge with one ``observation_role`` message when
+    ``agent.chat_template`` is set; ``None`` (the text as is) otherwise."""
+    if agent is None or not agent.chat_template:
+        return None
+    role = agent.observation_role
+    return lambda text: chat_bridge(tokenizer, [text], role)
+
+
+def sft_batch(
+    rows: list[PromptRow],
+    tokenizer: Any,
+    response_key: str,
+    *,
+    render_observation: Callable[[str], str] | None = None,
+) -> Batch:
     """Token ids, attention mask and loss mask (response + EOS) for ``rows``, in the rollout
-    layout (:func:`geartrain.layout.sequence_batch`)."""
+    layout (:func:`geartrain.layout.sequence_batch`); a trace's observation turns go through
+    ``render_observation`` first (see :func:`observation_renderer`)."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id or 0
     tail = [eos] if eos is not None else []
     responses: list[list[int]] = []
@@ -69,7 +90,10 @@ def sft_batch(rows: list[PromptRow], tokenizer: Any, response_key: str) -> Batch
         if "turns" in r.meta:
             ids, mask = [], []
             for turn in r.meta["turns"]:
-                turn_ids = tokenizer.encode(turn["text"], add_special_tokens=False)
+                text = turn["text"]
+                if turn["role"] == "observation" and render_observation is not None:
+                    text = render_observation(text)
+                turn_ids = tokenizer.encode(text, add_special_tokens=False)
                 ids += turn_ids
                 mask += [int(turn["role"] == "model")] * len(turn_ids)
         else:
@@ -91,6 +115,8 @@ def run_sft(
     tokenizer: Any,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     evaluate: Callable[[], float] | None = None,
+    *,
+    render_observation: Callable[[str], str] | None = None,
 ) -> tuple[int, dict[str, float]]:
     """Up to ``config.steps`` optimizer steps of ``config.batch_size`` rows each.
 
@@ -103,7 +129,9 @@ def run_sft(
     step = 0
     for step in range(1, config.steps + 1):
         start = time.perf_counter()
-        batch = sft_batch(loader.next_batch().rows, tokenizer, config.response_key)
+        batch = sft_batch(
+            loader.next_batch().rows, tokenizer, config.response_key, render_observation=render_observation
+        )
         metrics = worker.call("train_step", batch, dispatch=Dispatch.DP)
         metrics["timing/step_s"] = time.perf_counter() - start
         stop = False
