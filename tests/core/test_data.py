@@ -227,6 +227,19 @@ def numbers_dataset(tok, n: int = 10) -> PromptDataset:
     return PromptDataset([{"prompt": f"{i}+0=", "ground_truth": str(i)} for i in range(n)], tok)
 
 
+def test_messages_ending_with_an_assistant_message_are_continued(tok):
+    """A conversation whose last message is the assistant's is a prefix to continue (TRL's
+    ``continue_final_message``): no end of that turn, no new assistant header after it."""
+    rows = [
+        {"messages": [{"role": "user", "content": "3+4="}, {"role": "assistant", "content": "The sum is"}]},
+        {"messages": [{"role": "user", "content": "3+4="}]},
+    ]
+    continued, fresh = PromptDataset(rows, tok, DataConfig(require_ground_truth=False)).rows
+    whole = tok.apply_chat_template(rows[0]["messages"], tokenize=False)  # the finished conversation
+    assert continued.prompt_ids == char_ids(whole[: whole.index("The sum is") + len("The sum is")])
+    assert tok.decode(fresh.prompt_ids).endswith("assistant: ")
+
+
 def test_loader_order_is_pinned_by_seed_and_epoch(tok):
     ds = numbers_dataset(tok)
     loader = PromptLoader(ds, 4, seed=0)

@@ -229,7 +229,16 @@ class PromptDataset:
         if cfg.system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
         extra = {"tools": self.tools} if self.tools else {}
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+        # a conversation ending with an assistant message is a prefix the model continues
+        # (TRL's continue_final_message), not a turn followed by a new assistant header
+        last_is_assistant = messages[-1]["role"] == "assistant"
+        return tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=not last_is_assistant,
+            continue_final_message=last_is_assistant,
+            tokenize=False,
+            **extra,
+        )
 
 
 def _warn_unknown_characters(
