@@ -7,6 +7,7 @@
   with a budget of 0 tokens;
 * a tool environment's tool specs reach the prompt's chat template (``tools=``);
 * an environment failing every episode is logged with its traceback, not silent;
+* a first observation (from ``reset``) under the chat template takes the generation prompt's place;
 * a turn that ended on the template's end-of-turn token (EOS) is not followed by a second one.
 """
 
@@ -195,6 +196,42 @@ def test_a_tool_environments_specs_reach_the_prompts_chat_template(tmp_path: Pat
     pre = preflight(config, tokenizer=tok, data=[{"prompt": "12*3=", "ground_truth": "36"}])
     (row,) = pre.datasets["data.path"].rows
     assert "multiply" in row.prompt, row.prompt
+
+
+class Greets(_Env):
+    """A first observation at reset (docs/agents.md: "a first observation after the prompt")."""
+
+    def reset(self, task: dict[str, Any]) -> str:
+        return "hi"
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(done=True)
+
+
+def test_a_first_observation_under_the_chat_template_adds_no_empty_assistant_turn(rollout: Rollout, tok: Any) -> None:
+    """The reset observation comes after the task prompt, which already ends with the
+    generation prompt (``assistant: ``); rendered as the bridge after an assistant turn it
+    read ``user: 1+1=\\nassistant: \\ntool: hi\\nassistant: `` (an empty assistant turn the
+    template never produces). It takes the generation prompt's place instead."""
+    prompt_text = tok.apply_chat_template(
+        [{"role": "user", "content": "1+1="}], add_generation_prompt=True, tokenize=False
+    )
+    runner = EpisodeRunner(rollout.generate, tok, Greets, LIMITS, chat_template=True)
+    episodes, _ = runner.run(
+        [tok.encode(prompt_text, add_special_tokens=False)],
+        [{}],
+        SamplingParams(temperature=1.0, seed=7, stop_token_ids=[tok.eos_token_id]),
+    )
+    (ep,) = episodes
+    first = ep.segments[0]
+    assert first.kind == "observation"
+    context = tok.decode(ep.prompt_ids + first.ids)
+    expected = tok.apply_chat_template(
+        [{"role": "user", "content": "1+1="}, {"role": "tool", "content": "hi"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert context == expected, (context, expected)
 
 
 def test_an_environment_failing_every_episode_is_reported_not_silent(tmp_path: Path, caplog: Any) -> None:

@@ -165,3 +165,24 @@ def chat_bridge(tokenizer: Any, contents: Sequence[str], role: str = "tool") -> 
             "set rollout.agent.chat_template = false to append observations as plain text"
         )
     return text[cut + len(_SENTINEL) :]
+
+
+def chat_opening(tokenizer: Any, contents: Sequence[str], role: str = "tool") -> tuple[str, str]:
+    """For observations that come *before* the first assistant turn (an environment's
+    ``reset``): ``(generation prompt, replacement)``, the text the template puts after a
+    user turn to open the assistant's turn, and the text it puts there instead when one
+    ``role`` message per entry of ``contents`` comes first (those turns, then the same
+    opening). Raises :class:`GeartrainError` when the template does not render the shorter
+    conversation as a prefix of the longer one."""
+    base = [{"role": "user", "content": _SENTINEL}]
+    closed = tokenizer.apply_chat_template(base, tokenize=False)
+    opened = tokenizer.apply_chat_template(base, tokenize=False, add_generation_prompt=True)
+    longer = tokenizer.apply_chat_template(
+        base + [{"role": role, "content": c} for c in contents], tokenize=False, add_generation_prompt=True
+    )
+    if not (opened.startswith(closed) and longer.startswith(closed)):
+        raise GeartrainError(
+            "the tokenizer's chat template does not render a conversation as a prefix of a longer one; "
+            "set rollout.agent.chat_template = false to append observations as plain text"
+        )
+    return opened[len(closed) :], longer[len(closed) :]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from geartrain.agents.environment import EnvironmentFactory, StepResult
-from geartrain.agents.formats import chat_bridge
+from geartrain.agents.formats import chat_bridge, chat_opening
 from geartrain.agents.trajectory import Episode, Segment
 from geartrain.batch import Batch
 from geartrain.errors import GeartrainError
@@ -123,12 +123,33 @@ class EpisodeRunner:
         _close(ep.env)
         ep.env = None
 
-    def _observe(self, ep: Episode, obs: str | Sequence[str] | None, info: Mapping[str, Any]) -> bool:
-        """Append an observation; ``True`` when the episode goes on (room for a turn)."""
+    def _opening_ids(self, ep: Episode, obs: str | Sequence[str]) -> list[int] | None:
+        """Under the chat template, the ids of a first observation (from ``reset``) as the
+        template renders it: the observation turn(s) in place of the prompt's trailing
+        generation prompt, which is taken off ``ep.prompt_ids`` and comes after them. ``None``
+        when the prompt does not end with the template's generation prompt (then the
+        observation follows it as after a model turn)."""
+        texts = [obs] if isinstance(obs, str) else list(obs)
+        opening, replacement = chat_opening(self.tokenizer, texts, self.observation_role)
+        tail = list(self.tokenizer.encode(opening, add_special_tokens=False)) if opening else []
+        if not tail or ep.prompt_ids[-len(tail) :] != tail:
+            return None
+        del ep.prompt_ids[-len(tail) :]
+        return list(self.tokenizer.encode(replacement, add_special_tokens=False))
+
+    def _observe(
+        self, ep: Episode, obs: str | Sequence[str] | None, info: Mapping[str, Any], *, first: bool = False
+    ) -> bool:
+        """Append an observation (``first``: from ``reset``, before any model turn); ``True``
+        when the episode goes on (room for a turn)."""
         if self._room(ep) < 1:  # a turn needs at least one token
             self._finish(ep, "truncated", truncated=True)
             return False
-        ids = self._observation_ids(obs) if obs else []
+        ids = None
+        if first and obs and self.chat_template:
+            ids = self._opening_ids(ep, obs)
+        if ids is None:
+            ids = self._observation_ids(obs) if obs else []
         last = ep.segments[-1].ids if ep.segments and ep.segments[-1].kind == "model" else []
         if self.chat_template and ids and last and last[-1] == ids[0]:
             # the bridge starts with the template's end-of-turn token, which the turn already
@@ -240,7 +261,7 @@ class EpisodeRunner:
                 return self._fail(
                     ep, f"reset returned {type(result).__name__}, not a str (the first observation) or None"
                 )
-            return self._observe(ep, result or None, {})
+            return self._observe(ep, result or None, {}, first=True)
         if not isinstance(result, StepResult):
             return self._fail(ep, f"step returned {type(result).__name__}, not a StepResult")
         problem = _step_result_problem(result)
