@@ -232,6 +232,8 @@ def update_mfu_variant(a: argparse.Namespace, model: str, micro_tokens: int, *, 
         else:
             record(f"{key}_first_step_s", round(time.perf_counter() - t, 2))
     step = sorted(times)[len(times) // 2]
+    if a.profile_update:
+        record(f"{key}_profile_top_ops", profile_update(a, engine, batch))
     flops = 6 * n_params * tokens
     record(
         key,
@@ -250,6 +252,23 @@ def update_mfu_variant(a: argparse.Namespace, model: str, micro_tokens: int, *, 
         },
     )
     del engine
+
+
+def profile_update(a: argparse.Namespace, engine: Any, batch: Any) -> list[str]:
+    """Where one update step's time goes (forward + backward + AdamW): the fifteen most
+    expensive ops by device time (CPU time off CUDA), from torch.profiler."""
+    from geartrain.testing.reference import token_mean_nll_loss
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        engine.forward_backward(batch, token_mean_nll_loss)
+        engine.optimizer_step()
+        sync(a.device)
+    key = "device_time_total" if a.device == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60)
+    print(table, flush=True)
+    return table.splitlines()[:21]
 
 
 # --------------------------------------------------------------------------- 4. decode
@@ -370,13 +389,18 @@ def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) ->
     g = torch.Generator().manual_seed(7)
     loss_fn = make_actor_loss(ActorLossConfig())
     times, mismatch = [], []
+    phases: dict[str, list[float]] = {"sync_weights_s": [], "generate_s": [], "update_s": []}
     for step in range(1 + a.steps):
         prompts = [torch.randint(4, 100, (a.prompt_tokens,), generator=g).tolist() for _ in range(a.grpo_prompts)]
         sp = SamplingParams(n=a.n, temperature=1.0, max_tokens=tokens, seed=step, stop_token_ids=[])
         sync(a.device)
         t = time.perf_counter()
         engine.sync_weights(ro)
+        sync(a.device)
+        t_synced = time.perf_counter()
         batch = ro.generate(prompts, sp)
+        sync(a.device)
+        t_generated = time.perf_counter()
         mask = batch["response_mask"]
         scores = torch.rand(len(batch), generator=g)  # a reward per sample
         token_rewards = torch.zeros(mask.shape)
@@ -387,20 +411,27 @@ def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) ->
         )
         batch.tensors["loss_mask"] = mask
         batch.tensors["old_log_probs"] = batch["rollout_log_probs"]  # one update per batch: old = rollout's
+        t_update = time.perf_counter()
         out = engine.forward_backward(batch, loss_fn)
         engine.optimizer_step()
         sync(a.device)
-        dt = time.perf_counter() - t
+        end = time.perf_counter()
+        dt = end - t
         m = mask.bool()
         mismatch.append(float((out.outputs["log_probs"][m] - batch["rollout_log_probs"][m]).abs().mean()))
         if step:
             times.append(dt)
+            phases["sync_weights_s"].append(t_synced - t)
+            phases["generate_s"].append(t_generated - t_synced)
+            phases["update_s"].append(end - t_update)
         else:
             record(f"grpo_geartrain{tag}_first_step_s", round(dt, 2))
     record(
         f"grpo_geartrain{tag}",
         {
             "step_s": round(sorted(times)[len(times) // 2], 3),
+            # where the step goes (medians; the rest: advantages on the host)
+            **{k: round(sorted(v)[len(v) // 2], 3) for k, v in phases.items() if v},
             "steps": len(times),
             "prompts": a.grpo_prompts,
             "n": a.n,
@@ -629,6 +660,9 @@ def main() -> int:
     ap.add_argument("--decode-batches", nargs="+", type=int, help="decode batch sizes (default 64 256; 4 8 dry)")
     ap.add_argument("--grpo-decode-graph", default="step", choices=["step", "forward", "none"])
     ap.add_argument("--profile-decode", action="store_true", help="print the top ops of one decode call per variant")
+    ap.add_argument(
+        "--profile-update", action="store_true", help="print the top ops of one update step per MFU variant"
+    )
     ap.add_argument(
         "--isolate",
         action=argparse.BooleanOptionalAction,

@@ -27,6 +27,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
         "decode",
         "grpo",
         "--profile-decode",
+        "--profile-update",
     ]
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -43,6 +44,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
     # the same steps on the same weights (bf16 autocast on CPU): the compiled layers train alike
     assert abs(compiled["grad_norm"] - eager["grad_norm"]) < 1e-2 * eager["grad_norm"]
     assert results["mfu_qwen2.5-0.5b_compile_speedup"] > 0
+    assert results["mfu_qwen2.5-0.5b_profile_top_ops"] and results["mfu_qwen2.5-0.5b_compiled_profile_top_ops"]
     for graph in ("step", "forward"):
         decoded = results[f"decode_batch4_{graph}"]
         assert decoded["generated_tokens"] == 4 * 8  # every row runs to max_tokens
@@ -50,6 +52,8 @@ def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
     assert results["decode_batch4_step"]["profile_top_ops"]
     # the same weights on both sides (engine bf16 vs fp32 rollout on CPU): a bf16-sized mismatch
     assert max(results["grpo_geartrain"]["mean_abs_logp_mismatch_per_step"]) < 1e-2
+    ours = results["grpo_geartrain"]  # the phases are parts of the step
+    assert 0 < ours["sync_weights_s"] + ours["generate_s"] + ours["update_s"] <= ours["step_s"] * 1.5
 
 
 def run_script(tmp_path: Path, *args: str) -> dict:
