@@ -112,6 +112,54 @@ def test_sft_traces_render_observations_as_the_chat_templated_episodes_do() -> N
     assert "tool: (36)" in tok.decode(ep_ids)  # the bridge, not the raw observation
 
 
+def test_a_trl_reward_on_conversational_episodes_gets_every_turn_as_messages() -> None:
+    """TRL's tool loop hands a reward function the whole multi-turn completion: assistant
+    messages and the tools' messages in order. An episode of a conversational row reaches a
+    batched (TRL) reward function so, through the path a run takes (the episode rows,
+    annotate_episodes, the reward worker); the prompt is the row's messages."""
+    from geartrain import EngineContext as Ctx
+    from geartrain.rewards import RewardResult
+    from geartrain.rewards.terms import make_term
+    from geartrain.trainer.roles import RewardWorker
+
+    tok = tiny_tokenizer()
+    model_turns, observations = ["[calc 12*3]", "36"], ["(36)"]
+    script = [tok.encode(t, add_special_tokens=False) for t in model_turns]
+
+    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
+        out = sequence_batch(prompts, [script.pop(0)], tok.pad_token_id)
+        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
+        out["finish_reason"] = ["stop"]
+        return out
+
+    question = [{"role": "user", "content": "12*3="}]
+    prompt_ids = tok.encode(
+        tok.apply_chat_template(question, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
+    row = PromptRow(prompt_ids=prompt_ids, prompt="12*3=", ground_truth="36", messages=question)
+    prompts = PromptBatch(rows=[row], indices=[0], epoch=0)
+    runner = EpisodeRunner(generate, tok, lambda: _Scripted(observations), RunnerLimits(max_turns=4, max_model_len=256))
+    (ep,), _ = runner.run([prompt_ids], [{}], SamplingParams(n=1, max_tokens=32))
+    batch, _ = annotate_episodes(episode_batch([ep], tok.pad_token_id), prompts, 1)
+    seen: dict[str, Any] = {}
+
+    def trl_reward(prompts, completions, ground_truth, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.update(prompts=prompts, completions=completions)
+        return [float(c[-1]["content"] == g) for c, g in zip(completions, ground_truth, strict=True)]
+
+    worker = RewardWorker([make_term(trl_reward)], None, None, ctx=Ctx(role="reward"))
+    result = RewardResult.from_rows(worker.score(batch))
+    assert seen["prompts"] == [question]
+    assert seen["completions"] == [
+        [
+            {"role": "assistant", "content": "[calc 12*3]"},
+            {"role": "tool", "content": "(36)"},
+            {"role": "assistant", "content": "36"},
+        ]
+    ]
+    assert result.scores.tolist() == [1.0]
+
+
 def test_agent_config_and_its_checks() -> None:
     cfg = TrainConfig.model_validate({"rollout": {"agent": {"environment": "tools", "max_turns": 2}}})
     assert cfg.rollout.agent is not None and cfg.rollout.agent.max_turns == 2

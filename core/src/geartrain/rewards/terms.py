@@ -33,7 +33,7 @@ own (``reward/<name>/mean``, over the samples it scored).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,20 +149,35 @@ Messages = list[dict[str, str]]
 
 
 def trl_shapes(
-    prompts: Sequence[str], completions: Sequence[str], conversations: Sequence[Messages | None] | None
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    conversations: Sequence[Messages | None] | None,
+    episodes: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> tuple[list[str | Messages], list[str | Messages]]:
     """``prompts`` and ``completions`` as TRL's ``GRPOTrainer`` passes them to a reward
     function: for a sample whose row is a conversation (``conversations[i]`` its messages)
     the prompt is those messages and the completion ``[{"role": "assistant", "content":
-    text}]``; for a plain-prompt sample (``None``, or no ``conversations``) both stay text."""
+    text}]``, or, for a multi-turn episode (``episodes[i]``, its
+    :meth:`~geartrain.agents.Episode.record`), every turn after the prompt: the model's as
+    ``assistant`` messages, the environment's as ``tool`` messages (as TRL's tool loop
+    builds them); for a plain-prompt sample (``None``, or no ``conversations``) both stay text."""
     if conversations is None:
         return list(prompts), list(completions)
     shaped_prompts: list[str | Messages] = []
     shaped_completions: list[str | Messages] = []
-    for prompt, completion, messages in zip(prompts, completions, conversations, strict=True):
+    episodes = episodes if episodes is not None else [None] * len(completions)
+    for prompt, completion, messages, episode in zip(prompts, completions, conversations, episodes, strict=True):
         if messages is None:
             shaped_prompts.append(prompt)
             shaped_completions.append(completion)
+        elif episode is not None:
+            shaped_prompts.append([dict(m) for m in messages])
+            shaped_completions.append(
+                [
+                    {"role": "assistant" if t["role"] == "model" else "tool", "content": t["text"]}
+                    for t in episode["turns"]
+                ]
+            )
         else:
             shaped_prompts.append([dict(m) for m in messages])
             shaped_completions.append([{"role": "assistant", "content": completion}])
@@ -185,7 +200,8 @@ def call_batched(
     columns: dict[str, list[Any]] = {"ground_truth": list(truths), truth_column: list(truths)}
     for key in dict.fromkeys(k for m in metas for k in m):
         columns.setdefault(key, [m.get(key) for m in metas])
-    shaped_prompts, shaped_completions = trl_shapes(prompts, completions, conversations)
+    episodes = [m.get("episode") if isinstance(m.get("episode"), Mapping) else None for m in metas]
+    shaped_prompts, shaped_completions = trl_shapes(prompts, completions, conversations, episodes)
     kwargs: dict[str, Any] = {"prompts": shaped_prompts, "completions": shaped_completions, **columns}
     try:
         params = inspect.signature(fn).parameters
