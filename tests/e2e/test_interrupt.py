@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,14 +100,25 @@ def test_ctrl_c_inside_dcp_s_own_write_is_still_one_line(
     assert "Traceback" not in err
 
 
+@pytest.fixture
+def terminal_sigint() -> Iterator[None]:
+    """SIGINT as a terminal's foreground job has it: Python's own handler. A test run started
+    in the background (``cmd &`` in a script, CI runners) inherits SIGINT *ignored*, so
+    Python installs no handler and a raised SIGINT does nothing (the job is then right to
+    leave it alone: nothing can interrupt it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], terminal_sigint: None
 ) -> None:
     """torch.save's C++ zip writer can drop the KeyboardInterrupt raised in its Python write
     callback and fail later with "unexpected pos" (seen in a CI run): SIGINT arrived, so the
     job still ends as interrupted."""
-    import signal
-
     from torch.distributed.checkpoint import FileSystemWriter
 
     real = FileSystemWriter.write_data
@@ -115,9 +127,7 @@ def test_ctrl_c_swallowed_by_a_checkpoint_writer_is_still_one_line(
         if "step_00000004" not in str(self.path):
             return real(self, plan, planner)
         try:
-            # to this thread, so the handler runs before raise_signal returns (os.kill lets
-            # the kernel pick any thread: under load the handler could run too late for this test)
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # to this thread: the handler runs before it returns
             time.sleep(1.0)  # not reached: the handler raised
         except KeyboardInterrupt:
             pass  # what the C++ writer does with it
