@@ -47,6 +47,19 @@ def test_sft_on_a_multi_turn_trace_masks_the_observation_tokens() -> None:
     assert batch["loss_mask"][0, :width].sum() == 0
 
 
+def _scripted_generate(tok: Any, model_turns: list[str]) -> Any:
+    """A one-episode ``generate`` that returns ``model_turns`` in order, each ending on a stop."""
+    script = [tok.encode(t, add_special_tokens=False) for t in model_turns]
+
+    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
+        out = sequence_batch(prompts, [script.pop(0)], tok.pad_token_id)
+        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
+        out["finish_reason"] = ["stop"]
+        return out
+
+    return generate
+
+
 class _Scripted:
     """An environment that answers the trace's observations in order, then ends."""
 
@@ -86,20 +99,12 @@ def test_sft_traces_render_observations_as_the_chat_templated_episodes_do() -> N
     width = sft.info["prompt_length"]
     sft_ids, sft_loss = sft["input_ids"][0, width:].tolist(), sft["loss_mask"][0, width:].tolist()
 
-    script = [tok.encode(t, add_special_tokens=False) for t in model_turns]
-
-    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
-        out = sequence_batch(
-            prompts,
-            [script.pop(0)],
-            tok.pad_token_id,
-        )
-        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
-        out["finish_reason"] = ["stop"]
-        return out
-
     runner = EpisodeRunner(
-        generate, tok, lambda: _Scripted(observations), RunnerLimits(max_turns=4, max_model_len=256), chat_template=True
+        _scripted_generate(tok, model_turns),
+        tok,
+        lambda: _Scripted(observations),
+        RunnerLimits(max_turns=4, max_model_len=256),
+        chat_template=True,
     )
     (ep,), _ = runner.run([prompt], [{}], SamplingParams(n=1, max_tokens=32))
     episode = episode_batch([ep], tok.pad_token_id)
@@ -124,13 +129,6 @@ def test_a_trl_reward_on_conversational_episodes_gets_every_turn_as_messages() -
 
     tok = tiny_tokenizer()
     model_turns, observations = ["[calc 12*3]", "36"], ["(36)"]
-    script = [tok.encode(t, add_special_tokens=False) for t in model_turns]
-
-    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
-        out = sequence_batch(prompts, [script.pop(0)], tok.pad_token_id)
-        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
-        out["finish_reason"] = ["stop"]
-        return out
 
     question = [{"role": "user", "content": "12*3="}]
     prompt_ids = tok.encode(
@@ -138,7 +136,12 @@ def test_a_trl_reward_on_conversational_episodes_gets_every_turn_as_messages() -
     )
     row = PromptRow(prompt_ids=prompt_ids, prompt="12*3=", ground_truth="36", messages=question)
     prompts = PromptBatch(rows=[row], indices=[0], epoch=0)
-    runner = EpisodeRunner(generate, tok, lambda: _Scripted(observations), RunnerLimits(max_turns=4, max_model_len=256))
+    runner = EpisodeRunner(
+        _scripted_generate(tok, model_turns),
+        tok,
+        lambda: _Scripted(observations),
+        RunnerLimits(max_turns=4, max_model_len=256),
+    )
     (ep,), _ = runner.run([prompt_ids], [{}], SamplingParams(n=1, max_tokens=32))
     batch, _ = annotate_episodes(episode_batch([ep], tok.pad_token_id), prompts, 1)
     seen: dict[str, Any] = {}

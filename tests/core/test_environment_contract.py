@@ -234,7 +234,9 @@ def test_a_first_observation_under_the_chat_template_adds_no_empty_assistant_tur
     assert context == expected, (context, expected)
 
 
-def test_an_environment_failing_every_episode_is_reported_not_silent(tmp_path: Path, caplog: Any) -> None:
+def test_an_environment_failing_every_episode_is_reported_not_silent(
+    rollout: Rollout, tok: Any, tmp_path: Path, caplog: Any
+) -> None:
     """An environment bug (here ``reset`` reads a column the data does not have) ends every
     episode with ``finish = "error"``. Today nothing is logged: the exception text lives
     only in ``meta["episode"]["error"]``; ``geartrain train`` of the calculator job with
@@ -252,27 +254,18 @@ def test_an_environment_failing_every_episode_is_reported_not_silent(tmp_path: P
         "    def reset(self, task):\n        return task['answer']\n"
         "    def step(self, action):\n        return StepResult(done=True)\n"
     )
-    tok = tiny_tokenizer()
-    rollout = Rollout(
-        RolloutConfig(backend="torch", max_model_len=48),
-        ModelConfig(tiny="qwen2", seed=0),
-        EngineContext(role="rollout"),
-    )
-    try:
-        rows = [
-            PromptRow(
-                prompt_ids=[tok.bos_token_id, *tok.encode("2*3=", add_special_tokens=False)],
-                prompt="2*3=",
-                ground_truth="6",
-            )
-        ]
-        share = episode_prompt_batch(PromptBatch(rows=rows, indices=[0], epoch=0))
-        agent = AgentConfig(environment=str(tmp_path / "bad_env.py") + ":Env", max_turns=2, max_tokens_per_turn=4)
-        sampling = SamplingParams(n=2, temperature=1.0, seed=3, stop_token_ids=[tok.eos_token_id])
-        with caplog.at_level("WARNING"):
-            batch, _ = run_episode_share(rollout.generate, tok, share, sampling, agent, base_dir=None, max_model_len=48)
-    finally:
-        rollout.shutdown()
+    rows = [
+        PromptRow(
+            prompt_ids=[tok.bos_token_id, *tok.encode("2*3=", add_special_tokens=False)],
+            prompt="2*3=",
+            ground_truth="6",
+        )
+    ]
+    share = episode_prompt_batch(PromptBatch(rows=rows, indices=[0], epoch=0))
+    agent = AgentConfig(environment=str(tmp_path / "bad_env.py") + ":Env", max_turns=2, max_tokens_per_turn=4)
+    sampling = SamplingParams(n=2, temperature=1.0, seed=3, stop_token_ids=[tok.eos_token_id])
+    with caplog.at_level("WARNING"):
+        batch, _ = run_episode_share(rollout.generate, tok, share, sampling, agent, base_dir=None, max_model_len=48)
     assert [r["finish"] for r in batch["episode"]] == ["error", "error"]
     logged = "\n".join(r.getMessage() + (str(r.exc_info[1]) if r.exc_info else "") for r in caplog.records)
     assert "KeyError" in logged and "answer" in logged, logged
