@@ -5,7 +5,12 @@
 #   make train-agent  the agentic main job (examples/calculator): SFT on tool-use traces, GRPO on
 #                multi-turn episodes with a calculator tool, then the control (same SFT start, no tool)
 #   make test    the lint gate (make lint: ruff check + ruff format --check, seconds), then every
-#                test suite, each in an environment holding only what it needs
+#                test suite, each in an environment holding only what it needs, one after another
+#   make test TEST_JOBS=N   the same, N suites side by side (longest first, each suite's output
+#                printed whole when it ends); `make -jN test` also runs them side by side (in the
+#                sequential order, output interleaved). Either way lint runs alone first and the
+#                environments are all built before any suite starts. Measured: bench/RESULTS.md,
+#                "make test side by side".
 #   make lint    ruff check . and ruff format --check . with the pinned ruff in .venvs/lint
 #
 # Environments (all gitignored):
@@ -154,8 +159,25 @@ ENVS := .venvs/lint/.ok .venvs/core/.ok .venvs/fsdp/.ok .venvs/vllm/.ok .venvs/m
 envs:
 	$(ENV_LOCK) $(MAKE) -j3 $(ENVS)
 
-# lint first: a style slip fails in seconds, before any environment is built or suite run
-test: lint envs test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray
+# The suites in the order plain `make test` runs them, and (TEST_JOBS) longest first so that N
+# side by side end close together (quiet 2-core figures: e2e 12 min, Ray 10, SGLang 1.4 + 3.5
+# chained, FSDP 3, core 3, Megatron 1.3, vLLM 0.9).
+SUITES := test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray
+SUITES_LONGEST_FIRST := test-e2e test-ray test-sglang test-sglang-e2e test-fsdp test-core test-megatron test-vllm
+TEST_JOBS ?=
+
+# Three steps, each a separate make so that no -j can overlap them: lint alone (a style slip
+# fails in seconds, before anything is built; under -j a sibling `envs` would otherwise start
+# beside it, and lint would wait on .venv.lock for the whole build), then every environment
+# (under .venv.lock), then the suites, which then only read environments that are complete (a
+# suite's own environment prerequisite, built unlocked by a parallel make beside `envs`, would
+# be a second pip writing the same venv). Suites that must run in order say so by
+# prerequisites (.venvs/sglang/.e2e: | test-sglang); nothing else is shared between suites:
+# each test writes under its own pytest tmp_path, every port is taken free from the kernel
+# (bind to port 0), and every local Ray instance gets its own GCS port and session directory.
+test: lint
+	$(MAKE) --no-print-directory envs
+	$(MAKE) --no-print-directory $(if $(TEST_JOBS),-j$(TEST_JOBS) --output-sync=target $(SUITES_LONGEST_FIRST),$(SUITES))
 	@echo "all geartrain test suites passed"
 
 # the config is the root pyproject.toml's [tool.ruff]
