@@ -191,6 +191,8 @@ def test_test_jobs_starts_the_longest_suites_first(repo: Path) -> None:
     _, events = make(repo, "test", "TEST_JOBS=2")
     starts = [e.name for e in events if e.what == "start"]
     assert sorted(starts[:2]) == ["e2e", "ray"], starts  # they start together: either may log first
+    # the SGLang e2e suite follows the SGLang suite, not every other suite (then it ran alone)
+    assert starts.index("sglang-e2e") < len(starts) - 2, starts
 
 
 def test_plain_make_test_runs_lint_then_the_suites_one_after_another_in_order(repo: Path) -> None:
