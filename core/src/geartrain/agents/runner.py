@@ -31,6 +31,7 @@ from geartrain.agents.formats import chat_bridge, chat_opening
 from geartrain.agents.trajectory import Episode, Segment
 from geartrain.batch import Batch
 from geartrain.errors import GeartrainError
+from geartrain.stop_texts import stop_text_end
 from geartrain.types import SamplingParams
 
 logger = logging.getLogger("geartrain.agents")
@@ -57,7 +58,9 @@ class EpisodeRunner:
     """Runs episodes with ``generate`` (a rollout's ``generate``) and environments from
     ``factory``. ``tokenizer`` encodes observations (once each) and decodes model turns
     for the environment. ``stop_texts`` end a model turn (added to the environment's
-    own ``stop_texts``); ``chat_template`` renders observations as chat turns."""
+    own ``stop_texts``): the rollout stops on their token encoding, and a turn whose text
+    holds one however spelled is cut right after it (:mod:`geartrain.stop_texts`);
+    ``chat_template`` renders observations as chat turns."""
 
     def __init__(
         self,
@@ -94,7 +97,8 @@ class EpisodeRunner:
         probe = factory()
         texts = list(stop_texts) + list(getattr(probe, "stop_texts", None) or [])
         _close(probe)
-        self.stop_sequences = [tokenizer.encode(t, add_special_tokens=False) for t in dict.fromkeys(texts)]
+        self.stop_texts = [t for t in dict.fromkeys(texts) if t]
+        self.stop_sequences = [tokenizer.encode(t, add_special_tokens=False) for t in self.stop_texts]
 
     # ------------------------------------------------------------------ pieces
     def _new_env(self) -> Any:
@@ -188,6 +192,7 @@ class EpisodeRunner:
         generate_s = 0.0
         calls = 0
         batch_sizes: list[int] = []
+        text_cuts = 0
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="geartrain-env")
         pending: dict[Future[Any], tuple[Episode, str]] = {}
         ready: list[Episode] = []
@@ -228,6 +233,12 @@ class EpisodeRunner:
                 calls += 1
                 batch_sizes.append(len(batch_eps))
                 for ep, (ids, lps, reason) in zip(batch_eps, turns, strict=True):
+                    end = stop_text_end(self.tokenizer, ids, self.stop_texts)
+                    if end is not None and (end < len(ids) or reason != "stop"):
+                        # the turn's text holds a stop text the rollout did not stop on (the
+                        # model spelled it with other tokens than its encoding): it ends there
+                        ids, lps, reason = ids[:end], lps[:end], "stop"
+                        text_cuts += 1
                     text = self.tokenizer.decode(ids, skip_special_tokens=True)
                     ep.segments.append(Segment(kind="model", ids=ids, text=text, log_probs=lps))
                     if reason == "length" and self._room(ep) <= 0:
@@ -245,6 +256,7 @@ class EpisodeRunner:
         metrics = {
             "agent/generate_calls": float(calls),
             "agent/episodes_per_call": sum(batch_sizes) / max(calls, 1),
+            "agent/stop_text_cut_turns": float(text_cuts),
             "timing/agent_generate_s": generate_s,
             "timing/agent_episodes_s": total,
         }

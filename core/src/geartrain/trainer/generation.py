@@ -27,6 +27,7 @@ from geartrain.cluster import Dispatch, PendingCall, WorkerGroup
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.data import PromptBatch, PromptLoader
 from geartrain.seeding import step_seed
+from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.config import TrainConfig
 from geartrain.types import SamplingParams
 
@@ -152,9 +153,15 @@ class Generation:
         return prompts, self.annotate(batch, prompts, self.config.sampling.n), metrics
 
     def annotate(self, batch: Batch, prompts: PromptBatch, n: int) -> Batch:
-        """Add the prompts' per-sample metadata and the decoded responses to ``batch``."""
+        """Add the prompts' per-sample metadata and the decoded responses to ``batch``.
+        With ``sampling.stop`` strings, each response is first cut at the first of them in
+        its text, however the model's tokens spell it (:mod:`geartrain.stop_texts`; the
+        rollout's own stop matches their tokenizer encoding only); per-sample meta
+        ``stop_text_cut`` says which were."""
         for key, values in prompts.sample_meta(n).items():
             batch[key] = values
+        if self.config.sampling.stop:
+            batch["stop_text_cut"] = cut_batch_at_stop_texts(batch, self.tokenizer, self.config.sampling.stop)
         ids, mask = batch["input_ids"], batch["response_mask"].bool()
         batch["response_text"] = self.tokenizer.batch_decode(
             [ids[i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True

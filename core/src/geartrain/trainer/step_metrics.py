@@ -78,11 +78,13 @@ def off_policy_metrics(batch: Batch, is_cap: float | None) -> dict[str, Any]:
 
 def response_metrics(batch: Batch, *, step_s: float, generate_s: float) -> dict[str, float]:
     """Response lengths, the share cut at the length limit, and throughput: all tokens per
-    second of the step, generated tokens per second of generation."""
+    second of the step, generated tokens per second of generation; with ``sampling.stop``,
+    the share of responses cut at a stop string the rollout did not stop on (spelled with
+    other tokens than its encoding: generation past it was wasted)."""
     mask = batch["response_mask"]
     lengths = mask.sum(-1).float()
     tokens = float(batch["attention_mask"].sum())
-    return {
+    record = {
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
         "response/clip_ratio": sum(r == "length" for r in batch["finish_reason"]) / len(batch),
@@ -91,3 +93,6 @@ def response_metrics(batch: Batch, *, step_s: float, generate_s: float) -> dict[
         "perf/tokens_per_s": tokens / max(step_s, 1e-9),
         "perf/generated_tokens_per_s": float(mask.sum()) / max(generate_s, 1e-9),
     }
+    if "stop_text_cut" in batch:
+        record["response/stop_text_cut_ratio"] = sum(map(bool, batch["stop_text_cut"])) / len(batch)
+    return record
