@@ -7,6 +7,7 @@ asynchronous episode runner (see docs/agents.md).
 * :mod:`~geartrain.agents.formats` — tool-call formats (``hermes``, ``compact``), chat bridges;
 * :mod:`~geartrain.agents.trajectory` — an episode as token ids, and its training row;
 * :mod:`~geartrain.agents.runner` — the asynchronous scheduler;
+* :mod:`~geartrain.agents.trl_environment` — TRL ``environment_factory`` classes, unchanged;
 * :mod:`~geartrain.agents.config` — ``[rollout.agent]``.
 """
 
@@ -25,6 +26,7 @@ from geartrain.agents.loading import load_environment
 from geartrain.agents.runner import TURN_STRIDE, EpisodeRunner, RunnerLimits, episode_metrics
 from geartrain.agents.tools import Tool, ToolEnvironment, run_with_timeout, schema_of, tool
 from geartrain.agents.trajectory import Episode, Segment, episode_batch
+from geartrain.agents.trl_environment import TRLEnvironment
 
 __all__ = [
     "TURN_STRIDE",
@@ -41,6 +43,7 @@ __all__ = [
     "StepResult",
     "Tool",
     "ToolCall",
+    "TRLEnvironment",
     "ToolEnvironment",
     "ToolOutcome",
     "chat_bridge",

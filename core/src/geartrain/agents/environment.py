@@ -16,6 +16,12 @@ model's turn; ``done`` ends the episode (its final reward then comes from the jo
 function, which may read the whole episode). ``step`` runs on a worker thread, so a slow
 environment holds up only its own episode.
 
+Optional: ``final_reward()`` scores the whole episode once it ends (done, ``max_turns`` or
+truncated; added to its last model turn's reward), and ``reset_extends_prompt = True``
+appends ``reset``'s text to the prompt's last user message instead of observing it. A TRL
+``environment_factory`` class (``reset`` and tool methods, no ``step``) is run through
+:class:`geartrain.agents.trl_environment.TRLEnvironment`, which uses both.
+
 An environment is named in the job file like a reward function::
 
     [rollout.agent]

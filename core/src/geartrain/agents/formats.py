@@ -26,7 +26,17 @@ from typing import Any, Protocol
 
 from geartrain.errors import GeartrainError
 
-__all__ = ["CallFormat", "CompactFormat", "HermesFormat", "ToolCall", "ToolOutcome", "chat_bridge", "get_call_format"]
+__all__ = [
+    "CallFormat",
+    "CompactFormat",
+    "HermesFormat",
+    "ToolCall",
+    "ToolOutcome",
+    "chat_bridge",
+    "chat_opening",
+    "get_call_format",
+    "user_turn_tail",
+]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -186,3 +196,16 @@ def chat_opening(tokenizer: Any, contents: Sequence[str], role: str = "tool") ->
             "set rollout.agent.chat_template = false to append observations as plain text"
         )
     return opened[len(closed) :], longer[len(closed) :]
+
+
+def user_turn_tail(tokenizer: Any) -> str:
+    """The text a chat template puts after a user message's content up to the start of
+    the assistant's content (end of the user turn, then the generation prompt); ``""``
+    when the tokenizer has no chat template. Text inserted right before it is appended to
+    the last user message, as TRL does with an environment's ``reset`` observation."""
+    if not getattr(tokenizer, "chat_template", None):
+        return ""
+    opened = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
+    )
+    return opened.split(_SENTINEL, 1)[1] if _SENTINEL in opened else ""

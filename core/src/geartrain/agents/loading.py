@@ -7,6 +7,7 @@ from typing import Any
 
 from geartrain.agents.environment import EnvironmentFactory
 from geartrain.agents.tools import ToolEnvironment
+from geartrain.agents.trl_environment import TRLEnvironment, is_trl_environment
 from geartrain.errors import GeartrainError
 from geartrain.user_code import import_object, is_file_spec, load_from_file
 
@@ -23,7 +24,9 @@ def load_environment(
     """A factory of environments from ``spec``: a class or callable, ``file.py:Name``
     (relative to ``base_dir``), ``package.module:Name`` or a built-in name
     (``tools``: :class:`geartrain.agents.tools.ToolEnvironment`). ``kwargs`` are passed to
-    it for every episode. Raises :class:`GeartrainError` naming ``key`` when the spec does
+    it for every episode. A TRL ``environment_factory`` class (``reset`` and tool methods,
+    no ``step``) is wrapped in :class:`~geartrain.agents.trl_environment.TRLEnvironment`.
+    Raises :class:`GeartrainError` naming ``key`` when the spec does
     not resolve or its objects lack ``reset``/``step``."""
     target: Any
     if isinstance(spec, str):
@@ -42,13 +45,15 @@ def load_environment(
         target = spec
     if not callable(target):
         raise GeartrainError(f"{key} = '{spec}' is not a class or factory ({type(target).__name__})")
+    arguments = dict(kwargs or {})
+    if is_trl_environment(target):  # TRL's environment_factory: tools are its methods
+        return lambda: TRLEnvironment(target(**arguments))
     missing = [m for m in ("reset", "step") if isinstance(target, type) and not callable(getattr(target, m, None))]
     if missing:
         raise GeartrainError(
             f"{key} = '{spec}': {target.__name__} has no {' or '.join(missing)} method "
-            "(see geartrain.agents.Environment)"
+            "(see geartrain.agents.Environment; a TRL environment_factory class needs reset and its tool methods)"
         )
-    arguments = dict(kwargs or {})
     return lambda: target(**arguments)
 
 

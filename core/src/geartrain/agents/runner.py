@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from geartrain.agents.environment import EnvironmentFactory, StepResult
-from geartrain.agents.formats import chat_bridge, chat_opening
+from geartrain.agents.formats import chat_bridge, chat_opening, user_turn_tail
 from geartrain.agents.trajectory import Episode, Segment
 from geartrain.batch import Batch
 from geartrain.errors import GeartrainError
@@ -123,6 +123,21 @@ class EpisodeRunner:
         return cap - ep.used
 
     def _finish(self, ep: Episode, why: str, *, truncated: bool = False) -> None:
+        final_reward = getattr(ep.env, "final_reward", None)
+        if why != "error" and callable(final_reward):
+            # the environment's score of the whole episode (TRL's get_reward), on its last turn
+            try:
+                value = _within(self.step_timeout_s, "final_reward", lambda _: final_reward(), None)
+            except Exception as exc:
+                self._fail(ep, f"{type(exc).__name__}: {exc}", "final_reward", exc)
+                return
+            turns = [s for s in ep.segments if s.kind == "model"]
+            if value is not None and turns:
+                if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                    self._fail(ep, f"final_reward returned {value!r}, not a finite number")
+                    return
+                turns[-1].reward += float(value)
+                turns[-1].info["final_reward"] = float(value)
         ep.done, ep.finish, ep.truncated = True, why, truncated
         _close(ep.env)
         ep.env = None
@@ -141,6 +156,22 @@ class EpisodeRunner:
         del ep.prompt_ids[-len(tail) :]
         return list(self.tokenizer.encode(replacement, add_special_tokens=False))
 
+    def _extend_prompt(self, ep: Episode, obs: str | Sequence[str]) -> None:
+        """Append a first observation to the prompt's last user message (an environment
+        with ``reset_extends_prompt``, as TRL does): before the chat template's end of the
+        user turn and generation prompt when the prompt ends with them, else at its end.
+        The text is part of the prompt, not of the episode's response."""
+        text = "".join([obs] if isinstance(obs, str) else obs)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        tail = user_turn_tail(self.tokenizer)
+        tail_ids = list(self.tokenizer.encode(tail, add_special_tokens=False)) if tail else []
+        at = len(ep.prompt_ids)
+        if tail_ids and ep.prompt_ids[-len(tail_ids) :] == tail_ids:
+            at -= len(tail_ids)
+        ep.prompt_ids[at:at] = ids
+        ep.prompt_extension += text
+        ep.prompt_text = self.tokenizer.decode(ep.prompt_ids, skip_special_tokens=False)
+
     def _observe(
         self, ep: Episode, obs: str | Sequence[str] | None, info: Mapping[str, Any], *, first: bool = False
     ) -> bool:
@@ -150,6 +181,12 @@ class EpisodeRunner:
             self._finish(ep, "truncated", truncated=True)
             return False
         ids = None
+        if first and obs and getattr(ep.env, "reset_extends_prompt", False):
+            self._extend_prompt(ep, obs)
+            if self._room(ep) < 1:
+                self._finish(ep, "truncated", truncated=True)
+                return False
+            return True
         if first and obs and self.chat_template:
             ids = self._opening_ids(ep, obs)
         if ids is None:
@@ -394,7 +431,8 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def episode_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Per-step agent metrics from episode records (:meth:`Episode.record`): turns per
     episode, tool calls, tool errors, tool-call success rate, tool latency p50/p95,
-    truncated episodes, episodes that hit ``max_turns`` or failed, model vs observation tokens."""
+    truncated episodes, episodes that hit ``max_turns`` or failed, model vs observation tokens,
+    and the environment's reward per episode (its turns' rewards summed)."""
     n = max(len(records), 1)
     calls = sum(r["tool_calls"] for r in records)
     errors = sum(r["tool_errors"] for r in records)
@@ -413,4 +451,5 @@ def episode_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "agent/env_error_fraction": sum(r["finish"] == "error" for r in records) / n if records else 0.0,
         "agent/model_tokens_mean": sum(r["model_tokens"] for r in records) / n,
         "agent/observation_tokens_mean": sum(r["observation_tokens"] for r in records) / n,
+        "agent/env_reward_mean": sum(sum(r.get("rewards", ())) for r in records) / n,
     }

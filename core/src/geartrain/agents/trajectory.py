@@ -58,6 +58,11 @@ class Episode:
     finish: str = ""
     """Why it ended: ``done`` (the environment), ``max_turns``, ``truncated``, ``error``."""
     error: str | None = None
+    prompt_extension: str = ""
+    """Text an environment's ``reset`` appended to the prompt's last user message
+    (``reset_extends_prompt``); ``prompt_ids`` already hold its tokens."""
+    prompt_text: str = ""
+    """With a ``prompt_extension``: the prompt as the model saw it, decoded."""
     env: Any = None
 
     # ------------------------------------------------------------------ views
@@ -106,7 +111,8 @@ class Episode:
 
     def record(self) -> dict[str, Any]:
         """What reward functions and logs see: the turns as text (``role`` ``model`` or
-        ``observation``), the tool calls, the environment's rewards and how it ended."""
+        ``observation``), the tool calls, the environment's rewards and how it ended; with a
+        ``prompt_extension``, it and the extended ``prompt``."""
         return {
             "turns": [{"role": s.kind, "text": s.text} for s in self.segments],
             "calls": [c for s in self.segments for c in s.info.get("calls", [])],
@@ -120,6 +126,9 @@ class Episode:
             "truncated": self.truncated,
             "finish": self.finish,
             "error": self.error,
+            **(
+                {"prompt_extension": self.prompt_extension, "prompt": self.prompt_text} if self.prompt_extension else {}
+            ),
         }
 
     def render(self, prompt_text: str = "") -> str:

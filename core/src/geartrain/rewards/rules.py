@@ -148,3 +148,16 @@ def format_gsm8k(response: str, ground_truth: str = "", *, prompt: str = "", met
 def format_think(response: str, ground_truth: str = "", *, prompt: str = "", meta: dict | None = None) -> float:
     """1.0 if the response is ``<think>...</think>`` followed by a non-empty answer."""
     return float(_THINK.match(response) is not None)
+
+
+# ------------------------------------------------------------------ agents
+@register_reward("environment")
+def environment(response: str, ground_truth: str = "", *, prompt: str = "", meta: dict | None = None) -> dict:
+    """For multi-turn jobs whose environment scores the episodes (``StepResult.reward``,
+    ``final_reward``, TRL's ``get_reward``): adds nothing to those rewards (``score`` 0:
+    they are already on the turns' tokens) and reports their sum as ``env_reward``, with
+    ``acc`` = the environment rewarded the episode (``env_reward > 0``: what validation's
+    accuracy reads)."""
+    episode = (meta or {}).get("episode") or {}
+    total = float(sum(episode.get("rewards", [])))
+    return {"score": 0.0, "acc": float(total > 0), "env_reward": total}

@@ -8,7 +8,9 @@ Each line is one episode::
      "ground_truth": "...", "uid": "0:13"}
 
 A multi-turn episode (``rollout.agent``) adds ``"turns"``: each model turn and observation
-as ``{"role": "model" | "observation", "text": ...}``; ``response`` is its last model turn.
+as ``{"role": "model" | "observation", "text": ...}``, and ``"env_rewards"``: the environment's
+reward of each model turn (``reward`` is the reward function's); ``response`` is its last
+model turn.
 
 ``kind`` is ``train`` (``trainer.log_completions`` samples of the step, drawn from the step's
 seed) or ``validation`` (every greedy output, ``advantage`` absent). On resume the lines past
@@ -45,6 +47,7 @@ def episodes(batch: Batch, indices: list[int], *, step: int, kind: str) -> list[
         }
         if "episode" in batch.meta:  # a multi-turn episode: every turn, not only the last
             record["turns"] = batch["episode"][i]["turns"]
+            record["env_rewards"] = batch["episode"][i]["rewards"]
         if advantages is not None and kind == "train":
             row = advantages[i][mask[i]]
             record["advantage"] = float(row.mean()) if row.numel() else 0.0

@@ -798,6 +798,12 @@ class TrainConfig(Section):
                 "rollout.agent: multi-turn episodes do not run with trainer.async_rollout yet; "
                 "set trainer.async_rollout = false"
             )
+        named = [self.reward.function] + [f.function for f in self.reward.functions]
+        if self.rollout.agent is None and "environment" in named:
+            raise ValueError(
+                "reward: the 'environment' reward scores multi-turn episodes by their environment's rewards; "
+                "this job has no [rollout.agent] (set rollout.agent.environment, or name another reward)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -47,11 +47,22 @@ __all__ = [
 ]
 
 
-def episode_prompt_batch(prompts: PromptBatch) -> Batch:
-    """``prompt_batch`` of the prompts plus each one's ``task`` (``prompt``,
-    ``ground_truth`` and the row's other fields) for the environment's ``reset``."""
+def episode_prompt_batch(prompts: PromptBatch, ground_truth_column: str | None = None) -> Batch:
+    """``prompt_batch`` of the prompts plus each one's ``task`` for the environment's
+    ``reset``: ``prompt`` (the rendered text), ``ground_truth``, the row's other fields,
+    and, for a TRL environment's row (:func:`geartrain.agents.trl_environment.trl_row`),
+    ``prompt_messages`` (a conversational row's messages) and ``ground_truth_column``
+    (``data.ground_truth_key``)."""
     batch = prompt_batch(prompts.prompt_ids)
-    batch.meta["task"] = [{**dict(r.meta), "prompt": r.prompt, "ground_truth": r.ground_truth} for r in prompts.rows]
+    tasks = []
+    for r in prompts.rows:
+        task = {**dict(r.meta), "prompt": r.prompt, "ground_truth": r.ground_truth}
+        if r.messages is not None:
+            task["prompt_messages"] = [dict(m) for m in r.messages]
+        if ground_truth_column is not None:
+            task["ground_truth_column"] = ground_truth_column
+        tasks.append(task)
+    batch.meta["task"] = tasks
     return batch
 
 
@@ -115,9 +126,25 @@ def annotate_episodes(batch: Batch, prompts: PromptBatch, n: int) -> tuple[Batch
     for key, values in prompts.sample_meta(n).items():
         batch[key] = values
     records = batch["episode"]
+    extended = [row for row, r in enumerate(records) if r.get("prompt_extension")]
+    if extended:  # reset's text joined the last user message: rewards see the prompt the model saw
+        batch["prompt"] = [records[row]["prompt"] if row in extended else p for row, p in enumerate(batch["prompt"])]
+        if "prompt_messages" in batch.meta:
+            batch["prompt_messages"] = [
+                _extend_last_user(m, records[row]["prompt_extension"]) if row in extended and m else m
+                for row, m in enumerate(batch["prompt_messages"])
+            ]
     batch["response_text"] = [_final_text(r) for r in records]
     batch["data_meta"] = [{**dict(m or {}), "episode": r} for m, r in zip(batch["data_meta"], records, strict=True)]
     return batch, episode_metrics(records)
+
+
+def _extend_last_user(messages: Sequence[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    out = [dict(m) for m in messages]
+    last = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
+    if last is not None:
+        out[last]["content"] = out[last]["content"] + text
+    return out
 
 
 def generate_episodes(
@@ -129,7 +156,7 @@ def generate_episodes(
     assert config.rollout.agent is not None
     batch, metrics = actor.call(
         "run_episodes",
-        episode_prompt_batch(prompts),
+        episode_prompt_batch(prompts, config.data.ground_truth_key),
         sampling,
         config.rollout.agent,
         config.base_dir,

@@ -79,7 +79,7 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
         prompts = PromptBatch(rows=rows, indices=list(range(len(rows))), epoch=-1)
         batch = group.call(
             "run_episodes",
-            episode_prompt_batch(prompts),
+            episode_prompt_batch(prompts, cfg.data.ground_truth_key),
             sampling,
             cfg.rollout.agent,
             cfg.base_dir,
@@ -572,7 +572,9 @@ class Job:
                 sinks.close()
                 _shutdown(roles)
                 raise
-            shown = {"reward": metrics.get("reward/mean", 0.0), "train_acc": metrics.get("reward/accuracy", 0.0)}
+            # an episode's return: the reward function's score plus its environment's rewards
+            reward = metrics.get("reward/mean", 0.0) + metrics.get("agent/env_reward_mean", 0.0)
+            shown = {"reward": reward, "train_acc": metrics.get("reward/accuracy", 0.0)}
             if "val/accuracy" in last_validation:
                 shown["val_acc"] = last_validation["val/accuracy"]  # the latest validation's, labelled as such
             progress.update(**shown)

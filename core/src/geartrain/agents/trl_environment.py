@@ -1,0 +1,123 @@
+"""TRL's ``environment_factory`` environments, run unchanged as geartrain environments.
+
+TRL's ``GRPOTrainer(environment_factory=MyEnv)`` takes a class whose public methods are
+the tools the model may call, with ``reset(**row)`` (the dataset row's columns as keyword
+arguments; a returned string is appended to the last user message) and an optional
+``get_reward()`` (the environment's score of the finished rollout, one more reward source
+of weight 1). :class:`TRLEnvironment` wraps one instance per episode as a
+:class:`~geartrain.agents.tools.ToolEnvironment` with the same contract:
+
+* tools: every function defined on the class except ``reset``, ``get_reward`` and names
+  starting with ``_`` (TRL's rule), bound to the episode's instance; their specs are
+  ``transformers.utils.get_json_schema`` of each method (what TRL's chat template
+  renders), or :func:`~geartrain.agents.tools.schema_of` where a method has no
+  Google-style docstring; ``async`` methods run to completion on the tool's thread;
+* calls in the ``hermes`` format (``<tool_call>{...}</tool_call>``, what Qwen's and
+  Llama's templates and TRL's parser use); a turn without a call ends the episode;
+* ``reset`` gets the row as TRL passes it (:func:`trl_row`); its string is appended to the
+  last user message of the prompt (``reset_extends_prompt``, done by the runner);
+* ``get_reward`` becomes :meth:`final_reward`, which the runner calls once when the episode
+  ends (done, ``max_turns`` or truncated; not after an error) and adds to the last model
+  turn's reward.
+
+What differs from TRL: each episode gets a fresh instance (TRL pools and resets them), and
+reward functions get no ``environments`` argument (environments live on the rollout ranks:
+score their state in ``get_reward``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from geartrain.agents.tools import Tool, ToolEnvironment
+
+__all__ = ["TRLEnvironment", "is_trl_environment", "trl_row"]
+
+_NOT_TOOLS = ("reset", "get_reward")
+
+
+def is_trl_environment(cls: Any) -> bool:
+    """Whether ``cls`` is a TRL ``environment_factory`` class: a ``reset`` and no ``step``."""
+    return isinstance(cls, type) and callable(getattr(cls, "reset", None)) and getattr(cls, "step", None) is None
+
+
+def trl_row(task: Mapping[str, Any]) -> dict[str, Any]:
+    """``reset``'s keyword arguments for a geartrain task: the data row's columns as TRL
+    passes them. A conversational prompt is the message list (``prompt_messages``), a
+    plain one the prompt text; the ground truth is under its column's name where the task
+    says it (``ground_truth_column``) and ``ground_truth`` otherwise."""
+    row = {k: v for k, v in task.items() if k not in ("prompt_messages", "ground_truth_column", "ground_truth")}
+    if task.get("prompt_messages") is not None:
+        row["prompt"] = [dict(m) for m in task["prompt_messages"]]
+    if task.get("ground_truth") is not None:
+        row[task.get("ground_truth_column") or "ground_truth"] = task["ground_truth"]
+    return row
+
+
+def _sync(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, or for a coroutine function one that runs it to completion."""
+    if not inspect.iscoroutinefunction(fn):
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+class _SchemaTool(Tool):
+    """A tool whose spec is a given function schema (``get_json_schema``'s, as TRL renders it)."""
+
+    schema: dict[str, Any]
+
+    def __init__(self, fn: Callable[..., Any], schema: dict[str, Any]) -> None:
+        function = schema["function"]
+        super().__init__(
+            fn=fn, name=function["name"], description=function.get("description", ""), parameters=function["parameters"]
+        )
+        self.schema = schema
+
+    def spec(self) -> dict[str, Any]:
+        return self.schema
+
+
+def _tool_of(method: Callable[..., Any]) -> Tool:
+    from transformers.utils import get_json_schema
+
+    try:
+        schema = get_json_schema(method)
+    except Exception:  # no Google-style docstring: the signature alone, as a geartrain tool
+        return Tool(fn=_sync(method), name=method.__name__)
+    return _SchemaTool(_sync(method), schema)
+
+
+class TRLEnvironment(ToolEnvironment):
+    """One episode of a TRL ``environment_factory`` environment ``instance`` (see the
+    module docstring)."""
+
+    reset_extends_prompt = True
+    """The runner appends ``reset``'s string to the prompt's last user message."""
+
+    def __init__(self, instance: Any) -> None:
+        self.instance = instance
+        methods = [
+            getattr(instance, name)
+            for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+            if name not in _NOT_TOOLS and not name.startswith("_")
+        ]
+        # no per-call limit: rollout.agent.step_timeout_s bounds the whole step, as TRL has none
+        super().__init__([_tool_of(m) for m in methods], call_format="hermes", timeout_s=None)
+
+    def reset(self, task: Mapping[str, Any]) -> str:
+        observation = _sync(self.instance.reset)(**trl_row(task))
+        return "" if observation is None else observation
+
+    def final_reward(self) -> float | None:
+        """``get_reward()`` of the instance, or ``None`` when it has none."""
+        get_reward = getattr(self.instance, "get_reward", None)
+        return None if get_reward is None else _sync(get_reward)()

@@ -1,0 +1,208 @@
+"""TRL ``environment_factory`` classes as geartrain environments
+(:mod:`geartrain.agents.trl_environment`): found by ``load_environment``, their methods as
+tools with TRL's specs, ``reset`` with the row's columns and its text appended to the last
+user message, ``get_reward`` on the episode's last turn. The model's turns come from a
+scripted ``generate`` (the core's plumbing under test, not a rollout)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from geartrain import SamplingParams
+from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, episode_metrics, load_environment
+from geartrain.agents.trl_environment import TRLEnvironment
+from geartrain.data import PromptBatch, PromptDataset
+from geartrain.data.config import DataConfig
+from geartrain.errors import GeartrainError
+from geartrain.layout import sequence_batch
+from geartrain.rewards import get_reward
+from geartrain.testing.tiny import tiny_tokenizer
+from geartrain.trainer.config import TrainConfig
+from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch, run_episode_share
+from transformers.utils import get_json_schema
+
+# a TRL environment as TRL's docs write them: tools are the public methods (Google-style
+# docstrings), reset(**row) may return text for the prompt, get_reward scores the rollout
+COUNTER = '''
+import json
+from pathlib import Path
+
+RESETS = Path(__file__).with_name("resets.jsonl")
+
+
+class Counter:
+    def reset(self, **kwargs):
+        with RESETS.open("a") as f:
+            f.write(json.dumps(kwargs) + "\\n")
+        self.target = int(kwargs["answer"])
+        self.count = 0
+        return f" Reach {self.target}."
+
+    def increment(self, step: int) -> str:
+        """Add to the counter.
+
+        Args:
+            step: How much to add.
+        """
+        self.count += step
+        return str(self.count)
+
+    async def peek(self) -> str:
+        """Read the counter."""
+        return f"at {self.count}"
+
+    def _helper(self):
+        return None
+
+    def get_reward(self) -> float:
+        if self.target < 0:
+            raise RuntimeError("no score for a negative target")
+        return 1.0 if self.count == self.target else 0.25
+'''
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def _scripted_generate(tok: Any, model_turns: list[str]) -> Any:
+    script = [tok.encode(t, add_special_tokens=False) for t in model_turns]
+
+    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
+        out = sequence_batch(prompts, [script.pop(0)], tok.pad_token_id)
+        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
+        out["finish_reason"] = ["stop"]
+        return out
+
+    return generate
+
+
+@pytest.fixture
+def counter(tmp_path: Path) -> tuple[Path, Any]:
+    (tmp_path / "counter_env.py").write_text(textwrap.dedent(COUNTER))
+    factory = load_environment("counter_env.py:Counter", base_dir=str(tmp_path))
+    env = factory()
+    return tmp_path, env
+
+
+def _dataset(tok: Any, answer: int, tools: list[dict[str, Any]]) -> PromptBatch:
+    rows = [{"prompt": [{"role": "user", "content": "Count up."}], "answer": answer, "level": 2}]
+    data = PromptDataset(rows, tok, DataConfig(ground_truth_key="answer"), tools=tools)
+    return PromptBatch(rows=list(data.rows), indices=[0], epoch=0)
+
+
+def test_a_trl_environment_class_is_wrapped_with_its_methods_as_tools(counter: tuple[Path, Any]) -> None:
+    _, env = counter
+    assert isinstance(env, TRLEnvironment)
+    assert list(env.registry) == ["increment", "peek"]  # not reset, get_reward or _helper
+    assert env.tools == [get_json_schema(env.instance.increment), get_json_schema(env.instance.peek)]
+    assert env.stop_texts == ["</tool_call>"]
+
+
+def test_an_episode_runs_as_trl_runs_it(counter: tuple[Path, Any]) -> None:
+    """reset gets the row's columns (the conversation as ``prompt``, the answer under its
+    column); its text joins the last user message; the calls run on the episode's
+    instance (the async one too); a turn without a call ends the episode; get_reward is
+    added to the last turn."""
+    tmp_path, env = counter
+    tok = tiny_tokenizer()
+    prompts = _dataset(tok, 5, env.tools)
+    turns = [_call("increment", step=3), _call("increment", step=2), _call("peek"), "done"]
+    agent = AgentConfig(environment="counter_env.py:Counter", chat_template=True, max_turns=4)
+    batch, _ = run_episode_share(
+        _scripted_generate(tok, turns),
+        tok,
+        episode_prompt_batch(prompts, "answer"),
+        SamplingParams(n=1, max_tokens=64),
+        agent,
+        base_dir=str(tmp_path),
+        max_model_len=512,
+    )
+    reset = json.loads((tmp_path / "resets.jsonl").read_text().splitlines()[-1])
+    assert reset == {"prompt": [{"role": "user", "content": "Count up."}], "answer": "5", "level": 2}
+    # TRL's prompt: the reset text appended to the last user message, then the template
+    trl_prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Count up. Reach 5."}], add_generation_prompt=True, tokenize=False
+    )
+    width = batch.info["prompt_length"]
+    prompt_ids = batch["input_ids"][0, :width][batch["attention_mask"][0, :width].bool()].tolist()
+    assert tok.decode(prompt_ids) == trl_prompt
+    assert prompt_ids == tok.encode(trl_prompt, add_special_tokens=False)
+    (record,) = batch["episode"]
+    observations = [t["text"] for t in record["turns"] if t["role"] == "observation"]
+    assert observations == ["3", "5", "at 5"]  # the tools ran on one instance; the async one too
+    assert [c["name"] for c in record["calls"]] == ["increment", "increment", "peek"]
+    assert record["finish"] == "done"
+    assert record["rewards"] == [0.0, 0.0, 0.0, 1.0]  # count == target: get_reward 1.0, on the last turn
+    assert float(batch["turn_rewards"].sum()) == 1.0
+    # reward functions see the prompt as the model saw it, as TRL's do
+    batch, _ = annotate_episodes(batch, prompts, 1)
+    assert batch["prompt"] == [trl_prompt]
+    assert batch["prompt_messages"] == [[{"role": "user", "content": "Count up. Reach 5."}]]
+
+
+def test_get_reward_scores_an_episode_cut_by_max_turns_and_its_failure_is_the_episodes(
+    counter: tuple[Path, Any],
+) -> None:
+    tmp_path, env = counter
+    tok = tiny_tokenizer()
+
+    def run(answer: int) -> Any:
+        prompts = _dataset(tok, answer, env.tools)
+        runner = EpisodeRunner(
+            _scripted_generate(tok, [_call("increment", step=3)]),
+            tok,
+            load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
+            RunnerLimits(max_turns=1, max_model_len=512),
+            chat_template=True,
+        )
+        task = episode_prompt_batch(prompts, "answer").meta["task"][0]
+        (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=64))
+        return ep
+
+    ep = run(5)
+    assert ep.finish == "max_turns" and ep.error is None
+    assert ep.segments[-1].kind == "model" and ep.segments[-1].reward == 0.25  # scored although not done
+    ep = run(-1)
+    assert ep.finish == "error" and "no score for a negative target" in (ep.error or "")
+
+
+def test_a_class_with_neither_step_nor_reset_is_refused_by_name() -> None:
+    class Nothing:
+        def act(self) -> None:
+            return None
+
+    with pytest.raises(GeartrainError, match="Nothing has no reset or step method.*TRL environment_factory"):
+        load_environment(Nothing)
+
+
+def test_the_environment_reward_adds_nothing_and_reports_the_environments_rewards() -> None:
+    """``reward.function = "environment"`` (TRL's reward_funcs left out): score 0, since the
+    environment's rewards are already on the turns, their sum as ``env_reward`` and
+    ``acc`` = rewarded; refused on a job without episodes."""
+    reward = get_reward("environment")
+    rewarded = reward("done", "", meta={"episode": {"rewards": [0.0, 0.25, 1.0]}})
+    assert rewarded == {"score": 0.0, "acc": 1.0, "env_reward": 1.25}
+    assert reward("done", "", meta={"episode": {"rewards": [0.0]}})["acc"] == 0.0
+    records = [{"rewards": [0.0, 1.0]}, {"rewards": [0.5]}]
+    assert episode_metrics([{**_RECORD, **r} for r in records])["agent/env_reward_mean"] == 0.75
+    with pytest.raises(ValueError, match="'environment' reward scores multi-turn episodes"):
+        TrainConfig.model_validate({"reward": {"function": "environment"}})
+    TrainConfig.model_validate({"reward": {"function": "environment"}, "rollout": {"agent": {"environment": "tools"}}})
+
+
+_RECORD = {
+    "tool_calls": 0,
+    "tool_errors": 0,
+    "tool_latencies_s": [],
+    "model_turns": 1,
+    "truncated": False,
+    "finish": "done",
+    "model_tokens": 1,
+    "observation_tokens": 0,
+}

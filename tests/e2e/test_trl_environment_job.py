@@ -1,0 +1,98 @@
+"""A TRL ``environment_factory`` class as a job's environment, through ``geartrain train``:
+the class file is used as TRL users write it (reset(**row), a tool method, get_reward), the
+prompt carries reset's text in its user turn, and the environment's score reaches every
+episode's reward, the metrics and validation's accuracy. The score depends only on the row
+(the parity of its answer), so its value is known whatever the random model does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from e2e_helpers import run_geartrain
+
+PARITY = '''
+class Parity:
+    def reset(self, **kwargs):
+        self.answer = int(kwargs["answer"])
+        return " Use the tool."
+
+    def look(self) -> str:
+        """Look at the number."""
+        return str(self.answer)
+
+    def get_reward(self) -> float:
+        return 1.0 if self.answer % 2 == 0 else 0.0
+'''
+
+JOB = """
+[model]
+tiny = "qwen2"
+
+[rollout]
+backend = "torch"
+max_model_len = 256
+
+[rollout.agent]
+environment = "parity_env.py:Parity"
+chat_template = true
+max_turns = 2
+max_tokens_per_turn = 8
+
+[sampling]
+n = 4
+max_tokens = 8
+
+[reward]
+function = "environment"
+
+[data]
+path = "rows.jsonl"
+answer_key = "answer"
+batch_size = 8
+
+[validation]
+path = "rows.jsonl"
+every_n_steps = 2
+
+[trainer]
+total_steps = 2
+save_every = 0
+torch_threads = 1
+log_completions = 64
+export_hf = false
+tensorboard = false
+"""
+
+
+def test_a_trl_environment_class_scores_the_episodes_of_a_job(tmp_path: Path) -> None:
+    (tmp_path / "parity_env.py").write_text(PARITY)
+    rows = [{"prompt": [{"role": "user", "content": f"n{i}?"}], "answer": i} for i in range(13)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "job.toml").write_text(JOB)
+    out = tmp_path / "out"
+    result = run_geartrain("train", str(tmp_path / "job.toml"), f"trainer.output_dir={out}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 2 * 8 * 4
+    for r in train:
+        even = int(r["ground_truth"]) % 2 == 0
+        assert r["env_rewards"][-1] == (1.0 if even else 0.0) and sum(r["env_rewards"]) == r["env_rewards"][-1], r
+        assert r["reward"] == 0.0  # the "environment" reward adds nothing to get_reward's score
+        # reset's text joined the user turn of the prompt (the char tokenizer's template)
+        assert r["prompt"].endswith(f"user: n{r['ground_truth']}? Use the tool.\nassistant: "), r["prompt"]
+    steps = [
+        m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "agent/env_reward_mean" in m
+    ]
+    assert len(steps) == 2
+    for step in steps:
+        assert step["reward/env_reward"] == step["agent/env_reward_mean"] == step["reward/accuracy"]
+    validation = [
+        m["val/accuracy"]
+        for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        if "val/accuracy" in m
+    ]
+    assert validation and all(v == pytest.approx(7 / 13, abs=1e-6) for v in validation)  # 0, 2, ..., 12 of 0..12
