@@ -257,8 +257,9 @@ def test_one_slow_tool_per_episode_costs_about_one_sleep_not_turns_times_sleep(r
     episodes, metrics, _ = run(rollout, tok, n=n, factory=lambda: Scripted(turns=turns, delays=delays), limits=limits)
     slow = time.perf_counter() - start
     assert all(e.model_turns == turns for e in episodes)
-    assert slow < base + 1.6 * sleep, (slow, base)  # ~one sleep on top of the fast run
-    assert slow < 0.7 * turns * sleep, (slow, base)  # far below a round-synchronous turns x sleep
+    # ~one sleep on top of the fast run, where a round-synchronous runner adds turns x sleep:
+    # the bound is the midpoint, so load on the machine (both runs slower) does not decide it
+    assert slow - base < (1 + turns) / 2 * sleep, (slow, base)
     assert metrics["agent/generate_calls"] > turns  # episodes went on without the slow one
 
 

@@ -206,3 +206,40 @@ _RECORD = {
     "model_tokens": 1,
     "observation_tokens": 0,
 }
+
+
+TOOLS = '''
+async def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+
+def shout(text):
+    return text.upper()
+'''
+
+
+def test_trl_style_tools_in_a_file_next_to_the_job(tmp_path: Path) -> None:
+    """TRL's ``GRPOTrainer(tools=[multiply])``: the built-in ``tools`` environment takes
+    ``my_tools.py:fn`` next to the job file; a Google-style docstring gives TRL's spec
+    (``get_json_schema``), an undocumented function the signature's; async tools run."""
+    (tmp_path / "my_tools.py").write_text(TOOLS)
+    factory = load_environment(
+        "tools",
+        kwargs={"tools": ["my_tools.py:multiply", "my_tools.py:shout"], "call_format": "hermes"},
+        base_dir=str(tmp_path),
+    )
+    env = factory()
+    multiply_spec, shout_spec = env.tools
+    assert multiply_spec == get_json_schema(env.registry["multiply"].fn)
+    assert multiply_spec["function"]["parameters"]["properties"]["a"]["description"] == "The first factor."
+    assert shout_spec["function"]["parameters"] == {"type": "object", "properties": {"text": {}}, "required": ["text"]}
+    result = env.step(_call("multiply", a=6, b=7))
+    assert result.observation == "<tool_response>\n42\n</tool_response>\n" and result.info["tool_errors"] == 0
+    with pytest.raises(GeartrainError, match=r"rollout.agent.environment_kwargs.tools = 'nope.py:f'"):
+        load_environment("tools", kwargs={"tools": ["nope.py:f"]}, base_dir=str(tmp_path))

@@ -46,6 +46,14 @@ def load_environment(
     if not callable(target):
         raise GeartrainError(f"{key} = '{spec}' is not a class or factory ({type(target).__name__})")
     arguments = dict(kwargs or {})
+    if target is ToolEnvironment and isinstance(arguments.get("tools"), list | tuple):
+        # tools in files next to the job file, as reward functions are named
+        arguments["tools"] = [
+            load_from_file(t, base_dir, what="tool", key=f"{key}_kwargs.tools")
+            if isinstance(t, str) and is_file_spec(t)
+            else t
+            for t in arguments["tools"]
+        ]
     if is_trl_environment(target):  # TRL's environment_factory: tools are its methods
         return lambda: TRLEnvironment(target(**arguments))
     missing = [m for m in ("reset", "step") if isinstance(target, type) and not callable(getattr(target, m, None))]

@@ -1,7 +1,9 @@
 """Tools (Python functions with JSON-schema arguments) and the built-in tool environment.
 
 :class:`Tool` wraps a function; its argument schema comes from the signature's annotations
-unless given. :class:`ToolEnvironment` is an :class:`~geartrain.agents.Environment` that
+unless given. A plain function given to :class:`ToolEnvironment` is specified as TRL and
+``apply_chat_template(tools=[fn])`` specify it (:func:`tool_of_function`).
+:class:`ToolEnvironment` is an :class:`~geartrain.agents.Environment` that
 parses calls from each model turn with a :class:`~geartrain.agents.formats.CallFormat`,
 runs them concurrently (each on a daemon thread, so a hung tool cannot hang the job's
 exit) with a per-call timeout, and shows the results, or the errors, as the observation.
@@ -12,6 +14,8 @@ episode goes on. A turn with no call is the final answer (``done``).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import threading
 import time
@@ -26,7 +30,7 @@ from geartrain.agents.formats import CallFormat, ToolCall, ToolOutcome, get_call
 from geartrain.errors import GeartrainError
 from geartrain.user_code import import_object
 
-__all__ = ["Tool", "ToolEnvironment", "run_with_timeout", "schema_of", "tool"]
+__all__ = ["Tool", "ToolEnvironment", "run_sync", "run_with_timeout", "schema_of", "tool", "tool_of_function"]
 
 _JSON_TYPES: dict[Any, str] = {
     str: "string",
@@ -143,6 +147,50 @@ def run_with_timeout(
     return ok, value, time.perf_counter() - start
 
 
+def run_sync(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, or for a coroutine function a function that runs it to completion (on the
+    calling thread, in an event loop of its own)."""
+    if not inspect.iscoroutinefunction(fn):
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+class _SchemaTool(Tool):
+    """A tool whose spec is a given function schema (``get_json_schema``'s, as TRL renders it)."""
+
+    schema: dict[str, Any]
+
+    def __init__(self, fn: Callable[..., Any], schema: dict[str, Any]) -> None:
+        function = schema["function"]
+        super().__init__(
+            fn=fn, name=function["name"], description=function.get("description", ""), parameters=function["parameters"]
+        )
+        self.schema = schema
+
+    def spec(self) -> dict[str, Any]:
+        return self.schema
+
+
+def tool_of_function(method: Callable[..., Any]) -> Tool:
+    """A :class:`Tool` of a plain function or bound method, specified as TRL and
+    ``apply_chat_template(tools=[fn])`` specify it: ``transformers.utils.get_json_schema``
+    (the docstring's summary, each argument's line of its Google-style ``Args:``) when the
+    docstring parses, else the signature alone (:func:`schema_of`) and the whole docstring.
+    A coroutine function runs to completion (:func:`run_sync`)."""
+    from transformers.utils import get_json_schema
+
+    try:
+        schema = get_json_schema(method)
+    except Exception:  # no Google-style docstring: the signature alone, as a geartrain tool
+        return Tool(fn=run_sync(method), name=method.__name__, description=inspect.getdoc(method) or "")
+    return _SchemaTool(run_sync(method), schema)
+
+
 def _as_tool(obj: Tool | Callable[..., Any] | str) -> Tool:
     if isinstance(obj, str):
         obj = import_object(obj, what="tool")
@@ -150,7 +198,7 @@ def _as_tool(obj: Tool | Callable[..., Any] | str) -> Tool:
         return obj
     if not callable(obj):
         raise GeartrainError(f"a tool must be a function or a geartrain.agents.Tool, got {type(obj).__name__}")
-    return Tool(fn=obj)
+    return tool_of_function(obj)
 
 
 class ToolEnvironment(Environment):

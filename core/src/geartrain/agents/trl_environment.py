@@ -9,9 +9,8 @@ of weight 1). :class:`TRLEnvironment` wraps one instance per episode as a
 
 * tools: every function defined on the class except ``reset``, ``get_reward`` and names
   starting with ``_`` (TRL's rule), bound to the episode's instance; their specs are
-  ``transformers.utils.get_json_schema`` of each method (what TRL's chat template
-  renders), or :func:`~geartrain.agents.tools.schema_of` where a method has no
-  Google-style docstring; ``async`` methods run to completion on the tool's thread;
+  :func:`~geartrain.agents.tools.tool_of_function`'s (``get_json_schema``, what TRL's chat
+  template renders); ``async`` methods run to completion on the tool's thread;
 * calls in the ``hermes`` format (``<tool_call>{...}</tool_call>``, what Qwen's and
   Llama's templates and TRL's parser use); a turn without a call ends the episode;
 * ``reset`` gets the row as TRL passes it (:func:`trl_row`); its string is appended to the
@@ -27,13 +26,11 @@ score their state in ``get_reward``).
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from geartrain.agents.tools import Tool, ToolEnvironment
+from geartrain.agents.tools import ToolEnvironment, run_sync, tool_of_function
 
 __all__ = ["TRLEnvironment", "is_trl_environment", "trl_row"]
 
@@ -58,44 +55,6 @@ def trl_row(task: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _sync(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn``, or for a coroutine function one that runs it to completion."""
-    if not inspect.iscoroutinefunction(fn):
-        return fn
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        return asyncio.run(fn(*args, **kwargs))
-
-    return run
-
-
-class _SchemaTool(Tool):
-    """A tool whose spec is a given function schema (``get_json_schema``'s, as TRL renders it)."""
-
-    schema: dict[str, Any]
-
-    def __init__(self, fn: Callable[..., Any], schema: dict[str, Any]) -> None:
-        function = schema["function"]
-        super().__init__(
-            fn=fn, name=function["name"], description=function.get("description", ""), parameters=function["parameters"]
-        )
-        self.schema = schema
-
-    def spec(self) -> dict[str, Any]:
-        return self.schema
-
-
-def _tool_of(method: Callable[..., Any]) -> Tool:
-    from transformers.utils import get_json_schema
-
-    try:
-        schema = get_json_schema(method)
-    except Exception:  # no Google-style docstring: the signature alone, as a geartrain tool
-        return Tool(fn=_sync(method), name=method.__name__)
-    return _SchemaTool(_sync(method), schema)
-
-
 class TRLEnvironment(ToolEnvironment):
     """One episode of a TRL ``environment_factory`` environment ``instance`` (see the
     module docstring)."""
@@ -111,13 +70,13 @@ class TRLEnvironment(ToolEnvironment):
             if name not in _NOT_TOOLS and not name.startswith("_")
         ]
         # no per-call limit: rollout.agent.step_timeout_s bounds the whole step, as TRL has none
-        super().__init__([_tool_of(m) for m in methods], call_format="hermes", timeout_s=None)
+        super().__init__([tool_of_function(m) for m in methods], call_format="hermes", timeout_s=None)
 
     def reset(self, task: Mapping[str, Any]) -> str:
-        observation = _sync(self.instance.reset)(**trl_row(task))
+        observation = run_sync(self.instance.reset)(**trl_row(task))
         return "" if observation is None else observation
 
     def final_reward(self) -> float | None:
         """``get_reward()`` of the instance, or ``None`` when it has none."""
         get_reward = getattr(self.instance, "get_reward", None)
-        return None if get_reward is None else _sync(get_reward)()
+        return None if get_reward is None else run_sync(get_reward)()
