@@ -30,6 +30,7 @@ from transformers.utils import get_json_schema
 # docstrings), reset(**row) may return text for the prompt, get_reward scores the rollout
 COUNTER = '''
 import json
+import time
 from pathlib import Path
 
 RESETS = Path(__file__).with_name("resets.jsonl")
@@ -49,6 +50,7 @@ class Counter:
         Args:
             step: How much to add.
         """
+        time.sleep(0.05 * step)  # run at once, a later smaller step would finish first
         self.count += step
         return str(self.count)
 
@@ -243,3 +245,39 @@ def test_trl_style_tools_in_a_file_next_to_the_job(tmp_path: Path) -> None:
     assert result.observation == "<tool_response>\n42\n</tool_response>\n" and result.info["tool_errors"] == 0
     with pytest.raises(GeartrainError, match=r"rollout.agent.environment_kwargs.tools = 'nope.py:f'"):
         load_environment("tools", kwargs={"tools": ["nope.py:f"]}, base_dir=str(tmp_path))
+
+
+def test_under_a_chat_template_a_hermes_turn_ends_at_eos_and_may_make_several_calls(
+    counter: tuple[Path, Any],
+) -> None:
+    """As TRL and verl generate a tool-calling turn: to the template's end of turn (EOS),
+    every call in it run; as plain text a hermes turn still ends at its first call."""
+    tmp_path, env = counter
+    tok = tiny_tokenizer()
+    two_calls = _call("increment", step=3) + _call("increment", step=2) + tok.eos_token
+
+    def run(chat: bool) -> Any:
+        prompts = _dataset(tok, 5, env.tools)
+        runner = EpisodeRunner(
+            _scripted_generate(tok, [two_calls, "done" + tok.eos_token]),
+            tok,
+            load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
+            RunnerLimits(max_turns=3, max_model_len=512),
+            chat_template=chat,
+        )
+        task = episode_prompt_batch(prompts, "answer").meta["task"][0]
+        (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=128))
+        return runner, ep
+
+    runner, ep = run(chat=True)
+    assert runner.stop_texts == []  # EOS (the rollout's stop token) ends the turn
+    first = ep.segments[0]
+    assert first.kind == "model" and tok.decode(first.ids) == two_calls
+    assert ep.record()["calls"] == [
+        {"name": "increment", "ok": True, "result": "3"},
+        {"name": "increment", "ok": True, "result": "5"},
+    ]
+    assert ep.segments[-1].reward == 1.0  # both calls counted: 3 + 2 == 5
+    runner, ep = run(chat=False)
+    assert runner.stop_texts == ["</tool_call>"]
+    assert tok.decode(ep.segments[0].ids) == _call("increment", step=3)  # cut at its first call

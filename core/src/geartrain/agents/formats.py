@@ -1,7 +1,8 @@
 """How tool calls look in the model's text, and how their results are shown back.
 
 A :class:`CallFormat` gives the texts that end a model turn (the rollout stops right after
-one: a turn that calls a tool ends with its call), parses a turn into
+one: a turn that calls a tool ends with its call; ``hermes`` under a chat template leaves
+the end of the turn to the template's EOS, so a turn may make several calls), parses a turn into
 :class:`ToolCall`s (or errors for malformed calls), and writes the results as the
 observation text. Two built-ins:
 
@@ -64,8 +65,10 @@ class CallFormat(Protocol):
 
     name: str
 
-    def stop_texts(self) -> list[str]:
-        """Texts that end a model turn when generated (the text is kept in the turn)."""
+    def stop_texts(self, *, chat: bool = False) -> list[str]:
+        """Texts that end a model turn when generated (the text is kept in the turn).
+        ``chat``: turns are rendered with the chat template, whose end of turn (the EOS
+        token) also ends one; a format may then leave more to it."""
         ...
 
     def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
@@ -85,8 +88,10 @@ class HermesFormat:
     name = "hermes"
     _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
-    def stop_texts(self) -> list[str]:
-        return ["</tool_call>"]
+    def stop_texts(self, *, chat: bool = False) -> list[str]:
+        # in a chat-templated turn the model ends its turn itself (EOS), as TRL and verl
+        # let it: one turn may hold several calls; as plain text, a call ends the turn
+        return [] if chat else ["</tool_call>"]
 
     def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
         calls: list[ToolCall] = []
@@ -128,7 +133,7 @@ class CompactFormat:
     name = "compact"
     _CALL = re.compile(r"\[([A-Za-z_][A-Za-z0-9_]*)(?: ([^\[\]]*))?\]")
 
-    def stop_texts(self) -> list[str]:
+    def stop_texts(self, *, chat: bool = False) -> list[str]:
         return ["]"]
 
     def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:

@@ -94,7 +94,7 @@ class EpisodeRunner:
         first of each kind is logged with its traceback, the rest are only counted."""
         """After the first step of a wait finishes, wait this share of the mean generation
         or step time (whichever is longer) for more before generating (0: generate at once)."""
-        probe = factory()
+        probe = self._new_env_of(factory)
         texts = list(stop_texts) + list(getattr(probe, "stop_texts", None) or [])
         _close(probe)
         self.stop_texts = [t for t in dict.fromkeys(texts) if t]
@@ -102,9 +102,12 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ pieces
     def _new_env(self) -> Any:
-        env = self.factory()
+        return self._new_env_of(self.factory)
+
+    def _new_env_of(self, factory: EnvironmentFactory) -> Any:
+        env = factory()
         if self.chat_template and hasattr(env, "chat"):
-            env.chat = True
+            env.chat = True  # its stop texts and observations follow the chat template
         return env
 
     def _observation_ids(self, observation: str | Sequence[str]) -> list[int]:

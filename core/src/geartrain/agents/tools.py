@@ -204,7 +204,8 @@ def _as_tool(obj: Tool | Callable[..., Any] | str) -> Tool:
 class ToolEnvironment(Environment):
     """See the module docstring. ``tools``: functions, :class:`Tool`s or dotted paths;
     ``call_format``: ``hermes``, ``compact`` or a :class:`CallFormat`; ``timeout_s``: each
-    call's limit; ``max_calls_per_turn``: calls beyond it are errors."""
+    call's limit; ``max_calls_per_turn``: calls beyond it are errors; ``concurrent_calls``:
+    a turn's calls run at once (else in order)."""
 
     def __init__(
         self,
@@ -213,6 +214,7 @@ class ToolEnvironment(Environment):
         call_format: str | CallFormat = "hermes",
         timeout_s: float | None = 10.0,
         max_calls_per_turn: int = 4,
+        concurrent_calls: bool = True,
     ) -> None:
         self.registry: dict[str, Tool] = {}
         for t in tools:
@@ -223,10 +225,18 @@ class ToolEnvironment(Environment):
         self.call_format = get_call_format(call_format)
         self.timeout_s = timeout_s
         self.max_calls_per_turn = max_calls_per_turn
+        self.concurrent_calls = concurrent_calls
+        """Run a turn's calls at once (each on its own thread); ``False``: one after another,
+        in the order the model wrote them (tools that share state, e.g. one object's methods)."""
         self.chat = False
         """Set by the runner when observations are rendered with a chat template."""
-        self.stop_texts = self.call_format.stop_texts()
-        """A turn that calls a tool ends with the call (the runner stops generation there)."""
+
+    @property
+    def stop_texts(self) -> list[str]:  # type: ignore[override]
+        """A turn that calls a tool ends with the call (the runner stops generation there),
+        or, under a chat template, where the format leaves it to the template's EOS."""
+        accepts_chat = "chat" in inspect.signature(self.call_format.stop_texts).parameters
+        return self.call_format.stop_texts(chat=self.chat) if accepts_chat else self.call_format.stop_texts()
 
     @property
     def tools(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -258,8 +268,8 @@ class ToolEnvironment(Environment):
             ToolOutcome(name=c.name, ok=False, text=f"more than {self.max_calls_per_turn} calls in one turn")
             for c in extra
         ]
-        if len(calls) == 1:
-            results = [self._run(calls[0])]
+        if len(calls) == 1 or not self.concurrent_calls:
+            results = [self._run(c) for c in calls]
         else:  # concurrently: each _run waits on its own thread
             results = [ToolOutcome(name="", ok=False, text="")] * len(calls)
             threads = [

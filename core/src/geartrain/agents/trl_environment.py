@@ -12,7 +12,8 @@ of weight 1). :class:`TRLEnvironment` wraps one instance per episode as a
   :func:`~geartrain.agents.tools.tool_of_function`'s (``get_json_schema``, what TRL's chat
   template renders); ``async`` methods run to completion on the tool's thread;
 * calls in the ``hermes`` format (``<tool_call>{...}</tool_call>``, what Qwen's and
-  Llama's templates and TRL's parser use); a turn without a call ends the episode;
+  Llama's templates and TRL's parser use), a turn's calls run one after another in order;
+  a turn without a call ends the episode;
 * ``reset`` gets the row as TRL passes it (:func:`trl_row`); its string is appended to the
   last user message of the prompt (``reset_extends_prompt``, done by the runner);
 * ``get_reward`` becomes :meth:`final_reward`, which the runner calls once when the episode
@@ -70,7 +71,10 @@ class TRLEnvironment(ToolEnvironment):
             if name not in _NOT_TOOLS and not name.startswith("_")
         ]
         # no per-call limit: rollout.agent.step_timeout_s bounds the whole step, as TRL has none
-        super().__init__([tool_of_function(m) for m in methods], call_format="hermes", timeout_s=None)
+        # the methods share the instance's state: a turn's calls run in order, as TRL runs them
+        super().__init__(
+            [tool_of_function(m) for m in methods], call_format="hermes", timeout_s=None, concurrent_calls=False
+        )
 
     def reset(self, task: Mapping[str, Any]) -> str:
         observation = run_sync(self.instance.reset)(**trl_row(task))
