@@ -19,6 +19,8 @@ from geartrain.layout import rollout_batch
 from geartrain.stop_texts import cut_batch_at_stop_texts, stop_text_end
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.generation import Generation
+from geartrain.trainer.roles import RewardWorker
+from geartrain.trainer.run import greedy_accuracy
 from geartrain.trainer.step_metrics import response_metrics
 from transformers import PreTrainedTokenizerFast
 
@@ -36,7 +38,7 @@ def merging_tokenizer() -> PreTrainedTokenizerFast:
     letters = "abcdefghijklmnopqrstuvwxyzAB"
     tokens += [f"{c}{STOP}" for c in letters[: VOCAB - len(tokens)]]
     assert len(tokens) == VOCAB
-    merges = [(t[0], t[1]) for t in tokens[len(CHARACTERS) + 4 :]]
+    merges = [(t[0], t[1]) for t in tokens if len(t) == 2 and t.endswith(STOP)]
     core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token=UNK))
     core.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK)
@@ -209,3 +211,40 @@ def test_agent_turns_of_the_torch_rollout_end_at_the_stop_text(rollout: Rollout,
     assert cut > 0
     assert metrics["agent/stop_text_cut_turns"] >= cut
     assert all(STOP not in s[:-2] for s in steps)  # what the environment was handed ends at the stop
+
+
+class _RolloutGroup:
+    """``group.call("generate", ...)`` on one real torch rollout (what an inline actor
+    group's single rank does)."""
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    def call(self, method: str, prompts: Any, sampling: SamplingParams, **_: Any) -> Any:
+        assert method == "generate"
+        return self.rollout.generate(prompts["prompt_ids"], sampling)
+
+
+def test_the_sft_dev_accuracy_ends_responses_at_sampling_stop_strings(rollout: Rollout) -> None:
+    """The SFT warm start's greedy dev accuracy (``greedy_accuracy``) scores responses cut
+    at ``sampling.stop`` as RL validation does: a reward that accepts only text ending at
+    its first "!" scores every response that holds one. The tiny model's greedy choice
+    repeats the prompt's last token, here a merged "a!": every response spells "!" inside it."""
+    tok = merging_tokenizer()
+    texts = [f"task {i} a!" for i in range(8)]
+    rows = [PromptRow(prompt_ids=tok.encode(t, add_special_tokens=False), prompt=t, ground_truth="") for t in texts]
+    prompts = PromptBatch(rows=rows, indices=list(range(len(rows))), epoch=0)
+    config = TrainConfig.model_validate({"sampling": {"stop": [STOP], "max_tokens": 24}})
+
+    def ends_at_first_stop(response: str, ground_truth: str, **_: Any) -> dict[str, float]:
+        return {"score": 0.0, "acc": float(STOP in response and response.index(STOP) >= len(response) - 2)}
+
+    scorer = RewardWorker(ends_at_first_stop, None, None, ctx=None)  # type: ignore[arg-type]
+    group = _RolloutGroup(rollout)
+    greedy = rollout.generate(prompts.prompt_ids, SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[2]))
+    holds_stop = [
+        STOP in tok.decode(r[m.bool()].tolist())
+        for r, m in zip(greedy["input_ids"], greedy["response_mask"], strict=True)
+    ]
+    assert all(holds_stop)
+    assert greedy_accuracy(group, scorer, prompts.rows, tok, config) == sum(holds_stop) / len(holds_stop)

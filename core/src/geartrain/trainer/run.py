@@ -28,6 +28,7 @@ from geartrain.errors import CheckpointError
 from geartrain.export import ModelCard, base_model_name, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.rewards import RewardResult, correctness
+from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.completions import CompletionsLogger
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
@@ -72,9 +73,18 @@ class JobResult:
 
 def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer: Any, cfg: TrainConfig) -> float:
     """Greedy exact-match accuracy of ``group``'s current policy on ``rows`` (its
-    ``generate`` syncs the weights first)."""
+    ``generate`` syncs the weights first); responses end at ``sampling.stop`` strings as
+    the RL step's do."""
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    sampling = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.sampling.max_tokens, stop_token_ids=stop, seed=0)
+    sampling = SamplingParams(
+        n=1,
+        temperature=0.0,
+        max_tokens=cfg.sampling.max_tokens,
+        stop_token_ids=stop,
+        # sampling.stop ends these responses as it ends the RL step's (validation included)
+        stop_sequences=[list(tokenizer.encode(t, add_special_tokens=False)) for t in cfg.sampling.stop],
+        seed=0,
+    )
     if cfg.rollout.agent is not None:  # greedy episodes: the answer is the last model turn
         prompts = PromptBatch(rows=rows, indices=list(range(len(rows))), epoch=-1)
         batch = group.call(
@@ -88,6 +98,7 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
         batch, _ = annotate_episodes(batch, prompts, 1)
     else:
         batch = group.call("generate", prompt_batch([r.prompt_ids for r in rows]), sampling, dispatch=Dispatch.DP)
+        cut_batch_at_stop_texts(batch, tokenizer, cfg.sampling.stop)
         mask = batch["response_mask"].bool()
         texts = tokenizer.batch_decode(
             [batch["input_ids"][i][mask[i]].tolist() for i in range(len(batch))], skip_special_tokens=True
