@@ -6,10 +6,9 @@
 #                multi-turn episodes with a calculator tool, then the control (same SFT start, no tool)
 #   make test    the lint gate (make lint: ruff check + ruff format --check, seconds), then every
 #                test suite, each in an environment holding only what it needs, one after another
-#   make test TEST_JOBS=N   the same, N suites side by side (longest first, each suite's output
-#                printed whole when it ends); `make -jN test` also runs them side by side (in the
-#                sequential order, output interleaved). Either way lint runs alone first and the
-#                environments are all built before any suite starts. Measured: bench/RESULTS.md,
+#   make test TEST_JOBS=N   (or make -jN test) the same, N suites side by side, longest first,
+#                each suite's output printed whole when it ends. Lint still runs alone first and
+#                every environment is built before any suite starts. Measured: bench/RESULTS.md,
 #                "make test side by side".
 #   make lint    ruff check . and ruff format --check . with the pinned ruff in .venvs/lint
 #
@@ -165,6 +164,9 @@ envs:
 SUITES := test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray
 SUITES_LONGEST_FIRST := test-e2e test-ray test-sglang-chain test-fsdp test-core test-megatron test-vllm
 TEST_JOBS ?=
+# non-empty when suites run side by side: TEST_JOBS, or make's own -jN (N > 1; seen in MAKEFLAGS
+# inside a recipe)
+SIDE_BY_SIDE = $(or $(filter-out 1,$(TEST_JOBS)),$(filter-out -j1,$(filter -j%,$(MAKEFLAGS))))
 
 # The two SGLang suites as one job: listed as two goals, a parallel make that finds
 # test-sglang-e2e waiting on test-sglang starts every later goal first and runs it last, alone
@@ -183,7 +185,8 @@ test-sglang-chain:
 # (bind to port 0), and every local Ray instance gets its own GCS port and session directory.
 test: lint
 	$(MAKE) --no-print-directory envs
-	$(MAKE) --no-print-directory $(if $(TEST_JOBS),-j$(TEST_JOBS) --output-sync=target $(SUITES_LONGEST_FIRST),$(SUITES))
+	$(MAKE) --no-print-directory $(if $(TEST_JOBS),-j$(TEST_JOBS)) \
+		$(if $(SIDE_BY_SIDE),--output-sync=target $(SUITES_LONGEST_FIRST),$(SUITES))
 	@echo "all geartrain test suites passed"
 
 # the config is the root pyproject.toml's [tool.ruff]

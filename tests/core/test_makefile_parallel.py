@@ -123,8 +123,8 @@ def make(repo: Path, *args: str, lint_rc: int = 0, lint_s: float = 0.0) -> tuple
         os.environ,
         GT_LOG=str(log),
         GT_BIN=str(repo.parent / "bin"),
-        GT_SUITE_S="0.2",
-        GT_VENV_S="0.2",
+        GT_SUITE_S="0.1",
+        GT_VENV_S="0.1",
         GT_LINT_S=str(lint_s),
         GT_LINT_RC=str(lint_rc),
     )
@@ -187,16 +187,18 @@ def test_side_by_side_suites_start_after_lint_and_after_every_environment(repo: 
     assert spans["sglang_rollout"][1] <= spans["sglang-e2e"][0]  # the plugin suite before fsdp joins its env
 
 
-def test_test_jobs_starts_the_longest_suites_first(repo: Path) -> None:
-    _, events = make(repo, "test", "TEST_JOBS=2")
+@pytest.mark.parametrize("args", [["test", "TEST_JOBS=2"], ["-j2", "test"]])
+def test_side_by_side_starts_the_longest_suites_first(repo: Path, args: list[str]) -> None:
+    _, events = make(repo, *args)
     starts = [e.name for e in events if e.what == "start"]
     assert sorted(starts[:2]) == ["e2e", "ray"], starts  # they start together: either may log first
     # the SGLang e2e suite follows the SGLang suite, not every other suite (then it ran alone)
     assert starts.index("sglang-e2e") < len(starts) - 2, starts
 
 
-def test_plain_make_test_runs_lint_then_the_suites_one_after_another_in_order(repo: Path) -> None:
-    proc, events = make(repo, "test")
+@pytest.mark.parametrize("args", [["test"], ["test", "TEST_JOBS=1"], ["-j1", "test"]])
+def test_plain_make_test_runs_lint_then_the_suites_one_after_another_in_order(repo: Path, args: list[str]) -> None:
+    proc, events = make(repo, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [e.what for e in events[:4]] == ["ruff-start", "ruff-end", "ruff-start", "ruff-end"]
     assert [e.name for e in events if e.what == "start"] == SEQUENTIAL
