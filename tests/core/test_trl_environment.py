@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +282,31 @@ def test_under_a_chat_template_a_hermes_turn_ends_at_eos_and_may_make_several_ca
     runner, ep = run(chat=False)
     assert runner.stop_texts == ["</tool_call>"]
     assert tok.decode(ep.segments[0].ids) == _call("increment", step=3)  # cut at its first call
+
+
+def test_get_reward_runs_on_the_episodes_worker_thread_not_the_scheduler() -> None:
+    """An episode that ends with a step (done, or its last allowed turn) is scored on the
+    worker thread that ran the step, so a slow get_reward (a judge model) holds up only its
+    own episode, not the generation of the others."""
+    threads: list[str] = []
+
+    class Judge:
+        def reset(self, **kwargs: Any) -> None:
+            return None
+
+        def get_reward(self) -> float:
+            threads.append(threading.current_thread().name)
+            return 0.5
+
+    tok = tiny_tokenizer()
+    prompt = tok.encode("q", add_special_tokens=False)
+    for script, max_turns in ((["done"], 2), ([_call("nothing")], 1)):  # done; cut by max_turns
+        runner = EpisodeRunner(
+            _scripted_generate(tok, list(script)),
+            tok,
+            load_environment(Judge),
+            RunnerLimits(max_turns=max_turns, max_model_len=512),
+        )
+        (ep,), _ = runner.run([prompt], [{}], SamplingParams(n=1, max_tokens=64))
+        assert ep.error is None and ep.segments[0].reward == 0.5, ep
+    assert len(threads) == 2 and all(name.startswith("geartrain-env") for name in threads), threads

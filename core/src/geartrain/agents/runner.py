@@ -89,6 +89,9 @@ class EpisodeRunner:
         self.step_timeout_s = step_timeout_s
         """Seconds an environment's ``reset`` / ``step`` may take before its episode ends
         as an error (``None``: no limit)."""
+        self.final_rewards: dict[int, tuple[Any, BaseException | None]] = {}
+        """``final_reward`` outcomes computed on a worker thread with an episode's last step,
+        by ``id`` of the episode, until :meth:`_finish` takes them."""
         self.logged_failures: set[str] = set()
         """Kinds of environment failure (``what: type``) already logged by this runner: the
         first of each kind is logged with its traceback, the rest are only counted."""
@@ -125,13 +128,34 @@ class EpisodeRunner:
             cap = min(cap, self.limits.max_episode_tokens)
         return cap - ep.used
 
-    def _finish(self, ep: Episode, why: str, *, truncated: bool = False) -> None:
+    def _final_reward(self, ep: Episode) -> tuple[Any, BaseException | None]:
+        """``(value, None)`` from the environment's ``final_reward()`` (``None`` without
+        one), or ``(None, the exception)`` it raised or timed out with."""
         final_reward = getattr(ep.env, "final_reward", None)
-        if why != "error" and callable(final_reward):
-            # the environment's score of the whole episode (TRL's get_reward), on its last turn
-            try:
-                value = _within(self.step_timeout_s, "final_reward", lambda _: final_reward(), None)
-            except Exception as exc:
+        if not callable(final_reward):
+            return None, None
+        try:
+            return _within(self.step_timeout_s, "final_reward", lambda _: final_reward(), None), None
+        except Exception as exc:
+            return None, exc
+
+    def _step(self, ep: Episode, text: str) -> Any:
+        """The environment's step on a worker thread; when the episode ends with it (done,
+        or its last allowed turn), its ``final_reward`` too, so a slow score (a judge
+        model) holds up only its own episode."""
+        result = _within(self.step_timeout_s, "step", ep.env.step, text)
+        ending = isinstance(result, StepResult) and (result.done or ep.model_turns >= self.limits.max_turns)
+        if ending and _step_result_problem(result) is None:
+            self.final_rewards[id(ep)] = self._final_reward(ep)
+        return result
+
+    def _finish(self, ep: Episode, why: str, *, truncated: bool = False) -> None:
+        scored = self.final_rewards.pop(id(ep), None)
+        if why != "error" and ep.env is not None:
+            # the environment's score of the whole episode (TRL's get_reward), on its last
+            # turn: computed by _step where the episode ended with a step, else here
+            value, exc = scored if scored is not None else self._final_reward(ep)
+            if exc is not None:
                 self._fail(ep, f"{type(exc).__name__}: {exc}", "final_reward", exc)
                 return
             turns = [s for s in ep.segments if s.kind == "model"]
@@ -284,7 +308,7 @@ class EpisodeRunner:
                     if reason == "length" and self._room(ep) <= 0:
                         self._finish(ep, "truncated", truncated=True)
                         continue
-                    fut = pool.submit(_within, self.step_timeout_s, "step", ep.env.step, text)
+                    fut = pool.submit(self._step, ep, text)
                     pending[fut], submitted[fut] = (ep, "step"), time.perf_counter()
         finally:
             for ep in episodes:
