@@ -5,6 +5,7 @@ bad command-line override is reported as the override, not as the file."""
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -112,9 +113,11 @@ def test_the_trl_names_table_and_the_guides_table_agree() -> None:
     options = [trl for trl, _ in table if not trl.startswith("dataset column")]  # columns are not options
     bare = {m for trl in options for m in re.findall(r"`([a-z_]+)`", trl)}
     assert bare - set(TRL_NAMES) == set(), "TRL options in the guide that TRL_NAMES lacks"
-    config = TrainConfig()
     for path in {p for target in TRL_NAMES.values() for p in KEY_PATH.findall(target)}:
-        node: object = config
+        node: type = TrainConfig
         for part in path.split("."):
-            assert part in type(node).model_fields, f"{path}: '{part}' is not a key"  # type: ignore[attr-defined]
-            node = getattr(node, part)
+            assert part in node.model_fields, f"{path}: '{part}' is not a key"  # type: ignore[attr-defined]
+            annotation = node.model_fields[part].annotation  # type: ignore[attr-defined]
+            # an optional section (rollout.agent: AgentConfig | None) is walked as its model
+            models = [a for a in (typing.get_args(annotation) or (annotation,)) if isinstance(a, type)]
+            node = next((a for a in models if hasattr(a, "model_fields")), models[0] if models else type(None))

@@ -54,6 +54,7 @@ TRL_NAMES: Mapping[str, str] = {
     "gradient_checkpointing": "actor.engine.gradient_checkpointing",
     "bf16": 'actor.engine.param_dtype = "bfloat16" and rollout.dtype = "bfloat16"',
     "peft_config": "the [actor.lora] section",
+    "max_tool_calling_iterations": "rollout.agent.max_turns (model turns: TRL's tool-call rounds + 1)",
 }
 """TRL's name -> what sets the same thing in a geartrain job (its key paths, and how)."""
 
