@@ -14,12 +14,12 @@ from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, StepResul
 from geartrain.algorithms import compute_advantages
 from geartrain.data import PromptBatch, PromptRow
 from geartrain.errors import ConfigError
-from geartrain.layout import sequence_batch
 from geartrain.rewards import token_level_scores
 from geartrain.testing.tiny import tiny_tokenizer
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch, render_sample, run_episode_share
 from geartrain.trainer.sft import observation_renderer, sft_batch
+from scripted_turns import scripted_generate
 
 CALCULATOR = Path(__file__).resolve().parents[2] / "examples" / "calculator"
 
@@ -45,19 +45,6 @@ def test_sft_on_a_multi_turn_trace_masks_the_observation_tokens() -> None:
     assert tok.decode(ids) == "[calc 12*3](36)36</s>"
     assert loss == [1] * len("[calc 12*3]") + [0] * len("(36)") + [1] * len("36") + [1]
     assert batch["loss_mask"][0, :width].sum() == 0
-
-
-def _scripted_generate(tok: Any, model_turns: list[str]) -> Any:
-    """A one-episode ``generate`` that returns ``model_turns`` in order, each ending on a stop."""
-    script = [tok.encode(t, add_special_tokens=False) for t in model_turns]
-
-    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
-        out = sequence_batch(prompts, [script.pop(0)], tok.pad_token_id)
-        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
-        out["finish_reason"] = ["stop"]
-        return out
-
-    return generate
 
 
 class _Scripted:
@@ -100,7 +87,7 @@ def test_sft_traces_render_observations_as_the_chat_templated_episodes_do() -> N
     sft_ids, sft_loss = sft["input_ids"][0, width:].tolist(), sft["loss_mask"][0, width:].tolist()
 
     runner = EpisodeRunner(
-        _scripted_generate(tok, model_turns),
+        scripted_generate(tok, model_turns),
         tok,
         lambda: _Scripted(observations),
         RunnerLimits(max_turns=4, max_model_len=256),
@@ -137,7 +124,7 @@ def test_a_trl_reward_on_conversational_episodes_gets_every_turn_as_messages() -
     row = PromptRow(prompt_ids=prompt_ids, prompt="12*3=", ground_truth="36", messages=question)
     prompts = PromptBatch(rows=[row], indices=[0], epoch=0)
     runner = EpisodeRunner(
-        _scripted_generate(tok, model_turns),
+        scripted_generate(tok, model_turns),
         tok,
         lambda: _Scripted(observations),
         RunnerLimits(max_turns=4, max_model_len=256),

@@ -13,18 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from geartrain import SamplingParams
 from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, episode_metrics, load_environment
 from geartrain.agents.trl_environment import TRLEnvironment
 from geartrain.data import PromptBatch, PromptDataset
 from geartrain.data.config import DataConfig
 from geartrain.errors import GeartrainError
-from geartrain.layout import sequence_batch
 from geartrain.rewards import get_reward
 from geartrain.testing.tiny import tiny_tokenizer
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch, run_episode_share
+from scripted_turns import scripted_generate
 from transformers.utils import get_json_schema
 
 # a TRL environment as TRL's docs write them: tools are the public methods (Google-style
@@ -73,18 +72,6 @@ def _call(name: str, **arguments: Any) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def _scripted_generate(tok: Any, model_turns: list[str]) -> Any:
-    script = [tok.encode(t, add_special_tokens=False) for t in model_turns]
-
-    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
-        out = sequence_batch(prompts, [script.pop(0)], tok.pad_token_id)
-        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
-        out["finish_reason"] = ["stop"]
-        return out
-
-    return generate
-
-
 @pytest.fixture
 def counter(tmp_path: Path) -> tuple[Path, Any]:
     (tmp_path / "counter_env.py").write_text(textwrap.dedent(COUNTER))
@@ -118,7 +105,7 @@ def test_an_episode_runs_as_trl_runs_it(counter: tuple[Path, Any]) -> None:
     turns = [_call("increment", step=3), _call("increment", step=2), _call("peek"), "done"]
     agent = AgentConfig(environment="counter_env.py:Counter", chat_template=True, max_turns=4)
     batch, _ = run_episode_share(
-        _scripted_generate(tok, turns),
+        scripted_generate(tok, turns),
         tok,
         episode_prompt_batch(prompts, "answer"),
         SamplingParams(n=1, max_tokens=64),
@@ -158,7 +145,7 @@ def test_get_reward_scores_an_episode_cut_by_max_turns_and_its_failure_is_the_ep
     def run(answer: int) -> Any:
         prompts = _dataset(tok, answer, env.tools)
         runner = EpisodeRunner(
-            _scripted_generate(tok, [_call("increment", step=3)]),
+            scripted_generate(tok, [_call("increment", step=3)]),
             tok,
             load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
             RunnerLimits(max_turns=1, max_model_len=512),
@@ -260,7 +247,7 @@ def test_under_a_chat_template_a_hermes_turn_ends_at_eos_and_may_make_several_ca
     def run(chat: bool) -> Any:
         prompts = _dataset(tok, 5, env.tools)
         runner = EpisodeRunner(
-            _scripted_generate(tok, [two_calls, "done" + tok.eos_token]),
+            scripted_generate(tok, [two_calls, "done" + tok.eos_token]),
             tok,
             load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
             RunnerLimits(max_turns=3, max_model_len=512),
@@ -302,7 +289,7 @@ def test_get_reward_runs_on_the_episodes_worker_thread_not_the_scheduler() -> No
     prompt = tok.encode("q", add_special_tokens=False)
     for script, max_turns in ((["done"], 2), ([_call("nothing")], 1)):  # done; cut by max_turns
         runner = EpisodeRunner(
-            _scripted_generate(tok, list(script)),
+            scripted_generate(tok, list(script)),
             tok,
             load_environment(Judge),
             RunnerLimits(max_turns=max_turns, max_model_len=512),
