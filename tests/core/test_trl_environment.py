@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from geartrain import SamplingParams
 from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, episode_metrics, load_environment
@@ -297,3 +298,30 @@ def test_get_reward_runs_on_the_episodes_worker_thread_not_the_scheduler() -> No
         (ep,), _ = runner.run([prompt], [{}], SamplingParams(n=1, max_tokens=64))
         assert ep.error is None and ep.segments[0].reward == 0.5, ep
     assert len(threads) == 2 and all(name.startswith("geartrain-env") for name in threads), threads
+
+
+class _Typed:
+    """A TRL environment whose get_reward returns numbers TRL takes as rewards (it builds
+    torch.tensor(rewards, dtype=float32)): a bool, numpy scalars."""
+
+    value: Any = None
+
+    def reset(self, **kwargs: Any) -> None:
+        return None
+
+    def get_reward(self) -> Any:
+        return _Typed.value
+
+
+@pytest.mark.parametrize(("value", "expected"), [(True, 1.0), (np.float32(0.5), 0.5), (np.int64(2), 2.0)])
+def test_get_reward_may_return_any_real_number_as_in_trl(value: Any, expected: float) -> None:
+    """``return self.solved`` or a numpy score scores the episode, as in TRL; it ended the
+    episode as an error ("not a finite number")."""
+    tok = tiny_tokenizer()
+    _Typed.value = value
+    runner = EpisodeRunner(
+        scripted_generate(tok, ["done"]), tok, load_environment(_Typed), RunnerLimits(max_turns=2, max_model_len=512)
+    )
+    (ep,), _ = runner.run([tok.encode("Hi.", add_special_tokens=False)], [{}], SamplingParams(n=1, max_tokens=16))
+    assert ep.error is None and ep.finish == "done"
+    assert ep.segments[-1].reward == expected and type(ep.segments[-1].reward) is float

@@ -28,6 +28,7 @@ score their state in ``get_reward``).
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,6 +82,9 @@ class TRLEnvironment(ToolEnvironment):
         return "" if observation is None else observation
 
     def final_reward(self) -> float | None:
-        """``get_reward()`` of the instance, or ``None`` when it has none."""
+        """``get_reward()`` of the instance as a float, or ``None`` when it has none. Any
+        real number is taken, as TRL takes it (a bool, a numpy scalar); anything else goes
+        to the runner as is (an episode error)."""
         get_reward = getattr(self.instance, "get_reward", None)
-        return None if get_reward is None else run_sync(get_reward)()
+        value = None if get_reward is None else run_sync(get_reward)()
+        return float(value) if isinstance(value, numbers.Real) else value
