@@ -325,3 +325,42 @@ def test_get_reward_may_return_any_real_number_as_in_trl(value: Any, expected: f
     (ep,), _ = runner.run([tok.encode("Hi.", add_special_tokens=False)], [{}], SamplingParams(n=1, max_tokens=16))
     assert ep.error is None and ep.finish == "done"
     assert ep.segments[-1].reward == expected and type(ep.segments[-1].reward) is float
+
+
+class _Walker:
+    """A TRL game environment whose move tool is named ``step``: TRL calls ``reset(**row)``,
+    so a ``reset`` that takes no positional argument cannot be a geartrain environment's."""
+
+    def reset(self, **kwargs: Any) -> str:
+        self.position = 0
+        return " Walk to 3."
+
+    def step(self, steps: int) -> str:
+        """Walk forward.
+
+        Args:
+            steps: How far.
+        """
+        self.position += steps
+        return str(self.position)
+
+    def get_reward(self) -> float:
+        return float(self.position == 3)
+
+
+def test_a_trl_environment_with_a_tool_named_step_is_still_a_trl_environment() -> None:
+    """It was taken for a geartrain environment (it has a ``step``): every episode ended as
+    an error (``reset() takes 1 positional argument``)."""
+    env = load_environment(_Walker)()
+    assert isinstance(env, TRLEnvironment) and list(env.registry) == ["step"]
+    tok = tiny_tokenizer()
+    runner = EpisodeRunner(
+        scripted_generate(tok, [_call("step", steps=3), "done"]),
+        tok,
+        load_environment(_Walker),
+        RunnerLimits(max_turns=3, max_model_len=512),
+    )
+    (ep,), _ = runner.run([tok.encode("Go.", add_special_tokens=False)], [{}], SamplingParams(n=1, max_tokens=64))
+    assert ep.error is None and ep.finish == "done"
+    assert ep.record()["calls"] == [{"name": "step", "ok": True, "result": "3"}]
+    assert ep.segments[-1].reward == 1.0

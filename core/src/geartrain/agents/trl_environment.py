@@ -32,6 +32,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from geartrain.agents.environment import Environment
 from geartrain.agents.tools import ToolEnvironment, run_sync, tool_of_function
 
 __all__ = ["TRLEnvironment", "is_trl_environment", "trl_row"]
@@ -40,8 +41,25 @@ _NOT_TOOLS = ("reset", "get_reward")
 
 
 def is_trl_environment(cls: Any) -> bool:
-    """Whether ``cls`` is a TRL ``environment_factory`` class: a ``reset`` and no ``step``."""
-    return isinstance(cls, type) and callable(getattr(cls, "reset", None)) and getattr(cls, "step", None) is None
+    """Whether ``cls`` is a TRL ``environment_factory`` class: a ``reset`` and no ``step``,
+    or a ``step`` (then one of its tools) beside a ``reset`` that cannot take the task as a
+    positional argument (TRL calls ``reset(**row)``; a geartrain environment's is
+    ``reset(task)``)."""
+    if not isinstance(cls, type) or not callable(getattr(cls, "reset", None)):
+        return False
+    if getattr(cls, "step", None) is None:
+        return True
+    return not issubclass(cls, Environment) and not _takes_a_task(cls.reset)
+
+
+def _takes_a_task(reset: Any) -> bool:
+    try:
+        inspect.signature(reset).bind(None, {})  # (self, task) of the class's function
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read: as before, a geartrain environment
+        return True
+    return True
 
 
 def trl_row(task: Mapping[str, Any]) -> dict[str, Any]:
