@@ -390,3 +390,20 @@ def test_chat_template_observations_are_the_bridge_tokens_all_masked(rollout: Ro
     for row, ep in enumerate(episodes):
         assert batch["response_mask"][row, width : width + ep.used].tolist() == ep.response_mask()
         assert sum(ep.response_mask()) == sum(len(s.ids) for s in ep.segments if s.kind == "model")
+
+
+def test_a_tool_environment_may_set_its_own_stop_texts() -> None:
+    """``stop_texts`` is an environment's documented attribute: a ToolEnvironment subclass
+    that sets it (a closing tag of its own) keeps it, chat or not; it raised AttributeError
+    since ``stop_texts`` became a read-only property."""
+
+    class Answering(ToolEnvironment):
+        def __init__(self) -> None:
+            super().__init__([], call_format="hermes")
+            self.stop_texts = ["</tool_call>", "</answer>"]
+
+    env = Answering()
+    assert env.stop_texts == ["</tool_call>", "</answer>"]
+    env.chat = True
+    assert env.stop_texts == ["</tool_call>", "</answer>"]
+    assert ToolEnvironment([], call_format="hermes").stop_texts == ["</tool_call>"]  # the format's otherwise

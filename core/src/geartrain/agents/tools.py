@@ -234,9 +234,17 @@ class ToolEnvironment(Environment):
     @property
     def stop_texts(self) -> list[str]:  # type: ignore[override]
         """A turn that calls a tool ends with the call (the runner stops generation there),
-        or, under a chat template, where the format leaves it to the template's EOS."""
+        or, under a chat template, where the format leaves it to the template's EOS; texts
+        set on the environment (a subclass's own) replace these."""
+        own = getattr(self, "_own_stop_texts", None)
+        if own is not None:
+            return list(own)
         accepts_chat = "chat" in inspect.signature(self.call_format.stop_texts).parameters
         return self.call_format.stop_texts(chat=self.chat) if accepts_chat else self.call_format.stop_texts()
+
+    @stop_texts.setter
+    def stop_texts(self, texts: Sequence[str]) -> None:
+        self._own_stop_texts = list(texts)
 
     @property
     def tools(self) -> list[dict[str, Any]]:  # type: ignore[override]
