@@ -115,7 +115,9 @@ def test_an_episode_runs_as_trl_runs_it(counter: tuple[Path, Any]) -> None:
         max_model_len=512,
     )
     reset = json.loads((tmp_path / "resets.jsonl").read_text().splitlines()[-1])
-    assert reset == {"prompt": [{"role": "user", "content": "Count up."}], "answer": "5", "level": 2}
+    # the answer as the row holds it (the int 5), as TRL passes it: a string made a
+    # comparison such as kwargs["answer"] == self.count always false
+    assert reset == {"prompt": [{"role": "user", "content": "Count up."}], "answer": 5, "level": 2}
     # TRL's prompt: the reset text appended to the last user message, then the template
     trl_prompt = tok.apply_chat_template(
         [{"role": "user", "content": "Count up. Reach 5."}], add_generation_prompt=True, tokenize=False

@@ -66,12 +66,15 @@ def trl_row(task: Mapping[str, Any]) -> dict[str, Any]:
     """``reset``'s keyword arguments for a geartrain task: the data row's columns as TRL
     passes them. A conversational prompt is the message list (``prompt_messages``), a
     plain one the prompt text; the ground truth is under its column's name where the task
-    says it (``ground_truth_column``) and ``ground_truth`` otherwise."""
-    row = {k: v for k, v in task.items() if k not in ("prompt_messages", "ground_truth_column", "ground_truth")}
+    says it (``ground_truth_column``) and ``ground_truth`` otherwise, as the row holds it
+    (``ground_truth_value``: a number stays one) where the task has it."""
+    hidden = ("prompt_messages", "ground_truth_column", "ground_truth", "ground_truth_value")
+    row = {k: v for k, v in task.items() if k not in hidden}
     if task.get("prompt_messages") is not None:
         row["prompt"] = [dict(m) for m in task["prompt_messages"]]
     if task.get("ground_truth") is not None:
-        row[task.get("ground_truth_column") or "ground_truth"] = task["ground_truth"]
+        value = task.get("ground_truth_value")
+        row[task.get("ground_truth_column") or "ground_truth"] = task["ground_truth"] if value is None else value
     return row
 
 

@@ -30,6 +30,8 @@ class PromptRow:
     """The conversation, for ``messages`` rows."""
     where: str = ""
     """Source and row number (``"train.jsonl, line 7"``)."""
+    ground_truth_value: str | int | float | None = None
+    """The ground truth as the row holds it (a number stays one: what TRL's ``reset`` gets)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,6 +44,7 @@ class _Parsed:
     messages_from: str = ""
     """The key the messages were read from (``messages_key``, or ``prompt_key`` for TRL's
     conversational rows)."""
+    ground_truth_value: str | int | float | None = None
 
 
 def _is_conversation(value: Any) -> bool:
@@ -96,6 +99,7 @@ class PromptDataset:
                     meta=p.meta,
                     messages=p.messages,
                     where=p.where,
+                    ground_truth_value=p.ground_truth_value,
                 )
             )
         if self.num_filtered:
@@ -158,12 +162,19 @@ class PromptDataset:
             raise DataError(
                 f"{where}: '{cfg.ground_truth_key}' must be a string or a number, got {type(truth).__name__}"
             )
-        else:
+        value = truth
+        if truth is not None:
             truth = str(truth)
         used = {cfg.prompt_key, cfg.messages_key, cfg.ground_truth_key}
         meta = {k: v for k, v in row.items() if k not in used}
         return _Parsed(
-            where=where, prompt=prompt, messages=messages, ground_truth=truth, meta=meta, messages_from=messages_from
+            where=where,
+            prompt=prompt,
+            messages=messages,
+            ground_truth=truth,
+            meta=meta,
+            messages_from=messages_from,
+            ground_truth_value=value,
         )
 
     def _prompt_or_messages(self, where: str, row: Mapping[str, Any]) -> tuple[Any, Any, str]:

@@ -51,8 +51,9 @@ def episode_prompt_batch(prompts: PromptBatch, ground_truth_column: str | None =
     """``prompt_batch`` of the prompts plus each one's ``task`` for the environment's
     ``reset``: ``prompt`` (the rendered text), ``ground_truth``, the row's other fields,
     and, for a TRL environment's row (:func:`geartrain.agents.trl_environment.trl_row`),
-    ``prompt_messages`` (a conversational row's messages) and ``ground_truth_column``
-    (``data.ground_truth_key``)."""
+    ``prompt_messages`` (a conversational row's messages), ``ground_truth_column``
+    (``data.ground_truth_key``) and ``ground_truth_value`` (the row's value, a number
+    where it is one)."""
     batch = prompt_batch(prompts.prompt_ids)
     tasks = []
     for r in prompts.rows:
@@ -61,6 +62,7 @@ def episode_prompt_batch(prompts: PromptBatch, ground_truth_column: str | None =
             task["prompt_messages"] = [dict(m) for m in r.messages]
         if ground_truth_column is not None:
             task["ground_truth_column"] = ground_truth_column
+            task["ground_truth_value"] = r.ground_truth_value
         tasks.append(task)
     batch.meta["task"] = tasks
     return batch
