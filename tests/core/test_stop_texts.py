@@ -248,3 +248,40 @@ def test_the_sft_dev_accuracy_ends_responses_at_sampling_stop_strings(rollout: R
     ]
     assert all(holds_stop)
     assert greedy_accuracy(group, scorer, prompts.rows, tok, config) == sum(holds_stop) / len(holds_stop)
+
+
+ECHO_ENV = """
+from geartrain.agents import StepResult
+
+
+class Echo:
+    def reset(self, task):
+        return ""
+
+    def step(self, action):
+        return StepResult(observation="ok ", done=True)
+"""
+
+
+def test_sampling_stop_strings_end_agent_turns_by_text_too(tok: Any, tmp_path: Any) -> None:
+    """``sampling.stop`` ends a multi-turn episode's turn as it ends a single-turn sample:
+    on its token encoding (the rollout) and on the text (a merged ``"a!"``); the turn ran
+    on past a merged stop, and the environment got the text after it."""
+    from geartrain.agents import AgentConfig
+    from geartrain.trainer.episodes import episode_prompt_batch, run_episode_share
+    from scripted_turns import scripted_generate
+
+    (tmp_path / "echo_env.py").write_text(ECHO_ENV)
+    turn = tok.encode("hi", add_special_tokens=False) + [tok.convert_tokens_to_ids("a!")]
+    turn += tok.encode(" more", add_special_tokens=False)
+    assert tok.decode(turn) == "hia! more"
+    prompts = episode_prompt_batch(PromptBatch(rows=_prompts(tok).rows[:1], indices=[0], epoch=0))
+    agent = AgentConfig(environment="echo_env.py:Echo", max_turns=2)
+    sampling = SamplingParams(n=1, max_tokens=16, stop_sequences=[tok.encode(STOP, add_special_tokens=False)])
+    generate = scripted_generate(tok, [tok.decode(turn)])
+    batch, metrics = run_episode_share(
+        generate, tok, prompts, sampling, agent, base_dir=str(tmp_path), max_model_len=64
+    )
+    (record,) = batch["episode"]
+    assert record["turns"][0]["text"] == "hia!"  # cut right after the token that completes "!"
+    assert metrics["agent/stop_text_cut_turns"] == 1.0

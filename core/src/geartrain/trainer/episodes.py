@@ -94,7 +94,9 @@ def run_episode_share(
         tokenizer,
         factory,
         limits,
-        stop_texts=agent.stop_texts,
+        # sampling.stop (its encodings in sampling.stop_sequences) ends a turn, matched on
+        # text too, as it ends a single-turn sample (Generation.annotate)
+        stop_texts=[*agent.stop_texts, *(tokenizer.decode(list(s)) for s in sampling.stop_sequences)],
         chat_template=agent.chat_template,
         observation_role=agent.observation_role,
         workers=agent.workers,
