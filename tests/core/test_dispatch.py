@@ -81,6 +81,12 @@ def test_rollout_batches_of_different_widths_are_realigned() -> None:
     assert merged.info["prompt_length"] == 2
     assert merged["input_ids"].tolist() == [[1, 2, 3, 0, 0], [0, 4, 5, 6, 7]]
     assert merged["response_mask"].tolist() == [[0, 0, 1, 0, 0], [0, 0, 1, 1, 1]]
+    # the same total width, prompts of different widths (episodes truncated at max_model_len
+    # on two ranks): still realigned, not concatenated under the first one's prompt_length
+    merged = cat_rollout_batches([rollout([1, 2], [3, 4]), rollout([5], [6, 7, 8])])
+    assert merged.info["prompt_length"] == 2
+    assert merged["input_ids"].tolist() == [[1, 2, 3, 4, 0], [0, 5, 6, 7, 8]]
+    assert merged["response_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
 
 
 def test_prompt_batch_and_mini_batch_lists_split() -> None:

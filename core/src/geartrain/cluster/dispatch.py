@@ -134,8 +134,12 @@ def cat_rollout_batches(batches: Sequence[Batch]) -> Batch:
     ``info["prompt_length"]`` columns then a right-padded response. The result is laid out
     as if one call had produced all rows (prompt width and response width are the
     maxima); padding holds 0."""
-    widths = {b.tensors.get("input_ids").shape[1] for b in batches if "input_ids" in b.tensors.keys()}
-    if len(widths) <= 1:
+    widths = {
+        (b.tensors.get("input_ids").shape[1], int(b.info.get("prompt_length", 0)))
+        for b in batches
+        if "input_ids" in b.tensors.keys()
+    }
+    if len(widths) <= 1:  # one layout (equal widths with unequal prompts still need realigning)
         return Batch.cat(batches)
     prompt = max(int(b.info.get("prompt_length", 0)) for b in batches)
     resp = max(b["input_ids"].shape[1] - int(b.info.get("prompt_length", 0)) for b in batches)
