@@ -366,3 +366,22 @@ def test_a_trl_environment_with_a_tool_named_step_is_still_a_trl_environment() -
     assert ep.error is None and ep.finish == "done"
     assert ep.record()["calls"] == [{"name": "step", "ok": True, "result": "3"}]
     assert ep.segments[-1].reward == 1.0
+
+
+def test_a_trl_turn_runs_every_call_it_makes_as_trl_does(counter: tuple[Path, Any]) -> None:
+    """TRL runs every call of a turn (no per-turn limit); the tool environment's default
+    limit of 4 turned the fifth into an error."""
+    tmp_path, env = counter
+    tok = tiny_tokenizer()
+    prompts = _dataset(tok, 5, env.tools)
+    runner = EpisodeRunner(
+        scripted_generate(tok, [_call("increment", step=1) * 5 + tok.eos_token, "done" + tok.eos_token]),
+        tok,
+        load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
+        RunnerLimits(max_turns=3, max_model_len=512),
+        chat_template=True,
+    )
+    task = episode_prompt_batch(prompts, "answer").meta["task"][0]
+    (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=256))
+    assert [c["result"] for c in ep.record()["calls"]] == ["1", "2", "3", "4", "5"]
+    assert ep.segments[-1].reward == 1.0

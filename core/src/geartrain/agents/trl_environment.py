@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,9 +94,14 @@ class TRLEnvironment(ToolEnvironment):
             if name not in _NOT_TOOLS and not name.startswith("_")
         ]
         # no per-call limit: rollout.agent.step_timeout_s bounds the whole step, as TRL has none
-        # the methods share the instance's state: a turn's calls run in order, as TRL runs them
+        # the methods share the instance's state: a turn's calls run in order, as TRL runs them;
+        # every one of them (TRL has no limit per turn)
         super().__init__(
-            [tool_of_function(m) for m in methods], call_format="hermes", timeout_s=None, concurrent_calls=False
+            [tool_of_function(m) for m in methods],
+            call_format="hermes",
+            timeout_s=None,
+            max_calls_per_turn=sys.maxsize,
+            concurrent_calls=False,
         )
 
     def reset(self, task: Mapping[str, Any]) -> str:
