@@ -285,3 +285,11 @@ def test_sampling_stop_strings_end_agent_turns_by_text_too(tok: Any, tmp_path: A
     (record,) = batch["episode"]
     assert record["turns"][0]["text"] == "hia!"  # cut right after the token that completes "!"
     assert metrics["agent/stop_text_cut_turns"] == 1.0
+
+
+def test_an_empty_stop_string_is_refused_by_name() -> None:
+    """``sampling.stop = [""]`` reached the rollout as an empty token sequence and failed the
+    first generation, after the models loaded, naming ``sampling.stop_sequences``."""
+    with pytest.raises(ValueError, match=r"sampling.stop\[1\] is empty"):
+        TrainConfig.model_validate({"sampling": {"stop": ["</answer>", ""]}})
+    assert TrainConfig.model_validate({"sampling": {"stop": ["</answer>"]}}).sampling.stop == ["</answer>"]

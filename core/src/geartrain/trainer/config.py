@@ -265,6 +265,14 @@ class SamplingConfig(Section):
     a sample whose text holds one spelled with other tokens is cut right after it, as
     vLLM's text match would (``response/stop_text_cut_ratio`` counts those)."""
 
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, value: list[str]) -> list[str]:
+        empty = [i for i, text in enumerate(value) if not text]
+        if empty:
+            raise ValueError(f"sampling.stop[{empty[0]}] is empty: remove it (a stop string must hold text)")
+        return value
+
 
 class RewardFunctionConfig(Section):
     """One of several weighted reward functions (``[[reward.functions]]``)."""
