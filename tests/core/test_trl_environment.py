@@ -368,6 +368,17 @@ def test_a_trl_environment_with_a_tool_named_step_is_still_a_trl_environment() -
     assert ep.segments[-1].reward == 1.0
 
 
+    class Plain:  # a geartrain environment (no base class) whose reset is a staticmethod
+        @staticmethod
+        def reset(task: Any) -> str:
+            return ""
+
+        def step(self, action: str) -> Any:
+            return None
+
+    assert not isinstance(load_environment(Plain)(), TRLEnvironment)
+
+
 def test_a_trl_turn_runs_every_call_it_makes_as_trl_does(counter: tuple[Path, Any]) -> None:
     """TRL runs every call of a turn (no per-turn limit); the tool environment's default
     limit of 4 turned the fifth into an error."""

@@ -50,12 +50,14 @@ def is_trl_environment(cls: Any) -> bool:
         return False
     if getattr(cls, "step", None) is None:
         return True
-    return not issubclass(cls, Environment) and not _takes_a_task(cls.reset)
+    return not issubclass(cls, Environment) and not _takes_a_task(cls)
 
 
-def _takes_a_task(reset: Any) -> bool:
+def _takes_a_task(cls: type) -> bool:
+    # (self, task) of a plain method; (task) of a static or class method
+    bound = isinstance(inspect.getattr_static(cls, "reset", None), staticmethod | classmethod)
     try:
-        inspect.signature(reset).bind(None, {})  # (self, task) of the class's function
+        inspect.signature(cls.reset).bind(*(() if bound else (None,)), {})
     except TypeError:
         return False
     except ValueError:  # no signature to read: as before, a geartrain environment
