@@ -367,7 +367,6 @@ def test_a_trl_environment_with_a_tool_named_step_is_still_a_trl_environment() -
     assert ep.record()["calls"] == [{"name": "step", "ok": True, "result": "3"}]
     assert ep.segments[-1].reward == 1.0
 
-
     class Plain:  # a geartrain environment (no base class) whose reset is a staticmethod
         @staticmethod
         def reset(task: Any) -> str:
