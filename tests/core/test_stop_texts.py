@@ -293,3 +293,24 @@ def test_an_empty_stop_string_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"sampling.stop\[1\] is empty"):
         TrainConfig.model_validate({"sampling": {"stop": ["</answer>", ""]}})
     assert TrainConfig.model_validate({"sampling": {"stop": ["</answer>"]}}).sampling.stop == ["</answer>"]
+
+
+def test_responses_end_at_every_eos_of_the_models_generation_config(rollout: Rollout, tmp_path: Any) -> None:
+    """A chat model's generation_config.json lists several EOS ids (Qwen2.5's <|im_end|> and
+    <|endoftext|>, Llama 3.x's <|eot_id|> and <|eom_id|>); TRL and vLLM stop on each, so the
+    RL step's samples (and validation's, and the SFT dev's) do too, not only on the
+    tokenizer's EOS. The tiny model's greedy choice repeats the prompt's last token (":"),
+    listed here as a second EOS: every response is that one token."""
+    from transformers import GenerationConfig
+
+    tok = merging_tokenizer()
+    colon = tok.convert_tokens_to_ids(":")
+    GenerationConfig(eos_token_id=[tok.eos_token_id, colon]).save_pretrained(tmp_path)
+    config = TrainConfig.model_validate({"model": {"path": str(tmp_path)}, "sampling": {"max_tokens": 24}})
+    generation = Generation(config, None, tok, None)  # type: ignore[arg-type]
+    assert generation.sampling(0).stop_token_ids == generation.greedy().stop_token_ids == [tok.eos_token_id, colon]
+    prompts = [tok.encode(f"task {i}:", add_special_tokens=False) for i in range(4)]
+    batch = rollout.generate(prompts, generation.greedy())
+    assert batch["response_mask"].sum(1).tolist() == [1] * 4 and batch["finish_reason"] == ["stop"] * 4
+    plain = TrainConfig.model_validate({"sampling": {"max_tokens": 24}})  # no generation_config.json
+    assert Generation(plain, None, tok, None).greedy().stop_token_ids == [tok.eos_token_id]  # type: ignore[arg-type]

@@ -116,6 +116,27 @@ def load_tokenizer(config: ModelConfig) -> Any:
     return AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
 
 
+def stop_token_ids(config: ModelConfig, tokenizer: Any) -> list[int]:
+    """The token ids that end a response: the tokenizer's EOS, then every ``eos_token_id``
+    of the model's ``generation_config.json``, which chat models list several of (Qwen2.5's
+    ``<|im_end|>`` and ``<|endoftext|>``, Llama 3.x's ``<|eot_id|>`` and ``<|eom_id|>``,
+    Gemma's ``<end_of_turn>``): TRL and vLLM stop on all of them. Only the tokenizer's for
+    a model without that file (tiny models, presets)."""
+    ids = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+    if config.path is None:
+        return ids
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(config.path, trust_remote_code=config.trust_remote_code).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS alone
+        return ids
+    for token in [eos] if isinstance(eos, int) else list(eos or []):
+        if int(token) not in ids:
+            ids.append(int(token))
+    return ids
+
+
 def model_directory(config: ModelConfig, work_dir: str | Path) -> Path:
     """A Hugging Face directory (``config.json``, weights, tokenizer) for an inference engine
     that loads models only from one (vLLM, SGLang).

@@ -260,7 +260,8 @@ class SamplingConfig(Section):
     """Drop tokens below ``min_p`` x the top token's probability (``0``: off); only rollouts
     that have it (``vllm``) take another value."""
     stop: list[str] = Field(default_factory=list)
-    """Strings that end a sample (kept at its end), besides EOS. The rollout stops on the
+    """Strings that end a sample (kept at its end), besides EOS (the tokenizer's and each
+    ``eos_token_id`` of the model's ``generation_config.json``). The rollout stops on the
     token sequence the tokenizer gives each alone (every rollout backend supports this);
     a sample whose text holds one spelled with other tokens is cut right after it, as
     vLLM's text match would (``response/stop_text_cut_ratio`` counts those)."""

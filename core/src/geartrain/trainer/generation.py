@@ -26,6 +26,7 @@ from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, PendingCall, WorkerGroup
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.data import PromptBatch, PromptLoader
+from geartrain.modeling import stop_token_ids
 from geartrain.seeding import step_seed
 from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.config import TrainConfig
@@ -52,7 +53,7 @@ class Generation:
         self.actor = actor
         self.tokenizer = tokenizer
         self.loader = loader
-        self.stop_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.stop_ids = stop_token_ids(config.model, tokenizer)  # EOS and generation_config's
         # sampling.stop strings, as token sequences (the contract's stop_sequences)
         self.stop_sequences = [list(tokenizer.encode(text, add_special_tokens=False)) for text in config.sampling.stop]
         # async rollout: prompts of the steps generated ahead, with the loader's state

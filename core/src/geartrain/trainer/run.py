@@ -27,6 +27,7 @@ from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError
 from geartrain.export import ModelCard, base_model_name, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
+from geartrain.modeling import stop_token_ids
 from geartrain.rewards import RewardResult, correctness
 from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.completions import CompletionsLogger
@@ -75,7 +76,7 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
     """Greedy exact-match accuracy of ``group``'s current policy on ``rows`` (its
     ``generate`` syncs the weights first); responses end at ``sampling.stop`` strings as
     the RL step's do."""
-    stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stop = stop_token_ids(cfg.model, tokenizer)
     sampling = SamplingParams(
         n=1,
         temperature=0.0,
