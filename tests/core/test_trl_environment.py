@@ -395,3 +395,25 @@ def test_a_trl_turn_runs_every_call_it_makes_as_trl_does(counter: tuple[Path, An
     (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=256))
     assert [c["result"] for c in ep.record()["calls"]] == ["1", "2", "3", "4", "5"]
     assert ep.segments[-1].reward == 1.0
+
+
+def test_reset_text_joins_the_prompt_as_trl_tokenizes_it() -> None:
+    """TRL tokenizes its re-rendered prompt whole, so where the user message and reset's
+    text meet, tokens may merge: "say a" + "! go" is "say " "a!" " go" under a tokenizer
+    that merges "a" "!", not "a" "!" as the two encoded apart would give."""
+    from test_stop_texts import merging_tokenizer
+
+    class Greeter:
+        def reset(self, **kwargs: Any) -> str:
+            return "! go"
+
+    tok = merging_tokenizer()
+    prompt = "say a"
+    runner = EpisodeRunner(
+        scripted_generate(tok, ["done"]), tok, load_environment(Greeter), RunnerLimits(max_turns=1, max_model_len=64)
+    )
+    ids = tok.encode(prompt, add_special_tokens=False)
+    (ep,), _ = runner.run([ids], [{"prompt": prompt}], SamplingParams(n=1, max_tokens=8))
+    assert ep.prompt_ids == tok.encode("say a! go", add_special_tokens=False)
+    assert tok.convert_ids_to_tokens(ep.prompt_ids)[4] == "a!"
+    assert ep.prompt_text == "say a! go" and ep.prompt_extension == "! go"

@@ -17,6 +17,7 @@ rollout's ``max_model_len``). An episode that runs out of tokens is truncated an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -187,15 +188,23 @@ class EpisodeRunner:
         """Append a first observation to the prompt's last user message (an environment
         with ``reset_extends_prompt``, as TRL does): before the chat template's end of the
         user turn and generation prompt when the prompt ends with them, else at its end.
-        The text is part of the prompt, not of the episode's response."""
+        The text is part of the prompt, not of the episode's response. When the task's
+        ``prompt`` text is what the prompt's ids encode (the trainer's tasks), the extended
+        text is encoded whole, as TRL tokenizes its re-rendered prompt (the tokens where the
+        message and the extension meet may merge); else the extension's ids are inserted."""
         text = "".join([obs] if isinstance(obs, str) else obs)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         tail = user_turn_tail(self.tokenizer)
-        tail_ids = list(self.tokenizer.encode(tail, add_special_tokens=False)) if tail else []
-        at = len(ep.prompt_ids)
-        if tail_ids and ep.prompt_ids[-len(tail_ids) :] == tail_ids:
-            at -= len(tail_ids)
-        ep.prompt_ids[at:at] = ids
+        prompt = ep.task.get("prompt")
+        encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+        if isinstance(prompt, str) and list(encode(prompt)) == ep.prompt_ids:
+            at = len(prompt) - len(tail) if tail and prompt.endswith(tail) else len(prompt)
+            ep.prompt_ids[:] = list(encode(prompt[:at] + text + prompt[at:]))
+        else:
+            tail_ids = list(encode(tail)) if tail else []
+            at = len(ep.prompt_ids)
+            if tail_ids and ep.prompt_ids[-len(tail_ids) :] == tail_ids:
+                at -= len(tail_ids)
+            ep.prompt_ids[at:at] = list(encode(text))
         ep.prompt_extension += text
         ep.prompt_text = self.tokenizer.decode(ep.prompt_ids, skip_special_tokens=False)
 
