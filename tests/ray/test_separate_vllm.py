@@ -7,7 +7,7 @@ each a Ray actor holding a whole vLLM engine, ``max_staleness = 0``.
 * The run reproduces the colocated vLLM run (1 Ray rank, the same seeds): the same sampled
   responses and the same rewards, losses and gradient norms.
 
-(SGLang replicas: the plugin is not in the main environment these tests run in.)
+(SGLang replicas: tests/ray/test_separate_sglang.py, run in the SGLang environment.)
 """
 
 from __future__ import annotations
