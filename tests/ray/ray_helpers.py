@@ -184,6 +184,36 @@ def record_rollout_gaps(monkeypatch: Any) -> tuple[list[Any], dict[int, list[flo
     return batches, gaps
 
 
+def gap_recorded_run(
+    out: Path, monkeypatch: Any, backend: str, steps: int, *extra: str
+) -> tuple[list[dict], list[list[str]], dict[int, list[float]]]:
+    """The short job on Ray with ``rollout.backend = backend`` for ``steps`` steps (plus
+    ``extra`` overrides): its metric records, per step the responses it scored, and per
+    replica (rank that sampled the rows) each step's largest |trainer - rollout| log-prob
+    gap (:func:`record_rollout_gaps`)."""
+    from geartrain.trainer.config import load_train_config
+    from geartrain.trainer.run import run_job
+
+    batches, gaps = record_rollout_gaps(monkeypatch)
+    config = load_train_config(
+        MAIN_CONFIG,
+        [
+            *SHORT,
+            "cluster.placement=ray",
+            f"rollout.backend={backend}",
+            f"trainer.total_steps={steps}",
+            "trainer.save_every=0",
+            f"trainer.output_dir={out}",
+            *extra,
+        ],
+    )
+    try:
+        run_job(config, reward_fn=digit_reward)
+    finally:
+        monkeypatch.undo()
+    return records(out / "metrics.jsonl"), [list(b["response_text"]) for b in batches], gaps
+
+
 def assert_reproduces_colocated(
     colocated: tuple[list[dict], list[list[str]], Any],
     separate: tuple[list[dict], list[list[str]], list[int]],

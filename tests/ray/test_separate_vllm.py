@@ -15,9 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from geartrain.trainer.config import load_train_config
-from geartrain.trainer.run import run_job
-from ray_helpers import MAIN_CONFIG, SHORT, digit_reward, record_rollout_gaps, records
+from ray_helpers import gap_recorded_run
 
 pytest.importorskip("geartrain_vllm")
 pytestmark = [pytest.mark.slow]
@@ -27,42 +25,17 @@ KEYS = ("reward/mean", "reward/std", "actor/pg_loss", "actor/grad_norm", "actor/
 SEPARATE = ["rollout.placement=separate", "rollout.replicas=2", "rollout.resources_per_replica={cpus=0.5}"]
 
 
-def _run(
-    out: Path, monkeypatch: pytest.MonkeyPatch, *extra: str
-) -> tuple[list[dict], list[list[str]], dict[int, list[float]]]:
-    """The job's metric records, per step the responses it scored, and per replica (rank
-    that sampled the rows) each step's largest |trainer - rollout| log-prob gap."""
-    batches, gaps = record_rollout_gaps(monkeypatch)
-    config = load_train_config(
-        MAIN_CONFIG,
-        [
-            *SHORT,
-            "cluster.placement=ray",
-            "rollout.backend=vllm",
-            f"trainer.total_steps={STEPS}",
-            "trainer.save_every=0",
-            f"trainer.output_dir={out}",
-            *extra,
-        ],
-    )
-    try:
-        run_job(config, reward_fn=digit_reward)
-    finally:
-        monkeypatch.undo()
-    return records(out / "metrics.jsonl"), [list(b["response_text"]) for b in batches], gaps
-
-
 def test_separate_vllm_replicas_sample_with_the_trainers_weights(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    separate, separate_texts, gaps = _run(tmp_path / "separate", monkeypatch, *SEPARATE)
+    separate, separate_texts, gaps = gap_recorded_run(tmp_path / "separate", monkeypatch, "vllm", STEPS, *SEPARATE)
     assert [r["step"] for r in separate] == list(range(STEPS + 1))
     assert sorted(gaps) == [0, 1] and all(len(g) == STEPS for g in gaps.values()), gaps  # both replicas, every step
     assert max(max(g) for g in gaps.values()) < 1e-3, gaps
     assert any(r["actor/grad_norm"] > 0 for r in separate[1:])  # the weights moved: every broadcast mattered
     assert all(r["async/staleness_max"] == 0.0 for r in separate[1:])
 
-    colocated, colocated_texts, _ = _run(tmp_path / "colocated", monkeypatch)
+    colocated, colocated_texts, _ = gap_recorded_run(tmp_path / "colocated", monkeypatch, "vllm", STEPS)
     assert separate_texts == colocated_texts, "the vLLM replicas sampled other tokens than the colocated vLLM rollout"
     for a, b in zip(colocated[1:], separate[1:], strict=True):
         for key in KEYS:
