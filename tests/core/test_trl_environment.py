@@ -87,6 +87,32 @@ def _dataset(tok: Any, answer: int, tools: list[dict[str, Any]]) -> PromptBatch:
     return PromptBatch(rows=list(data.rows), indices=[0], epoch=0)
 
 
+def _counter_episode(
+    counter: tuple[Path, Any],
+    tok: Any,
+    turns: list[str],
+    *,
+    answer: int = 5,
+    max_turns: int,
+    max_tokens: int,
+    chat: bool = True,
+) -> tuple[EpisodeRunner, Any]:
+    """One episode of the ``counter`` fixture's environment on the task ``answer``, the
+    model's turns scripted; the runner and the episode."""
+    tmp_path, env = counter
+    prompts = _dataset(tok, answer, env.tools)
+    runner = EpisodeRunner(
+        scripted_generate(tok, turns),
+        tok,
+        load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
+        RunnerLimits(max_turns=max_turns, max_model_len=512),
+        chat_template=chat,
+    )
+    task = episode_prompt_batch(prompts, "answer").meta["task"][0]
+    (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=max_tokens))
+    return runner, ep
+
+
 def test_a_trl_environment_class_is_wrapped_with_its_methods_as_tools(counter: tuple[Path, Any]) -> None:
     _, env = counter
     assert isinstance(env, TRLEnvironment)
@@ -142,20 +168,10 @@ def test_an_episode_runs_as_trl_runs_it(counter: tuple[Path, Any]) -> None:
 def test_get_reward_scores_an_episode_cut_by_max_turns_and_its_failure_is_the_episodes(
     counter: tuple[Path, Any],
 ) -> None:
-    tmp_path, env = counter
     tok = tiny_tokenizer()
 
     def run(answer: int) -> Any:
-        prompts = _dataset(tok, answer, env.tools)
-        runner = EpisodeRunner(
-            scripted_generate(tok, [_call("increment", step=3)]),
-            tok,
-            load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
-            RunnerLimits(max_turns=1, max_model_len=512),
-            chat_template=True,
-        )
-        task = episode_prompt_batch(prompts, "answer").meta["task"][0]
-        (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=64))
+        _, ep = _counter_episode(counter, tok, [_call("increment", step=3)], answer=answer, max_turns=1, max_tokens=64)
         return ep
 
     ep = run(5)
@@ -243,22 +259,13 @@ def test_under_a_chat_template_a_hermes_turn_ends_at_eos_and_may_make_several_ca
 ) -> None:
     """As TRL and verl generate a tool-calling turn: to the template's end of turn (EOS),
     every call in it run; as plain text a hermes turn still ends at its first call."""
-    tmp_path, env = counter
     tok = tiny_tokenizer()
     two_calls = _call("increment", step=3) + _call("increment", step=2) + tok.eos_token
 
     def run(chat: bool) -> Any:
-        prompts = _dataset(tok, 5, env.tools)
-        runner = EpisodeRunner(
-            scripted_generate(tok, [two_calls, "done" + tok.eos_token]),
-            tok,
-            load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
-            RunnerLimits(max_turns=3, max_model_len=512),
-            chat_template=chat,
+        return _counter_episode(
+            counter, tok, [two_calls, "done" + tok.eos_token], max_turns=3, max_tokens=128, chat=chat
         )
-        task = episode_prompt_batch(prompts, "answer").meta["task"][0]
-        (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=128))
-        return runner, ep
 
     runner, ep = run(chat=True)
     assert runner.stop_texts == []  # EOS (the rollout's stop token) ends the turn
@@ -381,18 +388,9 @@ def test_a_trl_environment_with_a_tool_named_step_is_still_a_trl_environment() -
 def test_a_trl_turn_runs_every_call_it_makes_as_trl_does(counter: tuple[Path, Any]) -> None:
     """TRL runs every call of a turn (no per-turn limit); the tool environment's default
     limit of 4 turned the fifth into an error."""
-    tmp_path, env = counter
     tok = tiny_tokenizer()
-    prompts = _dataset(tok, 5, env.tools)
-    runner = EpisodeRunner(
-        scripted_generate(tok, [_call("increment", step=1) * 5 + tok.eos_token, "done" + tok.eos_token]),
-        tok,
-        load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
-        RunnerLimits(max_turns=3, max_model_len=512),
-        chat_template=True,
-    )
-    task = episode_prompt_batch(prompts, "answer").meta["task"][0]
-    (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=256))
+    turns = [_call("increment", step=1) * 5 + tok.eos_token, "done" + tok.eos_token]
+    _, ep = _counter_episode(counter, tok, turns, max_turns=3, max_tokens=256)
     assert [c["result"] for c in ep.record()["calls"]] == ["1", "2", "3", "4", "5"]
     assert ep.segments[-1].reward == 1.0
 
