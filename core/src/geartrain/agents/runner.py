@@ -90,6 +90,8 @@ class EpisodeRunner:
         self.step_timeout_s = step_timeout_s
         """Seconds an environment's ``reset`` / ``step`` may take before its episode ends
         as an error (``None``: no limit)."""
+        self._user_tail: str | None = None
+        """:func:`user_turn_tail` of the tokenizer, rendered at the first prompt extension."""
         self.final_rewards: dict[int, tuple[Any, BaseException | None]] = {}
         """``final_reward`` outcomes computed on a worker thread with an episode's last step,
         by ``id`` of the episode, until :meth:`_finish` takes them."""
@@ -161,11 +163,12 @@ class EpisodeRunner:
                 return
             turns = [s for s in ep.segments if s.kind == "model"]
             if value is not None and turns:
-                if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                number = _finite(value)  # the rule of StepResult.reward
+                if number is None:
                     self._fail(ep, f"final_reward returned {value!r}, not a finite number")
                     return
-                turns[-1].reward += float(value)
-                turns[-1].info["final_reward"] = float(value)
+                turns[-1].reward += number
+                turns[-1].info["final_reward"] = number
         ep.done, ep.finish, ep.truncated = True, why, truncated
         _close(ep.env)
         ep.env = None
@@ -193,7 +196,9 @@ class EpisodeRunner:
         text is encoded whole, as TRL tokenizes its re-rendered prompt (the tokens where the
         message and the extension meet may merge); else the extension's ids are inserted."""
         text = "".join([obs] if isinstance(obs, str) else obs)
-        tail = user_turn_tail(self.tokenizer)
+        if self._user_tail is None:  # the tokenizer's template renders it the same for every episode
+            self._user_tail = user_turn_tail(self.tokenizer)
+        tail = self._user_tail
         prompt = ep.task.get("prompt")
         encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
         if isinstance(prompt, str) and list(encode(prompt)) == ep.prompt_ids:
@@ -438,14 +443,19 @@ def _step_result_problem(result: StepResult) -> str | None:
         obs is None or isinstance(obs, str) or (isinstance(obs, (list, tuple)) and all(isinstance(o, str) for o in obs))
     ):
         return f"StepResult.observation is {type(obs).__name__}, not a str, a list of str or None"
-    reward = result.reward
-    try:  # a number of any kind: int, float, bool, a numpy scalar, a one-element tensor
+    if _finite(result.reward) is None:
+        return f"StepResult.reward is {result.reward!r}, not a finite number"
+    return None
+
+
+def _finite(reward: Any) -> float | None:
+    """``reward`` as a float when it is a finite number of any kind (int, float, bool, a
+    numpy scalar, a one-element tensor), else ``None``."""
+    try:
         value = None if isinstance(reward, (str, bytes)) else float(reward)
     except (TypeError, ValueError):
-        value = None
-    if value is None or not math.isfinite(value):
-        return f"StepResult.reward is {reward!r}, not a finite number"
-    return None
+        return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _close(env: Any) -> None:

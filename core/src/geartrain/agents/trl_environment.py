@@ -28,7 +28,6 @@ score their state in ``get_reward``).
 from __future__ import annotations
 
 import inspect
-import numbers
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -110,10 +109,9 @@ class TRLEnvironment(ToolEnvironment):
         observation = run_sync(self.instance.reset)(**trl_row(task))
         return "" if observation is None else observation
 
-    def final_reward(self) -> float | None:
-        """``get_reward()`` of the instance as a float, or ``None`` when it has none. Any
-        real number is taken, as TRL takes it (a bool, a numpy scalar); anything else goes
-        to the runner as is (an episode error)."""
+    def final_reward(self) -> Any:
+        """``get_reward()`` of the instance, or ``None`` when it has none. The runner takes
+        any finite number, as TRL does (a bool, a numpy scalar); anything else ends the
+        episode as an error."""
         get_reward = getattr(self.instance, "get_reward", None)
-        value = None if get_reward is None else run_sync(get_reward)()
-        return float(value) if isinstance(value, numbers.Real) else value
+        return None if get_reward is None else run_sync(get_reward)()
