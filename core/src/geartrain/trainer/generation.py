@@ -33,6 +33,15 @@ from geartrain.trainer.config import TrainConfig
 from geartrain.types import SamplingParams
 
 
+def stop_rules(config: TrainConfig, tokenizer: Any) -> tuple[list[int], list[list[int]]]:
+    """What ends a response: the token ids (EOS: the tokenizer's and each of the model's
+    generation config, :func:`geartrain.modeling.stop_token_ids`) and the token sequences
+    (``sampling.stop`` strings as the tokenizer encodes them: the contract's
+    ``stop_sequences``; the text match is :mod:`geartrain.stop_texts`')."""
+    sequences = [list(tokenizer.encode(text, add_special_tokens=False)) for text in config.sampling.stop]
+    return stop_token_ids(config.model, tokenizer), sequences
+
+
 @dataclass
 class Prefetched:
     """A step's generation sent ahead (:meth:`Generation.prefetch`)."""
@@ -53,9 +62,7 @@ class Generation:
         self.actor = actor
         self.tokenizer = tokenizer
         self.loader = loader
-        self.stop_ids = stop_token_ids(config.model, tokenizer)  # EOS and generation_config's
-        # sampling.stop strings, as token sequences (the contract's stop_sequences)
-        self.stop_sequences = [list(tokenizer.encode(text, add_special_tokens=False)) for text in config.sampling.stop]
+        self.stop_ids, self.stop_sequences = stop_rules(config, tokenizer)
         # async rollout: prompts of the steps generated ahead, with the loader's state
         # before each (a checkpoint must resume at the first step not trained yet)
         self.ahead: deque[tuple[PromptBatch, dict[str, Any]]] = deque()

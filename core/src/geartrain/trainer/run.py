@@ -27,13 +27,13 @@ from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError
 from geartrain.export import ModelCard, base_model_name, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
-from geartrain.modeling import stop_token_ids
 from geartrain.rewards import RewardResult, correctness
 from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.completions import CompletionsLogger
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
+from geartrain.trainer.generation import stop_rules
 from geartrain.trainer.interrupt import (
     EXIT_INTERRUPTED,
     InterruptWatch,
@@ -76,14 +76,13 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
     """Greedy exact-match accuracy of ``group``'s current policy on ``rows`` (its
     ``generate`` syncs the weights first); responses end at ``sampling.stop`` strings as
     the RL step's do."""
-    stop = stop_token_ids(cfg.model, tokenizer)
+    stop_ids, stop_sequences = stop_rules(cfg, tokenizer)  # as the RL step's responses end
     sampling = SamplingParams(
         n=1,
         temperature=0.0,
         max_tokens=cfg.sampling.max_tokens,
-        stop_token_ids=stop,
-        # sampling.stop ends these responses as it ends the RL step's (validation included)
-        stop_sequences=[list(tokenizer.encode(t, add_special_tokens=False)) for t in cfg.sampling.stop],
+        stop_token_ids=stop_ids,
+        stop_sequences=stop_sequences,
         seed=0,
     )
     if cfg.rollout.agent is not None:  # greedy episodes: the answer is the last model turn
