@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from geartrain import SamplingParams
 from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, episode_metrics, load_environment
 from geartrain.agents.trl_environment import TRLEnvironment
@@ -415,3 +416,104 @@ def test_reset_text_joins_the_prompt_as_trl_tokenizes_it() -> None:
     assert ep.prompt_ids == tok.encode("say a! go", add_special_tokens=False)
     assert tok.convert_ids_to_tokens(ep.prompt_ids)[4] == "a!"
     assert ep.prompt_text == "say a! go" and ep.prompt_extension == "! go"
+
+
+class _Tally:
+    """A TRL environment that counts its constructions and scores the row's answer against
+    what its tool was told: a reused instance must start each episode afresh."""
+
+    built = 0
+    release = threading.Event()
+    hung: Any = None
+
+    def __init__(self, offset: int = 0) -> None:
+        _Tally.built += 1
+        self.offset = offset
+
+    def reset(self, **kwargs: Any) -> None:
+        self.target, self.said = int(kwargs["answer"]), None
+
+    def say(self, value: int) -> str:
+        """Say a number.
+
+        Args:
+            value: The number.
+        """
+        if value < 0:
+            _Tally.hung = self
+            _Tally.release.wait(30)  # a tool that hangs until the test lets it go
+        self.said = value + self.offset
+        return "ok"
+
+    def get_reward(self) -> float:
+        return float(self.said == self.target)
+
+
+def _saying(tok: Any, values: list[int]) -> Any:
+    """A ``generate`` whose episode ``i`` (by prompt text ``"<i>"``) calls ``say(values[i])``,
+    then ends."""
+    from geartrain.layout import sequence_batch
+
+    def generate(prompts: list[list[int]], params: SamplingParams) -> Any:
+        turns = []
+        for ids in prompts:
+            text = tok.decode(ids)
+            said = "</tool_call>" in text
+            turns.append("done" if said else _call("say", value=values[int(text.split(">")[0].strip("<"))]))
+        out = sequence_batch(prompts, [tok.encode(t, add_special_tokens=False) for t in turns], tok.pad_token_id)
+        out["rollout_log_probs"] = torch.zeros(out["input_ids"].shape)
+        out["finish_reason"] = ["stop"] * len(prompts)
+        return out
+
+    return generate
+
+
+def test_instances_are_built_once_and_reset_for_each_episode_as_trl_pools_them() -> None:
+    """TRL builds an environment once per concurrent rollout and resets it for the next
+    ("construct once, reset often"); a fresh instance per episode rebuilt an expensive
+    environment (a sandbox, a loaded dataset) for every episode of every step."""
+    tok = tiny_tokenizer()
+    _Tally.built = 0
+    factory = load_environment(_Tally, kwargs={"offset": 1})
+    answers = [3, 5, 7, 9, 11, 13]
+
+    def step(values: list[int]) -> list[Any]:
+        runner = EpisodeRunner(_saying(tok, values), tok, factory, RunnerLimits(max_turns=3, max_model_len=512))
+        prompts = [tok.encode(f"<{i}>", add_special_tokens=False) for i in range(len(answers))]
+        episodes, _ = runner.run(prompts, [{"answer": a} for a in answers], SamplingParams(n=1, max_tokens=64))
+        return episodes
+
+    # every episode is scored on its own row, whichever instance ran it before (offset 1)
+    first = step([a - 1 for a in answers])
+    assert [ep.segments[-1].reward for ep in first] == [1.0] * 6, [ep.error for ep in first]
+    built = _Tally.built
+    assert 1 <= built <= len(answers) + 1  # the runner's probe seeds the pool
+    second = step([a - 1 if i % 2 else a for i, a in enumerate(answers)])
+    assert [ep.segments[-1].reward for ep in second] == [0.0, 1.0] * 3
+    assert _Tally.built == built  # the second step reused them all
+
+
+def test_an_instance_still_busy_when_its_episode_ends_is_never_reused() -> None:
+    """A tool call that outran ``step_timeout_s`` goes on running on its thread: its
+    instance must not serve another episode (two episodes would share its state)."""
+    tok = tiny_tokenizer()
+    _Tally.release.clear()
+    factory = load_environment(_Tally)
+    runner = EpisodeRunner(
+        _saying(tok, [-1]), tok, factory, RunnerLimits(max_turns=3, max_model_len=512), step_timeout_s=0.3
+    )
+    (hung,), _ = runner.run([tok.encode("<0>", add_special_tokens=False)], [{"answer": 1}], SamplingParams(n=1))
+    try:
+        assert hung.finish == "error" and "step_timeout_s" in (hung.error or ""), hung.error
+        drawn = [factory() for _ in range(3)]  # more than the pool ever held (the probe's, the hung one)
+        assert _Tally.hung is not None and all(env.instance is not _Tally.hung for env in drawn)
+    finally:
+        _Tally.release.set()
+
+
+def test_an_episode_given_back_twice_is_pooled_once() -> None:
+    factory = load_environment(_Tally)
+    env = factory()
+    env.close()
+    env.close()
+    assert factory() is env and factory() is not env

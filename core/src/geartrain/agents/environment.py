@@ -2,7 +2,7 @@
 
 One :class:`Environment` object serves one episode::
 
-    env = factory()                       # a fresh object per episode
+    env = factory()                       # an object for this episode alone
     first = env.reset(task)               # text appended after the task prompt ("" for none)
     while not done:
         action = <the model's turn, decoded>
@@ -77,4 +77,5 @@ class Environment:
 
 
 EnvironmentFactory = Callable[[], Any]
-"""A callable returning a fresh environment for each episode."""
+"""A callable returning an environment for one episode (no other episode uses it until
+its ``close``; TRL environments are pooled and reused after it)."""

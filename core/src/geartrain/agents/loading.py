@@ -7,7 +7,7 @@ from typing import Any
 
 from geartrain.agents.environment import EnvironmentFactory
 from geartrain.agents.tools import ToolEnvironment
-from geartrain.agents.trl_environment import TRLEnvironment, is_trl_environment
+from geartrain.agents.trl_environment import TRLEnvironmentPool, is_trl_environment
 from geartrain.errors import GeartrainError
 from geartrain.user_code import import_object, is_file_spec, load_from_file
 
@@ -25,7 +25,8 @@ def load_environment(
     (relative to ``base_dir``), ``package.module:Name`` or a built-in name
     (``tools``: :class:`geartrain.agents.tools.ToolEnvironment`). ``kwargs`` are passed to
     it for every episode. A TRL ``environment_factory`` class (``reset`` and tool methods,
-    no ``step``) is wrapped in :class:`~geartrain.agents.trl_environment.TRLEnvironment`.
+    no ``step``) is wrapped in :class:`~geartrain.agents.trl_environment.TRLEnvironment`,
+    its instances pooled and reused as TRL reuses them (``kwargs`` passed once per instance).
     Raises :class:`GeartrainError` naming ``key`` when the spec does
     not resolve or its objects lack ``reset``/``step``."""
     target: Any
@@ -55,7 +56,7 @@ def load_environment(
             for t in arguments["tools"]
         ]
     if is_trl_environment(target):  # TRL's environment_factory: tools are its methods
-        return lambda: TRLEnvironment(target(**arguments))
+        return TRLEnvironmentPool(target, arguments)
     missing = [m for m in ("reset", "step") if isinstance(target, type) and not callable(getattr(target, m, None))]
     if missing:
         raise GeartrainError(

@@ -20,22 +20,28 @@ of weight 1). :class:`TRLEnvironment` wraps one instance per episode as a
   ends (done, ``max_turns`` or truncated; not after an error) and adds to the last model
   turn's reward.
 
-What differs from TRL: each episode gets a fresh instance (TRL pools and resets them), and
-reward functions get no ``environments`` argument (environments live on the rollout ranks:
-score their state in ``get_reward``).
+Instances are pooled as TRL pools them ("construct once, reset often"): an episode takes
+an idle instance (built with the factory's arguments only when none is idle, so a rank
+builds as many as it runs episodes at once) and gives it back when it ends. An instance
+still busy when its episode ends (a ``reset`` or tool call that outran
+``rollout.agent.step_timeout_s`` goes on running on its thread) is dropped, never reused.
+
+What differs from TRL: reward functions get no ``environments`` argument (environments
+live on the rollout ranks: score their state in ``get_reward``).
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from geartrain.agents.environment import Environment
 from geartrain.agents.tools import ToolEnvironment, run_sync, tool_of_function
 
-__all__ = ["TRLEnvironment", "is_trl_environment", "trl_row"]
+__all__ = ["TRLEnvironment", "TRLEnvironmentPool", "is_trl_environment", "trl_row"]
 
 _NOT_TOOLS = ("reset", "get_reward")
 
@@ -82,13 +88,18 @@ def trl_row(task: Mapping[str, Any]) -> dict[str, Any]:
 
 class TRLEnvironment(ToolEnvironment):
     """One episode of a TRL ``environment_factory`` environment ``instance`` (see the
-    module docstring)."""
+    module docstring). ``close`` gives it back to ``pool`` (when one is given) unless one
+    of its calls is still running."""
 
     reset_extends_prompt = True
     """The runner appends ``reset``'s string to the prompt's last user message."""
 
-    def __init__(self, instance: Any) -> None:
+    def __init__(self, instance: Any, pool: TRLEnvironmentPool | None = None) -> None:
         self.instance = instance
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._running = 0  # calls into the instance not returned yet
+        self._leased = pool is not None
         methods = [
             getattr(instance, name)
             for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
@@ -105,13 +116,60 @@ class TRLEnvironment(ToolEnvironment):
             concurrent_calls=False,
         )
 
+    def _calling(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self._running += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._lock:
+                self._running -= 1
+
     def reset(self, task: Mapping[str, Any]) -> str:
-        observation = run_sync(self.instance.reset)(**trl_row(task))
+        observation = self._calling(run_sync(self.instance.reset), **trl_row(task))
         return "" if observation is None else observation
+
+    def step(self, action: str) -> Any:
+        return self._calling(super().step, action)
 
     def final_reward(self) -> Any:
         """``get_reward()`` of the instance, or ``None`` when it has none. The runner takes
         any finite number, as TRL does (a bool, a numpy scalar); anything else ends the
         episode as an error."""
         get_reward = getattr(self.instance, "get_reward", None)
-        return None if get_reward is None else run_sync(get_reward)()
+        return None if get_reward is None else self._calling(run_sync(get_reward))
+
+    def close(self) -> None:
+        """The episode is over: back to the pool, once, if nothing of it still runs."""
+        with self._lock:
+            leased, self._leased = self._leased, False
+            idle = self._running == 0
+        if leased and idle and self.pool is not None:
+            self.pool.give_back(self)
+
+
+class TRLEnvironmentPool:
+    """A factory of :class:`TRLEnvironment` episodes over reused instances of ``cls``
+    (built as ``cls(**kwargs)``): TRL's "construct once, reset often". Thread-safe: the
+    runner starts and ends episodes on its worker threads."""
+
+    def __init__(self, cls: Callable[..., Any], kwargs: Mapping[str, Any] | None = None) -> None:
+        self.cls = cls
+        self.kwargs = dict(kwargs or {})
+        self._idle: list[TRLEnvironment] = []
+        self._lock = threading.Lock()
+        self.built = 0
+        """Instances built so far (at most the most episodes run at once, plus any dropped)."""
+
+    def __call__(self) -> TRLEnvironment:
+        with self._lock:
+            if self._idle:
+                env = self._idle.pop()
+                env._leased = True
+                return env
+            self.built += 1
+        return TRLEnvironment(self.cls(**self.kwargs), pool=self)
+
+    def give_back(self, env: TRLEnvironment) -> None:
+        with self._lock:
+            self._idle.append(env)
