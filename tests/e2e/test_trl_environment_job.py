@@ -96,3 +96,65 @@ def test_a_trl_environment_class_scores_the_episodes_of_a_job(tmp_path: Path) ->
         if "val/accuracy" in m
     ]
     assert validation and all(v == pytest.approx(7 / 13, abs=1e-6) for v in validation)  # 0, 2, ..., 12 of 0..12
+
+
+THIRDS = '''
+class Thirds:
+    def __init__(self, score):
+        self.score = score
+
+    def reset(self, **kwargs):
+        if "environment" in kwargs:
+            raise ValueError("the control column reached reset")
+        self.answer = int(kwargs["answer"])
+        return " Count in threes."
+
+    def peek(self) -> str:
+        """Peek at the number."""
+        return str(self.answer)
+
+    def get_reward(self) -> float:
+        return self.score if self.answer % 3 == 0 else 0.0
+'''
+
+
+def test_named_environments_each_score_the_rows_that_name_them(tmp_path: Path) -> None:
+    """TRL's dict ``environment_factory`` as a table: each row's ``environment`` column
+    picks its environment (with its own ``environment_kwargs``), on the trainer's ranks
+    as in the data checks."""
+    (tmp_path / "parity_env.py").write_text(PARITY + THIRDS)
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"n{i}?"}],
+            "answer": i,
+            "environment": "thirds" if i >= 6 else "parity",
+        }
+        for i in range(13)
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = JOB.replace(
+        'environment = "parity_env.py:Parity"',
+        'environment = { parity = "parity_env.py:Parity", thirds = "parity_env.py:Thirds" }\n'
+        "environment_kwargs = { thirds = { score = 0.5 } }",
+    ).replace("total_steps = 2", "total_steps = 1")
+    (tmp_path / "job.toml").write_text(job)
+    out = tmp_path / "out"
+    result = run_geartrain("train", str(tmp_path / "job.toml"), f"trainer.output_dir={out}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 8 * 4
+    for r in train:
+        i = int(r["ground_truth"])
+        expected = (0.5 if i % 3 == 0 else 0.0) if i >= 6 else (1.0 if i % 2 == 0 else 0.0)
+        assert r["env_rewards"][-1] == expected, r
+        told = " Count in threes." if i >= 6 else " Use the tool."
+        assert r["prompt"].endswith(f"user: n{i}?{told}\nassistant: "), r["prompt"]
+    validation = [
+        m["val/accuracy"]
+        for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        if "val/accuracy" in m
+    ]
+    # rewarded rows: 0, 2, 4 (parity) and 6, 9, 12 (thirds)
+    assert validation and all(v == pytest.approx(6 / 13, abs=1e-6) for v in validation)

@@ -22,7 +22,7 @@ from geartrain.agents.formats import (
     chat_bridge,
     get_call_format,
 )
-from geartrain.agents.loading import load_environment
+from geartrain.agents.loading import EnvironmentRouter, load_environment, load_environments
 from geartrain.agents.runner import TURN_STRIDE, EpisodeRunner, RunnerLimits, episode_metrics
 from geartrain.agents.tools import Tool, ToolEnvironment, run_with_timeout, schema_of, tool
 from geartrain.agents.trajectory import Episode, Segment, episode_batch
@@ -35,6 +35,7 @@ __all__ = [
     "CompactFormat",
     "Environment",
     "EnvironmentFactory",
+    "EnvironmentRouter",
     "Episode",
     "EpisodeRunner",
     "HermesFormat",
@@ -51,6 +52,7 @@ __all__ = [
     "episode_metrics",
     "get_call_format",
     "load_environment",
+    "load_environments",
     "run_with_timeout",
     "schema_of",
     "tool",

@@ -11,7 +11,7 @@ from geartrain.agents.trl_environment import TRLEnvironmentPool, is_trl_environm
 from geartrain.errors import GeartrainError
 from geartrain.user_code import import_object, is_file_spec, load_from_file
 
-__all__ = ["load_environment"]
+__all__ = ["EnvironmentRouter", "load_environment", "load_environments"]
 
 
 def load_environment(
@@ -64,6 +64,59 @@ def load_environment(
             "(see geartrain.agents.Environment; a TRL environment_factory class needs reset and its tool methods)"
         )
     return lambda: target(**arguments)
+
+
+class EnvironmentRouter:
+    """Named environments, one per episode chosen by its task's ``key`` column (TRL's dict
+    ``environment_factory``): ``factories`` maps each name to its factory."""
+
+    def __init__(self, factories: Mapping[str, EnvironmentFactory], key: str = "environment") -> None:
+        self.factories = dict(factories)
+        self.key = key
+
+    def name_of(self, task: Mapping[str, Any]) -> str:
+        """The environment ``task`` names; raises :class:`GeartrainError` when it names
+        none of them."""
+        name = task.get(self.key)
+        if not isinstance(name, str) or name not in self.factories:
+            got = "has none" if name is None else f"says {name!r}"
+            raise GeartrainError(
+                f"the row's '{self.key}' column names its environment, one of {', '.join(self.factories)} "
+                f"(rollout.agent.environment); it {got}"
+            )
+        return name
+
+    def for_task(self, task: Mapping[str, Any]) -> EnvironmentFactory:
+        """The factory of ``task``'s environment."""
+        return self.factories[self.name_of(task)]
+
+    def task_for_reset(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        """``task`` without the control column (TRL does not pass it to ``reset``)."""
+        return {k: v for k, v in task.items() if k != self.key}
+
+
+def load_environments(
+    environment: str | Mapping[str, str],
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    key: str = "environment",
+    base_dir: str | None = None,
+) -> EnvironmentFactory | EnvironmentRouter:
+    """``rollout.agent.environment`` resolved: one factory (:func:`load_environment`), or,
+    for a table of named environments, an :class:`EnvironmentRouter` over theirs
+    (``kwargs`` then holds a table per name)."""
+    if isinstance(environment, str):
+        return load_environment(environment, kwargs=kwargs, base_dir=base_dir)
+    per_name = dict(kwargs or {})
+    factories = {}
+    for name, spec in environment.items():
+        try:
+            factories[name] = load_environment(
+                spec, kwargs=per_name.get(name), base_dir=base_dir, key=f"rollout.agent.environment.{name}"
+            )
+        except GeartrainError as exc:
+            raise GeartrainError(f"{name} = '{spec}': {exc}") from exc
+    return EnvironmentRouter(factories, key)
 
 
 _BUILTINS: dict[str, Callable[[], Any]] = {"tools": lambda: ToolEnvironment}

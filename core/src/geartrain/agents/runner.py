@@ -29,6 +29,7 @@ from typing import Any
 
 from geartrain.agents.environment import EnvironmentFactory, StepResult
 from geartrain.agents.formats import chat_bridge, chat_opening, user_turn_tail
+from geartrain.agents.loading import EnvironmentRouter
 from geartrain.agents.trajectory import Episode, Segment
 from geartrain.batch import Batch
 from geartrain.errors import GeartrainError
@@ -67,7 +68,7 @@ class EpisodeRunner:
         self,
         generate: Generate,
         tokenizer: Any,
-        factory: EnvironmentFactory,
+        factory: EnvironmentFactory | EnvironmentRouter,
         limits: RunnerLimits,
         *,
         stop_texts: Sequence[str] = (),
@@ -100,15 +101,21 @@ class EpisodeRunner:
         first of each kind is logged with its traceback, the rest are only counted."""
         """After the first step of a wait finishes, wait this share of the mean generation
         or step time (whichever is longer) for more before generating (0: generate at once)."""
-        probe = self._new_env_of(factory)
-        texts = list(stop_texts) + list(getattr(probe, "stop_texts", None) or [])
-        _close(probe)
+        texts = list(stop_texts)
+        for one in factory.factories.values() if isinstance(factory, EnvironmentRouter) else [factory]:
+            probe = self._new_env_of(one)
+            texts += list(getattr(probe, "stop_texts", None) or [])
+            _close(probe)
         self.stop_texts = [t for t in dict.fromkeys(texts) if t]
         self.stop_sequences = [tokenizer.encode(t, add_special_tokens=False) for t in self.stop_texts]
 
     # ------------------------------------------------------------------ pieces
-    def _new_env(self) -> Any:
-        return self._new_env_of(self.factory)
+    def _new_env(self, task: Mapping[str, Any]) -> tuple[Any, Mapping[str, Any]]:
+        """An environment for an episode of ``task`` and the task its ``reset`` gets: with
+        named environments, the one the task names, without the naming column."""
+        if isinstance(self.factory, EnvironmentRouter):
+            return self._new_env_of(self.factory.for_task(task)), self.factory.task_for_reset(task)
+        return self._new_env_of(self.factory), task
 
     def _new_env_of(self, factory: EnvironmentFactory) -> Any:
         env = factory()
@@ -276,8 +283,8 @@ class EpisodeRunner:
         ready: list[Episode] = []
 
         def reset(ep: Episode) -> str:
-            ep.env = self._new_env()
-            return _within(self.step_timeout_s, "reset", ep.env.reset, ep.task)
+            ep.env, task = self._new_env(ep.task)
+            return _within(self.step_timeout_s, "reset", ep.env.reset, task)
 
         submitted: dict[Future[Any], float] = {}
         step_s, steps = 0.0, 0

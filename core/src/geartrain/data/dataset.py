@@ -65,7 +65,9 @@ class PromptDataset:
     ``tools`` (JSON-schema function specs, e.g. a tool environment's ``tools``) are passed
     to the chat template where one is applied, as ``apply_chat_template(..., tools=...)``:
     the template shows the model which tools exist and their arguments (TRL and verl do the
-    same). Plain prompts (no template) are unchanged by them.
+    same). Plain prompts (no template) are unchanged by them. With named environments
+    (``environment_tools``: each name's specs), each row gets the tools of the environment
+    its ``environment_key`` column names; a row naming none of them is refused.
     """
 
     def __init__(
@@ -75,9 +77,15 @@ class PromptDataset:
         config: DataConfig | None = None,
         *,
         tools: Sequence[Mapping[str, Any]] = (),
+        environment_tools: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        environment_key: str = "environment",
     ) -> None:
         self.config = config or DataConfig()
         self.tools = [dict(t) for t in tools]
+        self.environment_tools = (
+            None if environment_tools is None else {k: [dict(t) for t in v] for k, v in environment_tools.items()}
+        )
+        self.environment_key = environment_key
         self.source = source_name(source)
         parsed = [self._parse(where, row) for where, row in read_rows(source)]
         if not parsed:
@@ -167,6 +175,13 @@ class PromptDataset:
             truth = str(truth)
         used = {cfg.prompt_key, cfg.messages_key, cfg.ground_truth_key}
         meta = {k: v for k, v in row.items() if k not in used}
+        if self.environment_tools is not None and meta.get(self.environment_key) not in self.environment_tools:
+            value = meta.get(self.environment_key)
+            raise DataError(
+                f"{where}: '{self.environment_key}' must name the row's environment, one of "
+                f"{', '.join(self.environment_tools)} (rollout.agent.environment), "
+                f"got {'nothing' if value is None else repr(value)}"
+            )
         return _Parsed(
             where=where,
             prompt=prompt,
@@ -239,7 +254,10 @@ class PromptDataset:
         messages = parsed.messages or [{"role": "user", "content": parsed.prompt or ""}]
         if cfg.system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
-        extra = {"tools": self.tools} if self.tools else {}
+        tools = (
+            self.tools if self.environment_tools is None else self.environment_tools[parsed.meta[self.environment_key]]
+        )
+        extra = {"tools": tools} if tools else {}
         # a conversation ending with an assistant message is a prefix the model continues
         # (TRL's continue_final_message), not a turn followed by a new assistant header
         last_is_assistant = messages[-1]["role"] == "assistant"

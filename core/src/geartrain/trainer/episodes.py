@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, episode_batch, episode_metrics, load_environment
+from geartrain.agents import AgentConfig, EpisodeRunner, RunnerLimits, episode_batch, episode_metrics, load_environments
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.cluster.dispatch import prompt_batch
@@ -82,7 +82,12 @@ def run_episode_share(
     """``sampling.n`` episodes of each task in ``prompts`` (a share of
     :func:`episode_prompt_batch`), prompt-major, generated with ``generate``."""
     n = sampling.n
-    factory = _factory(agent.environment, json.dumps(agent.environment_kwargs, sort_keys=True, default=str), base_dir)
+    factory = _factory(
+        json.dumps(agent.environment, sort_keys=True),
+        json.dumps(agent.environment_kwargs, sort_keys=True, default=str),
+        agent.environment_key,
+        base_dir,
+    )
     limits = RunnerLimits(
         max_turns=agent.max_turns,
         max_tokens_per_turn=agent.max_tokens_per_turn or sampling.max_tokens,
@@ -117,10 +122,10 @@ def run_episode_share(
 
 
 @functools.lru_cache(maxsize=8)
-def _factory(environment: str, kwargs_json: str, base_dir: str | None) -> Any:
-    """The environment factory, resolved once per rank (a ``file.py`` is imported once, not
-    every step)."""
-    return load_environment(environment, kwargs=json.loads(kwargs_json), base_dir=base_dir)
+def _factory(environment_json: str, kwargs_json: str, key: str, base_dir: str | None) -> Any:
+    """The environment factory (or router), resolved once per rank: a ``file.py`` is
+    imported once, and TRL environments' pools live across steps."""
+    return load_environments(json.loads(environment_json), kwargs=json.loads(kwargs_json), key=key, base_dir=base_dir)
 
 
 def annotate_episodes(batch: Batch, prompts: PromptBatch, n: int) -> tuple[Batch, dict[str, float]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geartrain.agents import load_environment
+from geartrain.agents import EnvironmentRouter, load_environments
 from geartrain.data import PromptDataset
 from geartrain.data.sources import HUB_HINT, DataSource, looks_like_hub_id
 from geartrain.errors import ConfigError, GeartrainError
@@ -222,12 +222,22 @@ def preflight(
     data_given = data is not None or "data" in config.model_fields_set
     problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)
 
-    tools: list[dict[str, Any]] = []  # the agent environment's tool specs, for the chat template
+    # the agent environment's tool specs for the chat template, as PromptDataset's keyword
+    # arguments: tools, or environment_tools per name for named environments
+    tools: dict[str, Any] = {}
     if config.rollout.agent is not None:
         agent = config.rollout.agent
         try:
-            factory = load_environment(agent.environment, kwargs=agent.environment_kwargs, base_dir=config.base_dir)
-            tools = _environment_tools(factory)
+            factory = load_environments(
+                agent.environment, kwargs=agent.environment_kwargs, key=agent.environment_key, base_dir=config.base_dir
+            )
+            if isinstance(factory, EnvironmentRouter):
+                tools = {
+                    "environment_tools": {name: _environment_tools(f) for name, f in factory.factories.items()},
+                    "environment_key": agent.environment_key,
+                }
+            else:
+                tools = {"tools": _environment_tools(factory)}
         except GeartrainError as exc:
             problems.append(("rollout.agent.environment", str(exc)))
 
@@ -236,12 +246,12 @@ def preflight(
         (
             "data.path",
             data if data is not None else data_cfg.path,
-            lambda p: PromptDataset(p, tokenizer, data_cfg, tools=tools),
+            lambda p: PromptDataset(p, tokenizer, data_cfg, **tools),
         ),
         (
             "validation.path",
             validation_data if validation_data is not None else config.resolve(config.validation.path),
-            lambda p: PromptDataset(p, tokenizer, data_cfg, tools=tools),
+            lambda p: PromptDataset(p, tokenizer, data_cfg, **tools),
         ),
     ]
     raw_paths = {
@@ -255,14 +265,14 @@ def preflight(
             (
                 "sft.path",
                 config.resolve(config.sft.path),
-                lambda p: sft_dataset(config.sft, p, tokenizer, config.data, tools=tools),
+                lambda p: sft_dataset(config.sft, p, tokenizer, config.data, **tools),
             )
         )
         sources.append(
             (
                 "sft.dev_path",
                 config.resolve(config.sft.dev_path),
-                lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p}), tools=tools),
+                lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p}), **tools),
             )
         )
     for key, path, build in sources:

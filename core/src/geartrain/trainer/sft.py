@@ -32,10 +32,17 @@ from geartrain.trainer.config import SFTConfig
 
 
 def sft_dataset(
-    config: SFTConfig, path: str, tokenizer: Any, data: DataConfig, *, tools: Sequence[Mapping[str, Any]] = ()
+    config: SFTConfig,
+    path: str,
+    tokenizer: Any,
+    data: DataConfig,
+    *,
+    tools: Sequence[Mapping[str, Any]] = (),
+    environment_tools: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    environment_key: str = "environment",
 ) -> PromptDataset:
-    """The SFT rows (prompt handling as in the RL data section, ``tools`` included; the
-    response is required)."""
+    """The SFT rows (prompt handling as in the RL data section, the tools included as
+    :class:`PromptDataset` takes them; the response is required)."""
     cfg = data.model_copy(
         update={"path": path, "require_ground_truth": False, "batch_size": config.batch_size, "seed": config.seed}
     )
@@ -44,7 +51,9 @@ def sft_dataset(
         from geartrain.data.sources import read_rows
 
         rows = [row for _, row in read_rows(path)][: config.max_prompts]
-    dataset = PromptDataset(rows, tokenizer, cfg, tools=tools)
+    dataset = PromptDataset(
+        rows, tokenizer, cfg, tools=tools, environment_tools=environment_tools, environment_key=environment_key
+    )
     for row in dataset.rows:
         turns = row.meta.get("turns")
         if turns is not None:
