@@ -173,6 +173,35 @@ def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
     return score, numeric
 
 
+def run_within(n: int, call: Callable[[int], Any], timeout_s: float | None, name: str) -> list[Any]:
+    """``call(0) ... call(n - 1)`` one after another, on a daemon thread when ``timeout_s``
+    is set; the results of the calls that returned within ``timeout_s`` (for all of them
+    together), in order. A call still running then is abandoned: it keeps its thread (named
+    after ``name``) and its result is dropped. ``timeout_s=None``: every call, in this thread."""
+    if timeout_s is None:
+        return [call(i) for i in range(n)]
+    results: list[Any] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    done = threading.Event()
+
+    def work() -> None:
+        for i in range(n):
+            out = call(i)
+            with lock:
+                if stop.is_set():
+                    return
+                results.append(out)
+        done.set()
+
+    threading.Thread(target=work, name=f"geartrain-reward-{name}", daemon=True).start()
+    finished = done.wait(timeout_s)
+    with lock:
+        if not finished:
+            stop.set()
+        return list(results)
+
+
 class RewardScorer:
     """Scores batches with the job's reward terms (one function, or several with weights:
     :mod:`geartrain.rewards.terms`) over a run.
@@ -235,28 +264,7 @@ class RewardScorer:
 
     def _run(self, n: int, call: Callable[[int], Any]) -> list[Any]:
         """``call(i)`` for each unit; the results before the deadline, in order."""
-        if self.timeout_s is None:
-            return [call(i) for i in range(n)]
-        results: list[Any] = []
-        lock = threading.Lock()
-        stop = threading.Event()
-        done = threading.Event()
-
-        def work() -> None:
-            for i in range(n):
-                out = call(i)
-                with lock:
-                    if stop.is_set():
-                        return
-                    results.append(out)
-            done.set()
-
-        threading.Thread(target=work, name=f"geartrain-reward-{self.name}", daemon=True).start()
-        finished = done.wait(self.timeout_s)
-        with lock:
-            if not finished:
-                stop.set()
-            return list(results)
+        return run_within(n, call, self.timeout_s, self.name)
 
     def _log_failure(
         self,
@@ -416,6 +424,7 @@ def probe_term(
     notes: list[str] | None = None,
     absent: list[int] | None = None,
     conversations: Sequence[Messages | None] | None = None,
+    timeout_s: float | None = None,
 ) -> str | None:
     """Call ``term`` on a few samples as a run would and say what is wrong (``None``: it
     returned a usable score for each it did not raise on): a raise on every sample, or a
@@ -424,22 +433,45 @@ def probe_term(
     is what a run tolerates (those samples score 0 and are counted): that goes to ``notes``.
     The samples it returned ``None`` for (it does not apply to them) are appended to
     ``absent``: whether another term scores them is the caller's to check. ``conversations``
-    as :meth:`RewardScorer.score` (a batched term gets TRL's shapes for those samples)."""
-    if term.batched:
+    as :meth:`RewardScorer.score` (a batched term gets TRL's shapes for those samples).
+    ``timeout_s`` (the run's ``reward.timeout_s``) bounds the probe's calls together, as a
+    run bounds a batch's: a call still running then is abandoned (a run scores it 0 and
+    goes on: a note), so a function that hangs cannot hang the check."""
+
+    def call(i: int) -> tuple[bool, Any]:
         try:
-            outs = list(
-                enumerate(call_batched(term.fn, prompts, responses, truths, metas, term.truth_column, conversations))
-            )
+            if term.batched:
+                return True, list(
+                    call_batched(term.fn, prompts, responses, truths, metas, term.truth_column, conversations)
+                )
+            return True, term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i]))
         except Exception as exc:
-            return f"raised {type(exc).__name__}: {exc} (called on {len(responses)} rows from {where[0]})"
+            return False, exc
+
+    calls = 1 if term.batched else len(responses)
+    returned = run_within(calls, call, timeout_s, term.name)
+    if len(returned) < calls and notes is not None:
+        row = where[0] if term.batched else where[len(returned)]
+        notes.append(
+            f"reward '{term.name}' did not return within reward.timeout_s = {timeout_s:g} s (probed rows "
+            f"from {where[0]}; the call on {row} was abandoned): a run scores such samples 0 and counts them "
+            "(reward/timeouts); raise reward.timeout_s if the function is only slow"
+        )
+    if term.batched:
+        if not returned:
+            return None
+        ok, value = returned[0]
+        if not ok:
+            return f"raised {type(value).__name__}: {value} (called on {len(responses)} rows from {where[0]})"
+        outs = list(enumerate(value))
     else:
         outs = []
         raised: list[str] = []
-        for i in range(len(responses)):
-            try:
-                outs.append((i, term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i]))))
-            except Exception as exc:
-                raised.append(f"raised {type(exc).__name__}: {exc} (on {where[i]}, response {responses[i]!r:.60})")
+        for i, (ok, value) in enumerate(returned):
+            if ok:
+                outs.append((i, value))
+            else:
+                raised.append(f"raised {type(value).__name__}: {value} (on {where[i]}, response {responses[i]!r:.60})")
         if raised and not outs:
             return raised[0]
         if raised and notes is not None:

@@ -82,7 +82,8 @@ def _probe_rewards(
     notes: list[str] | None = None,
 ) -> None:
     """Call every reward term on the first rows, with each row's ground truth as the
-    response (a dummy a run could produce), as step 1 would. A row that every term returns
+    response (a dummy a run could produce), as step 1 would (within ``reward.timeout_s``,
+    as a run's batch: a function that hangs is a note, not a hang). A row that every term returns
     ``None`` for has no reward (a run counts it as a failed sample): on every probed row
     that is a problem, on some a note."""
     rows = dataset.rows[:4]
@@ -102,6 +103,7 @@ def _probe_rewards(
             notes,
             absent,
             [r.messages for r in rows],
+            timeout_s=config.reward.timeout_s,
         )
         unscored &= set(absent)
         if problem:
