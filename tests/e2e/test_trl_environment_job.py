@@ -158,3 +158,48 @@ def test_named_environments_each_score_the_rows_that_name_them(tmp_path: Path) -
     ]
     # rewarded rows: 0, 2, 4 (parity) and 6, 9, 12 (thirds)
     assert validation and all(v == pytest.approx(6 / 13, abs=1e-6) for v in validation)
+
+
+FLAGGED = '''
+class Flagged:
+    def __init__(self):
+        self.client = object()  # what TRL environments hold beside data (a connection)
+
+    def reset(self, **kwargs):
+        self.answer = int(kwargs["answer"])
+        self.reward = 1.0 if self.answer % 2 == 0 else 0.0
+        return " Use the tool."
+
+    def look(self) -> str:
+        """Look at the number."""
+        return str(self.answer)
+'''
+
+FROM_ENVIRONMENTS = """
+def from_environments(environments, **kwargs):
+    return [env.reward for env in environments]
+"""
+
+
+def test_a_trl_reward_function_reads_the_environments_of_a_job(tmp_path: Path) -> None:
+    """TRL's reward functions read ``environments`` (``[env.reward for env in
+    environments]``, TRL's OpenEnv examples): each sample's environment as its episode
+    left it reaches the trainer's reward function, across the rank boundary."""
+    (tmp_path / "parity_env.py").write_text(FLAGGED)
+    (tmp_path / "env_rewards.py").write_text(FROM_ENVIRONMENTS)
+    rows = [{"prompt": [{"role": "user", "content": f"n{i}?"}], "answer": i} for i in range(13)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = (
+        JOB.replace("parity_env.py:Parity", "parity_env.py:Flagged")
+        .replace('function = "environment"', 'function = "env_rewards.py:from_environments"')
+        .replace("total_steps = 2", "total_steps = 1")
+    )
+    (tmp_path / "job.toml").write_text(job)
+    out = tmp_path / "out"
+    result = run_geartrain("train", str(tmp_path / "job.toml"), f"trainer.output_dir={out}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 8 * 4
+    for r in train:
+        assert r["reward"] == (1.0 if int(r["ground_truth"]) % 2 == 0 else 0.0), r

@@ -8,6 +8,7 @@ asynchronous episode runner (see docs/agents.md).
 * :mod:`~geartrain.agents.trajectory` — an episode as token ids, and its training row;
 * :mod:`~geartrain.agents.runner` — the asynchronous scheduler;
 * :mod:`~geartrain.agents.trl_environment` — TRL ``environment_factory`` classes, unchanged;
+* :mod:`~geartrain.agents.env_state` — what reward functions get as TRL's ``environments``;
 * :mod:`~geartrain.agents.config` — ``[rollout.agent]``.
 """
 

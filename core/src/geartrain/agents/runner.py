@@ -27,6 +27,7 @@ from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoo
 from dataclasses import dataclass
 from typing import Any
 
+from geartrain.agents.env_state import capture_state
 from geartrain.agents.environment import EnvironmentFactory, StepResult
 from geartrain.agents.formats import chat_bridge, chat_opening, user_turn_tail
 from geartrain.agents.loading import EnvironmentRouter
@@ -177,6 +178,8 @@ class EpisodeRunner:
                 turns[-1].reward += number
                 turns[-1].info["final_reward"] = number
         ep.done, ep.finish, ep.truncated = True, why, truncated
+        if ep.env is not None:
+            ep.environment_state = capture_state(ep.env)  # before a pooled instance serves another episode
         _close(ep.env)
         ep.env = None
 

@@ -64,6 +64,10 @@ class Episode:
     prompt_text: str = ""
     """With a ``prompt_extension``: the prompt as the model saw it, decoded."""
     env: Any = None
+    environment_state: dict[str, Any] | None = None
+    """The environment's plain-data attributes when the episode ended
+    (:func:`geartrain.agents.env_state.capture_state`): what reward functions get as
+    ``environments``."""
 
     # ------------------------------------------------------------------ views
     @property
@@ -129,6 +133,7 @@ class Episode:
             **(
                 {"prompt_extension": self.prompt_extension, "prompt": self.prompt_text} if self.prompt_extension else {}
             ),
+            **({"environment_state": self.environment_state} if self.environment_state is not None else {}),
         }
 
     def render(self, prompt_text: str = "") -> str:

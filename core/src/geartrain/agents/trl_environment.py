@@ -26,8 +26,9 @@ builds as many as it runs episodes at once) and gives it back when it ends. An i
 still busy when its episode ends (a ``reset`` or tool call that outran
 ``rollout.agent.step_timeout_s`` goes on running on its thread) is dropped, never reused.
 
-What differs from TRL: reward functions get no ``environments`` argument (environments
-live on the rollout ranks: score their state in ``get_reward``).
+What differs from TRL: a reward function's ``environments`` are snapshots of the
+instances' plain-data attributes taken when their episodes ended
+(:mod:`geartrain.agents.env_state`), since the instances live on the rollout ranks.
 """
 
 from __future__ import annotations

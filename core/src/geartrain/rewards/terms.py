@@ -18,10 +18,13 @@ Two calling conventions are accepted:
   sample of a conversational row (``messages``, or a list of messages under ``prompt``)
   the shapes are TRL's: its prompt is that list of messages and its completion
   ``[{"role": "assistant", "content": text}]``; for a plain-prompt row both are strings.
+  For multi-turn episodes it also gets ``environments`` (TRL's): each sample's environment
+  as its episode left it (:class:`geartrain.agents.env_state.EnvironmentState`, its
+  plain-data attributes), so ``[env.reward for env in environments]`` works as in TRL.
 
 A function is batched when it says so (``reward.batched = true``, or a ``batched = True``
 attribute, e.g. from :func:`batched_reward`) or when its first parameter is named
-``prompts`` or ``completions``.
+``prompts``, ``completions`` or ``environments``.
 
 A score is a number, or a dict with a numeric ``score`` and optional numeric extras
 (``acc``...) that become metrics, or ``None`` where the function does not apply to the
@@ -37,10 +40,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from geartrain.agents.env_state import EnvironmentState
 from geartrain.errors import GeartrainError
 from geartrain.rewards.registry import get_reward
 
-BATCHED_FIRST_PARAMS = ("prompts", "completions")
+BATCHED_FIRST_PARAMS = ("prompts", "completions", "environments")
 
 
 def batched_reward(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -52,7 +56,8 @@ def batched_reward(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def detect_batched(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` takes a batch: its ``batched`` attribute when set, else whether its
-    first parameter is named ``prompts`` or ``completions`` (TRL's convention)."""
+    first parameter is named ``prompts``, ``completions`` or ``environments`` (TRL's
+    convention)."""
     declared = getattr(fn, "batched", None)
     if isinstance(declared, bool):
         return declared
@@ -63,11 +68,19 @@ def detect_batched(fn: Callable[..., Any]) -> bool:
     return bool(params) and params[0].name in BATCHED_FIRST_PARAMS
 
 
+def takes_environments(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` names an ``environments`` parameter (TRL's: the episodes' environments)."""
+    try:
+        return "environments" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def signature_problem(fn: Callable[..., Any], batched: bool) -> str | None:
     """Why ``fn`` cannot be called under its convention (``None`` when it can): a
     per-sample function must take two positional arguments and require nothing else; a
-    batched one must accept a ``completions`` keyword (the data's columns it names are
-    checked when it is called, in ``geartrain check``)."""
+    batched one must accept a ``completions`` or ``environments`` keyword (the data's
+    columns it names are checked when it is called, in ``geartrain check``)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -76,7 +89,7 @@ def signature_problem(fn: Callable[..., Any], batched: bool) -> str | None:
     var_kw = any(p.kind is kinds.VAR_KEYWORD for p in params)
     if batched:
         names = {p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
-        if "completions" not in names and not var_kw:
+        if not names & {"completions", "environments"} and not var_kw:
             return (
                 "a batched reward is called as f(prompts=..., completions=..., **columns) but it takes no 'completions'"
             )
@@ -87,7 +100,7 @@ def signature_problem(fn: Callable[..., Any], batched: bool) -> str | None:
         return (
             f"a per-sample reward is called as f(response, ground_truth, *, prompt, meta) but it takes "
             f"{len(positional)} positional parameter(s); a batched one must name its first parameter "
-            "'prompts' or 'completions'"
+            "'prompts', 'completions' or 'environments'"
         )
     required = [p.name for p in positional[2:] if p.default is p.empty]
     required += [
@@ -207,6 +220,12 @@ def call_batched(
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         params = None
+    if any(e is not None for e in episodes):  # TRL's environments: each episode's, as it ended
+        kwargs["environments"] = [EnvironmentState(e.get("environment_state") if e else None) for e in episodes]
+    elif takes_environments(fn):
+        raise TypeError(
+            "it takes 'environments' (TRL's), which only multi-turn episodes have: set rollout.agent.environment"
+        )
     if params is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
     out = fn(**kwargs)

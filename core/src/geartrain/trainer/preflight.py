@@ -17,6 +17,7 @@ from geartrain.data.sources import HUB_HINT, DataSource, looks_like_hub_id
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.modeling import hf_config, load_tokenizer
 from geartrain.rewards import RewardTerm, make_term, probe_term
+from geartrain.rewards.terms import takes_environments
 from geartrain.trainer.config import TrainConfig, silent_default_problems
 from geartrain.trainer.sft import sft_dataset
 from geartrain.user_code import is_file_spec, load_from_file
@@ -92,6 +93,9 @@ def _probe_rewards(
     refused = False
     for i, term in enumerate(terms):
         key = f"reward.functions[{i}].function" if config.reward.functions else "reward.function"
+        if config.rollout.agent is not None and term.batched and takes_environments(term.fn):
+            unscored = set()  # it reads the environments episodes leave: none exist before the run
+            continue
         absent: list[int] = []
         problem = probe_term(
             term,
