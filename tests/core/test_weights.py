@@ -61,16 +61,28 @@ def test_send_weights_streams_every_tensor_in_the_receivers_dtype_and_bound() ->
     model = tiny_model("qwen2", seed=1)  # tied embeddings: one tensor under two names
     state = model.state_dict(keep_vars=True)
     receiver = Receiver(torch.bfloat16, bucket_bytes=20_000)
-    stats = send_weights(state.items(), receiver)
-    assert list(receiver.got) == list(state)
+    gathered: list[int] = []
+
+    def materialize(tensor: torch.Tensor) -> torch.Tensor:
+        gathered.append(tensor.data_ptr())  # stands for a collective (FSDP's all-gather)
+        return tensor
+
+    stats = send_weights(state.items(), receiver, materialize=materialize)
+    # every name, in order, except that the tied lm_head comes right after the embedding
+    tied = ["model.embed_tokens.weight", "lm_head.weight"]
+    assert list(receiver.got) == [tied[0], tied[1], *(n for n in state if n not in tied)]
     for name, tensor in receiver.got.items():
         assert tensor.dtype == torch.bfloat16
         torch.testing.assert_close(tensor, state[name].detach().to(torch.bfloat16), rtol=0, atol=0)
+    assert receiver.got[tied[0]] is receiver.got[tied[1]]
     largest = max(t.numel() * 2 for t in state.values())
     assert stats.num_tensors == len(state) and stats.num_buckets > 2
     assert stats.max_bucket_bytes <= max(receiver.bucket_bytes, largest)
-    # the tied lm_head sits in another bucket than embed_tokens: gathered (and counted) again
-    assert stats.bytes == sum(t.numel() * 2 for t in state.values())
+    # the tied tensor is planned once under both names (the model spans several buckets):
+    # gathered once, counted once
+    distinct = {t.data_ptr(): t for t in state.values()}
+    assert sorted(gathered) == sorted(distinct) and len(distinct) == len(state) - 1
+    assert stats.bytes == sum(t.numel() * 2 for t in distinct.values())
 
 
 def test_sent_tensors_never_alias_the_live_parameters() -> None:

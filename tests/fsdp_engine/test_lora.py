@@ -155,16 +155,19 @@ def test_adapter_only_sync_of_rank_16_moves_under_5_percent_of_a_full_sync() -> 
     assert receiver.config["r"] == 16 and receiver.config["lora_alpha"] == 16
 
 
-def test_merged_sync_moves_the_bytes_of_a_full_sync_of_the_same_model() -> None:
-    """The tiny model ties its output layer to the embedding: in one bucket the merged sync
-    materialises (and counts) it once, as the plain engine's full sync does, and sends the
-    same tensors (the adapter is zero-initialised: merged = base)."""
-    merged, full = RecordingReceiver(bucket_bytes=1 << 30), RecordingReceiver(bucket_bytes=1 << 30)
+@pytest.mark.parametrize("bucket_bytes", [1 << 30, 1 << 14])
+def test_merged_sync_moves_the_bytes_of_a_full_sync_of_the_same_model(bucket_bytes: int) -> None:
+    """The tiny model ties its output layer to the embedding: the merged sync materialises
+    (and counts) it once, as the plain engine's full sync does, whether the model fits one
+    bucket or spans many (the tied names are planned into one bucket), and sends the same
+    tensors (the adapter is zero-initialised: merged = base)."""
+    merged, full = RecordingReceiver(bucket_bytes=bucket_bytes), RecordingReceiver(bucket_bytes=bucket_bytes)
     lora = lora_engine().sync_weights(merged)
-    plain = Engine(EngineConfig(backend="fsdp"), ModelConfig(tiny="qwen2", seed=3), rank_context(0, 1)).sync_weights(
-        full
-    )
-    assert lora.bytes == plain.bytes
+    plain_engine = Engine(EngineConfig(backend="fsdp"), ModelConfig(tiny="qwen2", seed=3), rank_context(0, 1))
+    plain = plain_engine.sync_weights(full)
+    whole = plain_engine.sync_weights(RecordingReceiver(bucket_bytes=1 << 30))  # the reference: one bucket
+    assert whole.num_buckets == 1 and (plain.num_buckets > 10 or bucket_bytes == 1 << 30), plain
+    assert lora.bytes == plain.bytes == whole.bytes
     assert merged.tensors.keys() == full.tensors.keys()
     for name, tensor in full.tensors.items():
         torch.testing.assert_close(merged.tensors[name], tensor, atol=0, rtol=0)

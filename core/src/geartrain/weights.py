@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -54,6 +54,7 @@ __all__ = [
     "stream_buckets",
     "stream_weights",
     "tied_aliases",
+    "tied_groups",
     "with_aliases",
 ]
 
@@ -98,6 +99,21 @@ def plan_buckets(items: Iterable[tuple[K, int]], bucket_bytes: int) -> list[Buck
     """Consecutive ``(key, nbytes)`` items grouped into buckets of at most ``bucket_bytes``
     (a larger item forms a bucket of its own; order kept)."""
     return [Bucket(keys=[k for k, _ in group], nbytes=n) for group, n in _group(items, lambda kv: kv[1], bucket_bytes)]
+
+
+def tied_groups(
+    entries: Iterable[tuple[str, torch.Tensor]], *, apart: Collection[str] = ()
+) -> list[tuple[tuple[str, ...], torch.Tensor]]:
+    """``entries`` (``(name, tensor)``) as ``(names, tensor)``, one per distinct tensor, in
+    the order each first appears: the names of a tensor listed more than once (tied weights,
+    e.g. an output layer tied to the input embedding) are kept together. A name in
+    ``apart`` stays on its own (a LoRA-adapted weight, whose merged value is not its
+    partner's)."""
+    groups: dict[object, tuple[list[str], torch.Tensor]] = {}
+    for name, tensor in entries:
+        key: object = ("apart", name) if name in apart else id(tensor)
+        groups.setdefault(key, ([], tensor))[0].append(name)
+    return [(tuple(names), tensor) for names, tensor in groups.values()]
 
 
 def bucketed(
@@ -149,26 +165,23 @@ def stream_weights(
 
     ``materialize(tensor)`` turns a stored tensor into the full one (a collective for
     sharded tensors: then every rank must consume the stream to its end). A tensor listed
-    under several names (tied weights) is materialised once per bucket. The yielded
-    tensors never alias the live parameters."""
-    entries = list(entries)
-    by_name = dict(entries)
+    under several names (tied weights) is planned once, with all its names in one bucket:
+    materialised and counted once, and yielded under each name (right after one another).
+    The yielded tensors never alias the live parameters."""
+    groups = tied_groups(entries)
+    by_name = {names[0]: tensor for names, tensor in groups}
     itemsize = torch.empty((), dtype=dtype).element_size()
     target = torch.device(device)
-    # a tied weight is planned at full size under each name: in another bucket it is gathered again
-    buckets = plan_buckets([(name, t.numel() * itemsize) for name, t in entries], bucket_bytes)
+    buckets = plan_buckets([(names, t.numel() * itemsize) for names, t in groups], bucket_bytes)
 
-    def gather(names: list[str]) -> list[tuple[str, torch.Tensor]]:
-        done: dict[int, torch.Tensor] = {}
+    def gather(keys: list[tuple[str, ...]]) -> list[tuple[str, torch.Tensor]]:
         out: list[tuple[str, torch.Tensor]] = []
-        for name in names:
-            src = by_name[name]
-            if id(src) not in done:
-                live = src.detach()
-                full = materialize(live).to(device=target, dtype=dtype)
-                # .to() returns the live tensor itself when nothing changes: hand out a copy
-                done[id(src)] = torch.empty_like(full).copy_(full) if full is live else full
-            out.append((name, done[id(src)]))
+        for names in keys:
+            live = by_name[names[0]].detach()
+            full = materialize(live).to(device=target, dtype=dtype)
+            # .to() returns the live tensor itself when nothing changes: hand out a copy
+            full = torch.empty_like(full).copy_(full) if full is live else full
+            out += [(name, full) for name in names]
         return out
 
     return stream_buckets(buckets, gather, stats)

@@ -13,7 +13,15 @@ import torch
 import torch.distributed as dist
 from geartrain.export import write_safetensors
 from geartrain.types import AdapterReceiver, SyncStats, WeightReceiver
-from geartrain.weights import BucketStats, deliver_stream, plan_buckets, send_weights, stream_buckets, stream_weights
+from geartrain.weights import (
+    BucketStats,
+    deliver_stream,
+    plan_buckets,
+    send_weights,
+    stream_buckets,
+    stream_weights,
+    tied_groups,
+)
 
 from geartrain_fsdp.sharding import FSDPModel
 
@@ -88,27 +96,23 @@ def iter_merged_weights(
 
     adapted = {f"{module}.weight": site for module, site in sites(model.hf).items()}
     entries = [(plain, t) for name, t in hf_state_entries(model) if (plain := transformers_name(name)) is not None]
+    # a tied weight (not adapted) is planned once under all its names, as by stream_weights
+    groups = tied_groups(entries, apart=adapted)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    by_name = dict(entries)
+    by_name = {names[0]: tensor for names, tensor in groups}
     target = torch.device(device)
 
-    def gather(names: list[str]) -> list[tuple[str, torch.Tensor]]:
-        out = []
-        unadapted: dict[int, torch.Tensor] = {}  # a tied weight is materialised once per bucket, as by stream_weights
-        for name in names:
-            site = adapted.get(name)
-            if site is None and id(by_name[name]) in unadapted:
-                out.append((name, unadapted[id(by_name[name])]))
-                continue
-            live = by_name[name].detach()
+    def gather(keys: list[tuple[str, ...]]) -> list[tuple[str, torch.Tensor]]:
+        out: list[tuple[str, torch.Tensor]] = []
+        for names in keys:
+            site = adapted.get(names[0])
+            live = by_name[names[0]].detach()
             full = (merged_weight(site, _full) if site is not None else _full(live)).to(device=target, dtype=dtype)
             full = full.clone() if full is live else full  # never alias a live parameter
-            if site is None:
-                unadapted[id(by_name[name])] = full
-            out.append((name, full))
+            out += [(name, full) for name in names]
         return out
 
-    buckets = plan_buckets([(name, t.numel() * itemsize) for name, t in entries], bucket_bytes)
+    buckets = plan_buckets([(names, t.numel() * itemsize) for names, t in groups], bucket_bytes)
     return stream_buckets(buckets, gather, stats)
 
 
