@@ -106,3 +106,45 @@ def test_a_failed_send_is_raised_naming_the_replica() -> None:
     with pytest.raises(RuntimeError, match="replica 1"):
         sends.put(_snapshot(1))
     sends.close()
+
+
+def test_a_replaced_replica_gets_only_what_is_sent_after_and_its_old_sender_is_forgotten() -> None:
+    """Replica 1 died: its sender is stuck (a send to the dead process) or failed. Replaced,
+    the snapshot it had not taken is dropped for it (the trainer does not wait on it), its
+    failure is no longer raised, and the new sender gets what is queued for it from now on."""
+    entered, stuck, failing = threading.Event(), threading.Event(), threading.Event()
+    old: list[int] = []
+    new: list[int] = []
+
+    def dead(tensors: list[tuple[str, torch.Tensor]]) -> None:
+        old.append(int(tensors[0][1].item()))
+        entered.set()
+        stuck.wait(timeout=60)  # released at the end: its late failure must not count
+        raise ConnectionError("peer closed")
+
+    sends = SendQueue([lambda tensors: None, dead], max_in_flight=1)
+    sends.put([("v", torch.tensor(0))])
+    assert entered.wait(timeout=10)
+    sends.replace(1, lambda tensors: new.append(int(tensors[0][1].item())))
+    second = threading.Thread(target=sends.put, args=([("v", torch.tensor(1))], [1]))
+    second.start()
+    second.join(timeout=10)
+    assert not second.is_alive(), "the trainer waited for the dead replica's snapshot"
+    sends.wait()
+    assert old == [0] and new == [1]
+
+    def broken(tensors: list[tuple[str, torch.Tensor]]) -> None:
+        failing.set()
+        raise ConnectionError("peer closed")
+
+    sends.replace(0, broken)
+    sends.put([("v", torch.tensor(2))])
+    failing.wait(timeout=10)
+    with pytest.raises(RuntimeError, match="rollout replica 0 failed"):
+        sends.wait()
+    sends.replace(0, lambda tensors: None)
+    stuck.set()  # the first dead sender fails now, after its replacement
+    sends.put([("v", torch.tensor(3))])
+    sends.wait()  # neither old failure is raised
+    assert new == [1, 2, 3]
+    sends.close()

@@ -61,7 +61,15 @@ def call_phase(method: str) -> str:
 
 
 class RankFailure(GeartrainError):
-    """A rank died or raised; the message names role, rank, node and its last log lines."""
+    """A rank died or raised; the message names role, rank, node and its last log lines.
+
+    ``role`` and ``rank`` say which rank failed (``None`` when several did not answer) and
+    ``died`` whether its process ended (killed, out of memory, crashed), as opposed to
+    raising or hanging: a caller may replace a dead rank (:meth:`RayWorkerGroup.replace_rank`)."""
+
+    def __init__(self, message: str, *, role: str | None = None, rank: int | None = None, died: bool = False) -> None:
+        super().__init__(message)
+        self.role, self.rank, self.died = role, rank, died
 
 
 def require_ray() -> None:
@@ -173,6 +181,15 @@ class RankHost:
         )
         self._log(f"torch.distributed ({backend}) ready: rank {self.rank} of {self.world_size}")
 
+    def init_alone(self) -> None:
+        """A ``torch.distributed`` world of this process alone: a rank started in place of
+        a dead one cannot join its pool's world (see :meth:`RankPool.replace`)."""
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        self._log(f"torch.distributed ({backend}) ready: a world of its own (in place of rank {self.rank})")
+
     def add(
         self, role: str, worker_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], seed: int
     ) -> tuple[int, int]:
@@ -243,7 +260,6 @@ class RankPool:
     def __init__(self, name: str, size: int, cluster: Any, log_dir: Path, resources: Any = None) -> None:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name, self.size = name, size
         self.timeout_s = cluster.startup_timeout_s
@@ -272,19 +288,10 @@ class RankPool:
         self.beat_paths = [str(Path(p).with_suffix(".beat")) for p in self.log_paths]
         for beat in self.beat_paths:  # a previous run's (a resume into the same directory) is not these ranks'
             Path(beat).unlink(missing_ok=True)
-        device = "cuda" if res.gpus else "cpu"
-        remote = ray.remote(RankHost)
-        self.hosts = [
-            remote.options(
-                num_cpus=res.cpus,
-                num_gpus=res.gpus,
-                max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=r
-                ),
-            ).remote(name, r, size, self.log_paths[r], int(res.cpus), device)
-            for r in range(size)
-        ]
+        self.resources, self.device = res, ("cuda" if res.gpus else "cpu")
+        self.roles: list[str] = []
+        """The roles built on these ranks (:meth:`RayWorkerGroup.replace_rank` needs one)."""
+        self.hosts = [self._start(r) for r in range(size)]
         self.where: list[dict[str, Any]] = [{"host": "?", "node_id": "?"} for _ in range(size)]
         self.where = self.get([h.where.remote() for h in self.hosts], "(start-up)", "where", deadline_s=self.timeout_s)
         address, port = self.get(
@@ -295,6 +302,47 @@ class RankPool:
             "(start-up)",
             "init_distributed",
             deadline_s=self.timeout_s,
+        )
+
+    def _start(self, rank: int) -> Any:
+        """A new :class:`RankHost` actor for ``rank``, on that rank's bundle."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        res = self.resources
+        return (
+            ray.remote(RankHost)
+            .options(
+                num_cpus=res.cpus,
+                num_gpus=res.gpus,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=rank
+                ),
+            )
+            .remote(self.name, rank, self.size, self.log_paths[rank], int(res.cpus), self.device)
+        )
+
+    def replace(self, rank: int) -> None:
+        """Start a new process in place of ``rank`` (dead: its actor is killed first, if
+        anything is left of it), on the same bundle of the placement group, logging to
+        the same file. It holds no worker yet, and it is not a member of the pool's
+        ``torch.distributed`` world (a gloo or NCCL world takes no new member): it gets a
+        world of its own, so only a role whose ranks use no collective among themselves
+        (the separate rollout's replicas) can be rebuilt on it."""
+        import ray
+
+        try:
+            ray.kill(self.hosts[rank])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        Path(self.beat_paths[rank]).unlink(missing_ok=True)  # the new process's beat is not there yet
+        self.hosts[rank] = self._start(rank)
+        self.where[rank] = self.get(
+            [self.hosts[rank].where.remote()], "(start-up)", "where", deadline_s=self.timeout_s, ranks=[rank]
+        )[0]
+        self.get(
+            [self.hosts[rank].init_alone.remote()], "(start-up)", "init_alone", deadline_s=self.timeout_s, ranks=[rank]
         )
 
     def _short_message(
@@ -378,7 +426,7 @@ class RankPool:
             f"{self.log_paths[r]}:\n{_tail(self.log_paths[r])}"
             for r in ranks
         ]
-        raise RankFailure("\n".join(parts))
+        raise RankFailure("\n".join(parts), role=role, rank=ranks[0] if len(ranks) == 1 else None)
 
     def _fail(
         self, rank: int, exc: Exception, pending: list[Any], index: dict[Any, int], role: str, method: str
@@ -426,7 +474,10 @@ class RankPool:
             what = "raised an error:\n" + "\n".join(f"  {line}" for line in lines[-12:])
         raise RankFailure(
             f"{who} {what}\nduring {method}; last lines of its log {self.log_paths[rank]}:\n"
-            f"{_tail(self.log_paths[rank])}"
+            f"{_tail(self.log_paths[rank])}",
+            role=role,
+            rank=rank,
+            died=isinstance(exc, ray.exceptions.RayActorError),
         ) from exc
 
     def close(self, graceful: bool = True) -> None:
@@ -548,7 +599,9 @@ class RayWorkerGroup(WorkerGroup):
 
         self.pool, self.role, self.world_size, self.balance = pool, role, pool.size, balance
         shared = ray.put((args, kwargs))
+        self._build = (worker_cls, shared, seed)  # what replace_rank builds again
         coords = pool.get([h.add_shared.remote(role, worker_cls, shared, seed) for h in pool.hosts], role, "build")
+        pool.roles.append(role)
         self.dp_of = [c[0] for c in coords]
         self.dp_size = coords[0][1]
         self.leaders = [self.dp_of.index(d) for d in range(self.dp_size)]
@@ -612,6 +665,26 @@ class RayWorkerGroup(WorkerGroup):
             raise ValueError(f"{self.role}: rank {rank} out of range (world size {self.world_size})")
         ref = self.pool.hosts[rank].call_shared.remote(self.role, method, _by_store((args, kwargs)))
         return PendingCall(wait=lambda: self.pool.get([ref], self.role, method, ranks=[rank])[0].value)
+
+    def replace_rank(self, rank: int) -> None:
+        """A new process in place of rank ``rank`` (which died), holding a new worker built
+        from the group's arguments (:meth:`RankPool.replace`: not in the pool's
+        ``torch.distributed`` world). Only for a role alone in its pool: the ranks of
+        colocated roles share one process."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"{self.role}: rank {rank} out of range (world size {self.world_size})")
+        if self.pool.roles != [self.role]:
+            raise GeartrainError(
+                f"cannot replace rank {rank} of '{self.role}': its process also hosts {', '.join(self.pool.roles)}"
+            )
+        worker_cls, shared, seed = self._build
+        self.pool.replace(rank)
+        self.pool.get(
+            [self.pool.hosts[rank].add_shared.remote(self.role, worker_cls, shared, seed)],
+            self.role,
+            "build",
+            ranks=[rank],
+        )
 
     def shutdown(self) -> None:
         if not self.closed:

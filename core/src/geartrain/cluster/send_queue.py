@@ -27,18 +27,21 @@ Send = Callable[[list[tuple[str, torch.Tensor]]], Any]
 
 
 class _Delivery:
-    """One snapshot on its way to every replica."""
+    """One snapshot on its way to the replicas ``receivers``."""
 
-    def __init__(self, tensors: list[tuple[str, torch.Tensor]], receivers: int) -> None:
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]], receivers: Sequence[int]) -> None:
         self.tensors: list[tuple[str, torch.Tensor]] | None = tensors
-        self.left = receivers
+        self.left = set(receivers)
         self.done = threading.Event()
         self.lock = threading.Lock()
+        if not self.left:
+            self.done.set()
 
-    def delivered(self) -> None:
+    def delivered(self, replica: int) -> None:
+        """``replica`` has it, or will never need it (a replica replaced: once only)."""
         with self.lock:
-            self.left -= 1
-            if self.left == 0:
+            self.left.discard(replica)
+            if not self.left and not self.done.is_set():
                 self.tensors = None  # the snapshot's memory goes as soon as every replica has it
                 self.done.set()
 
@@ -53,25 +56,48 @@ class SendQueue:
         self.max_in_flight = max_in_flight
         self.in_flight: deque[_Delivery] = deque()
         self.errors: list[tuple[int, BaseException]] = []
+        self.lock = threading.Lock()  # errors and queues: a replaced sender's thread may still run
         self.queues: list[queue.Queue[_Delivery | None]] = [queue.Queue() for _ in senders]
-        self.threads = [
-            threading.Thread(target=self._run, args=(r, send), name=f"geartrain-weights-to-replica-{r}", daemon=True)
-            for r, send in enumerate(senders)
-        ]
-        for thread in self.threads:
-            thread.start()
+        self.threads = [self._thread(r, send, self.queues[r]) for r, send in enumerate(senders)]
 
-    def _run(self, replica: int, send: Send) -> None:
+    def _thread(self, replica: int, send: Send, deliveries: queue.Queue[_Delivery | None]) -> threading.Thread:
+        thread = threading.Thread(
+            target=self._run,
+            args=(replica, send, deliveries),
+            name=f"geartrain-weights-to-replica-{replica}",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    def _run(self, replica: int, send: Send, deliveries: queue.Queue[_Delivery | None]) -> None:
         failed = False
-        while (delivery := self.queues[replica].get()) is not None:
+        while (delivery := deliveries.get()) is not None:
             if not failed:  # after a failure the group is broken: later snapshots are not sent
                 try:
-                    assert delivery.tensors is not None
-                    send(delivery.tensors)
+                    tensors = delivery.tensors
+                    if tensors is not None:  # None: dropped for a replaced replica
+                        send(tensors)
                 except BaseException as exc:  # noqa: BLE001 - raised on the trainer's next call
-                    self.errors.append((replica, exc))
+                    with self.lock:
+                        if self.queues[replica] is deliveries:  # not replaced since
+                            self.errors.append((replica, exc))
                     failed = True
-            delivery.delivered()
+            delivery.delivered(replica)
+
+    def replace(self, replica: int, send: Send) -> None:
+        """Send to ``replica`` by ``send`` from now on (a replica started in place of a
+        dead one, over a new group): the snapshots not delivered to the old one are
+        dropped for it, its failure is forgotten, and its thread is left to end (it may
+        be stuck in a send to the dead replica until the group's timeout)."""
+        with self.lock:
+            old = self.queues[replica]
+            self.queues[replica] = queue.Queue()
+            self.errors = [(r, e) for r, e in self.errors if r != replica]
+        old.put(None)
+        for delivery in list(self.in_flight):
+            delivery.delivered(replica)
+        self.threads[replica] = self._thread(replica, send, self.queues[replica])
 
     def _raise(self) -> None:
         if self.errors:
@@ -86,18 +112,18 @@ class SendQueue:
         while self.in_flight and self.in_flight[0].done.is_set():
             self.in_flight.popleft()
 
-    def put(self, tensors: list[tuple[str, torch.Tensor]]) -> int:
-        """Queue ``tensors`` for every replica, after waiting (if needed) until fewer than
-        ``max_in_flight`` earlier snapshots are undelivered. Raises (a ``RuntimeError``
-        naming the replica) if an earlier send failed. Returns the snapshots in flight."""
+    def put(self, tensors: list[tuple[str, torch.Tensor]], to: Sequence[int] | None = None) -> int:
+        """Queue ``tensors`` for every replica (or the replicas ``to``), after waiting (if
+        needed) until fewer than ``max_in_flight`` earlier snapshots are undelivered.
+        Raises (a ``RuntimeError`` naming the replica) if an earlier send failed. Returns
+        the snapshots in flight."""
         self._retire(self.max_in_flight - 1)
         self._raise()
-        delivery = _Delivery(tensors, len(self.queues))
-        if not self.queues:
-            delivery.done.set()
+        receivers = list(range(len(self.queues)) if to is None else to)
+        delivery = _Delivery(tensors, receivers)
         self.in_flight.append(delivery)
-        for q in self.queues:
-            q.put(delivery)
+        for r in receivers:
+            self.queues[r].put(delivery)
         return len(self.in_flight)
 
     def wait(self) -> None:

@@ -69,6 +69,12 @@ class WorkerGroup(ABC):
             raise NotImplementedError(f"{type(self).__name__} cannot call one rank of {self.world_size}")
         return self.submit(method, *args, **kwargs)
 
+    def replace_rank(self, rank: int) -> None:
+        """Start a new rank in place of rank ``rank``, which died, with a new worker built
+        as the first was (the caller restores its state). Placements whose ranks cannot
+        die alone (this default) refuse."""
+        raise NotImplementedError(f"{type(self).__name__} cannot replace a rank")
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stop the ranks and free what they hold (abstract: every group holds something, a

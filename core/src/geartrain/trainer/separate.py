@@ -31,8 +31,10 @@ samples from the checkpoint's weights (the job says so when it resumes).
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +43,8 @@ import torch
 from geartrain.algorithms import make_actor_loss
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, PendingCall, WorkerGroup
-from geartrain.cluster.dispatch import prompt_batch
+from geartrain.cluster.dispatch import dp_rows, gather, prompt_batch, reduce_metrics, shard_value
+from geartrain.cluster.ray_placement import RankFailure
 from geartrain.cluster.send_queue import SendQueue
 from geartrain.cluster.update_group import UpdateGroup, free_address
 from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
@@ -59,6 +62,8 @@ from geartrain.trainer.roles import ActorRolloutWorker, _global_prompt_index, _p
 from geartrain.trainer.sampling import concat_rollouts
 from geartrain.types import EngineContext, SamplingParams
 from geartrain.weights import BucketStats, drain
+
+logger = logging.getLogger("geartrain.trainer")
 
 #: methods of the actor's group after which its weights differ from the replicas'
 UPDATES = frozenset({"update", "update_once", "load_checkpoint"})
@@ -203,11 +208,33 @@ class TrainerWorker(ActorRolloutWorker):
         if self.rank != 0:
             return
         self.groups = [UpdateGroup(address, port, 0, 2, device=self.device) for address, port in addresses]
+        self.sends = SendQueue([self._sender(g) for g in self.groups], max_in_flight)
 
-        def sender(group: UpdateGroup) -> Any:
-            return lambda tensors: group.send(iter(tensors), self.bucket_bytes)
+    def _sender(self, group: UpdateGroup) -> Any:
+        return lambda tensors: group.send(iter(tensors), self.bucket_bytes)
 
-        self.sends = SendQueue([sender(g) for g in self.groups], max_in_flight)
+    def rejoin_update_group(self, replica: int, addresses: list[tuple[str, int]]) -> None:
+        """Rank 0: a new update group with the replica started in place of replica
+        ``replica`` (which joins ``addresses[replica]`` at the same time); the send queue
+        sends to it from now on, and drops what it had not delivered to the dead one."""
+        if self.rank != 0:
+            return
+        assert self.sends is not None, "join_update_groups first"
+        address, port = addresses[replica]
+        self.groups[replica] = UpdateGroup(address, port, 0, 2, device=self.device)
+        self.sends.replace(replica, self._sender(self.groups[replica]))
+
+    def send_weights(self, replica: int) -> None:
+        """Snapshot the weights (every rank) and queue them on rank 0 for replica
+        ``replica`` alone: a broadcast's path, for a replica started in place of a dead one."""
+        snapshot = WeightSnapshot(self.dtype, self.bucket_bytes)
+        self.engine.sync_weights(snapshot)
+        if self.rank == 0:
+            assert self.sends is not None, "join_update_groups first"
+            try:
+                self.sends.put(snapshot.tensors, to=[replica])
+            except RuntimeError as exc:
+                raise GeartrainError(f"the weight broadcast to the rollout replicas failed: {exc}") from exc
 
     def broadcast_weights(self) -> dict[str, float]:
         """Snapshot the weights (every rank: sharded engines gather collectively) and queue
@@ -299,6 +326,9 @@ class SeparateGeneration(Generation):
         self.trainer = actor
         self.rollout = rollout
         self.max_staleness = config.algorithm.max_staleness
+        self.balance = config.cluster.balance_tokens
+        self.restarts_allowed = config.rollout.replica_restarts
+        self.restarts = 0  # dead replicas replaced so far
         self.published = -1
         self.sent = 0  # requests sent to the replicas so far
         # per replica, the weight loads not waited for yet: (requests sent before it, call)
@@ -339,25 +369,79 @@ class SeparateGeneration(Generation):
         self.published = version
         self.publishes += 1
         if self.max_staleness == 0:
-            metrics.update(self.rollout.call("receive_weights", version))
+            replicas = range(self.rollout.world_size)
+            loads = [self.rollout.submit_rank(r, "receive_weights", version) for r in replicas]
+            metrics.update(reduce_metrics([self._answer(r, loads[r]) for r in replicas]))
         else:  # each replica loads them after its requests already sent, on its own
             for r in range(self.rollout.world_size):
                 self.receiving[r].append((self.sent, self.rollout.submit_rank(r, "receive_weights", version)))
         return metrics
 
     def _send(self, prompts: PromptBatch, sampling: SamplingParams) -> tuple[int, PendingCall]:
-        call = self.rollout.submit("generate", prompt_batch(prompts.prompt_ids), sampling, dispatch=Dispatch.DP)
-        self.sent += 1
-        return self.sent - 1, call
+        """Send ``prompts`` split over the replicas as ``Dispatch.DP`` splits them (a
+        prompt's samples on one replica), one call per replica, so that the share of a
+        replica that dies can be sent again to the one started in its place."""
+        request = prompt_batch(prompts.prompt_ids)
+        replicas = range(self.rollout.world_size)
+        rows = dp_rows(request, len(replicas), balance=self.balance)
+        shares = [shard_value(request, rows[r]) for r in replicas]
 
-    def _wait(self, call: PendingCall) -> Any:
-        """``call``'s result; a failure of a call to one replica names the replica that
-        died, where one did (``RankFailure``)."""
-        try:
-            return call.result()
-        except GeartrainError:
-            self.rollout.call("alive")
-            raise
+        def send(r: int) -> PendingCall:
+            return self.rollout.submit_rank(r, "generate", shares[r], sampling)
+
+        calls = [send(r) for r in replicas]
+
+        def wait() -> Any:
+            results = [self._answer(r, calls[r], lambda r=r: send(r)) for r in replicas]
+            return gather(results, [rows[r][0] for r in replicas], len(request))
+
+        self.sent += 1
+        return self.sent - 1, PendingCall(wait=wait)
+
+    def _answer(self, replica: int, call: PendingCall, resend: Callable[[], PendingCall] | None = None) -> Any:
+        """The result of ``call``, sent to ``replica`` alone. If the replica died and
+        ``rollout.replica_restarts`` allows, a new one takes its place (:meth:`_replace`)
+        and gets the call again by ``resend`` (a weight load, without ``resend``: the new
+        replica's load of the same weights stands for it)."""
+        while True:
+            try:
+                return call.result()
+            except RankFailure as failure:
+                load = self._replace(replica, failure)
+                if resend is None:
+                    return load
+                call = resend()
+
+    def _replace(self, replica: int, failure: RankFailure) -> dict[str, float]:
+        """Start a new replica in place of ``replica``, which died (``failure``), with a
+        new update group and the trainer's weights (its version: what the dead replica
+        would have had at ``max_staleness = 0``); returns the metrics of that weight load.
+        Raises ``failure`` if it is not a death of ``replica`` or no restart is left."""
+        died = failure.died and failure.rank == replica and failure.role == self.rollout.role
+        if not died or self.restarts >= self.restarts_allowed:
+            if died and self.restarts_allowed:
+                failure.add_note(
+                    f"(rollout.replica_restarts = {self.restarts_allowed}: no restart left, "
+                    f"{self.restarts} dead replica(s) replaced already)"
+                )
+            raise failure
+        self.restarts += 1
+        logger.warning(
+            "rollout replica %d died (%s); starting a new one in its place (rollout.replica_restarts: %d left)",
+            replica,
+            str(failure).splitlines()[0],
+            self.restarts_allowed - self.restarts,
+        )
+        self.rollout.replace_rank(replica)
+        addresses = self.trainer.call("update_group_addresses", self.rollout.world_size)
+        joining = [
+            self.trainer.submit("rejoin_update_group", replica, addresses),
+            self.rollout.submit_rank(replica, "join_update_group", addresses),
+        ]
+        for pending in joining:
+            pending.result()
+        self.trainer.call("send_weights", replica)
+        return self.rollout.submit_rank(replica, "receive_weights", self.trainer.version).result()
 
     def _result(
         self, request: tuple[int, PendingCall], replica: int | None = None
@@ -366,11 +450,11 @@ class SeparateGeneration(Generation):
         (simulated latency; ``None``: ready now) and the replicas' metrics, with those of
         the weight loads applied before it."""
         number, pending = request
-        batch, metrics = self._wait(pending)
+        batch, metrics = pending.result()
         # weight loads sent before this request are applied by now (each replica ran them first)
         for r in range(len(self.receiving)) if replica is None else [replica]:
             while self.receiving[r] and self.receiving[r][0][0] <= number:
-                metrics.update(self._wait(self.receiving[r].popleft()[1]))
+                metrics.update(self.receiving[r].popleft()[1].result())
         return batch, batch.meta.pop(READY_AT, None), metrics
 
     def _stamp(self, batch: Batch) -> None:
@@ -407,7 +491,10 @@ class SeparateGeneration(Generation):
         if self.max_staleness == 0:
             prompts = self.loader.next_batch()
             batch, more = self.generate(prompts, self.sampling(step))
-            return prompts, batch, {**metrics, **more}
+            metrics = {**metrics, **more}
+            if self.restarts_allowed:
+                metrics["separate/replica_restarts"] = float(self.restarts)
+            return prompts, batch, metrics
         return self._stream(step, metrics)
 
     # ------------------------------------------------------------------ streaming (k >= 1)
