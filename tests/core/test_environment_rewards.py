@@ -148,3 +148,35 @@ def test_a_job_without_episodes_is_refused_a_reward_taking_environments(tmp_path
     )
     with pytest.raises(ConfigError, match="takes 'environments'.*set rollout.agent.environment"):
         preflight(config, tokenizer=tiny_tokenizer(), data=[{"prompt": "1+1=", "ground_truth": "2"}])
+
+
+def test_trls_run_time_keywords_reach_a_batched_reward() -> None:
+    """``trainer_state``, ``completion_ids``, ``log_metric`` and ``log_extra`` as TRL passes
+    them; what is logged survives the trip of a result across reward workers (rows)."""
+    from geartrain.layout import sequence_batch
+    from geartrain.rewards import RewardResult, RewardScorer
+    from geartrain.rewards.terms import TrainerState
+    from geartrain.trainer.roles import completion_ids
+
+    def shaped(completions: list[str], trainer_state: Any, completion_ids: list[list[int]], **kwargs: Any) -> list:
+        kwargs["log_metric"]("ids", float(sum(map(len, completion_ids))))
+        kwargs["log_metric"]("ids", 1.0)
+        kwargs["log_extra"]("first", [ids[0] for ids in completion_ids])
+        return [trainer_state.global_step / trainer_state.max_steps + len(ids) for ids in completion_ids]
+
+    batch = sequence_batch([[5, 6], [7]], [[8, 9, 10], [11]], 0)
+    ids = completion_ids(batch)
+    assert ids == [[8, 9, 10], [11]]  # the response tokens, not the padding
+    result = RewardScorer(shaped).score(
+        ["a", "b"], ["", ""], trainer_state=TrainerState(global_step=2, max_steps=4, epoch=0.0), completion_ids=ids
+    )
+    assert result.errors == [] and result.scores.tolist() == [3.5, 1.5]
+    assert result.metrics["reward/ids"] == 2.5  # the mean of what was logged for the batch
+    again = RewardResult.from_rows(result.rows())
+    assert again.columns == {"first": [8, 11]} and again.metrics["reward/ids"] == 2.5
+
+    def too_short(completions: list[str], log_extra: Any) -> list[float]:
+        log_extra("x", [1])
+        return [0.0, 0.0]
+
+    assert RewardScorer(too_short).score(["a", "b"], ["", ""]).errors == [0, 1]

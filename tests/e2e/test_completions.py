@@ -65,3 +65,51 @@ def test_completions_jsonl_with_each_reward_and_stop_strings(tmp_path: Path) -> 
     events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
     assert {"completions/train/text_summary", "completions/validation/text_summary"} <= set(events.Tags()["tensors"])
+
+
+PROGRESS = """
+def progress(completions, trainer_state, completion_ids, log_metric, log_extra, **kwargs):
+    log_metric("step_seen", float(trainer_state.global_step))
+    log_extra("n_ids", [len(ids) for ids in completion_ids])
+    log_extra("of", [trainer_state.max_steps] * len(completions))
+    return [float(trainer_state.global_step) for _ in completions]
+"""
+
+
+def test_trls_run_time_reward_keywords(tmp_path: Path) -> None:
+    """TRL passes reward functions ``trainer_state`` (shaping by progress),
+    ``completion_ids``, ``log_metric`` and ``log_extra``; one that uses them ran into a
+    missing argument."""
+    (tmp_path / "r.py").write_text(PROGRESS)
+    out = tmp_path / "run"
+    config = load_train_config(
+        MAIN_CONFIG,
+        [
+            "sft.enabled=false",
+            "trainer.progress=false",
+            "trainer.export_hf=false",
+            "trainer.plot=false",
+            "trainer.total_steps=3",
+            "validation.every_n_steps=0",
+            "validation.max_prompts=4",
+            "trainer.log_completions=4",
+            "reward.function=''",
+            f'reward.functions=[{{name = "exact", function = "task.py:exact_match"}}, '
+            f'{{name = "progress", function = "{tmp_path / "r.py"}:progress", weight = 0.0}}]',
+            f"trainer.output_dir={out}",
+        ],
+        check_plugins=False,
+    )
+    run_job(config)
+    records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1] * 4 + [2] * 4 + [3] * 4
+    for r in train:
+        assert r["rewards"]["progress"] == r["step"]  # trainer_state.global_step: the step scored
+        assert r["columns"]["of"] == 3  # trainer_state.max_steps
+        # completion_ids: the response's tokens (one per character of the char tokenizer; the
+        # special ones the text leaves out, EOS among them, too)
+        assert len(r["response"]) <= r["columns"]["n_ids"] <= config.sampling.max_tokens, r
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if m["step"] >= 1 and "reward/step_seen" in m]
+    assert [m["reward/step_seen"] for m in steps] == [1.0, 2.0, 3.0]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from geartrain.rewards.registry import RewardFn, RewardOutput
-from geartrain.rewards.terms import Messages, RewardTerm, as_terms, call_batched
+from geartrain.rewards.terms import Messages, RewardContext, RewardTerm, TrainerState, as_terms, call_batched
 
 logger = logging.getLogger("geartrain.rewards")
 
@@ -54,11 +54,15 @@ class RewardResult:
     """Each term's own score per sample, by term name (``None`` where it failed or
     returned ``None``: absent)."""
     timeouts: list[int] = field(default_factory=list)
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    """Columns the functions logged for the completions log (TRL's ``log_extra``), one
+    value per sample."""
     _exact: list[float] | None = field(default=None, repr=False)
     """The scores as the function returned them (``scores`` is float32)."""
 
     def rows(self) -> list[dict[str, Any]]:
-        """One plain dict per sample: ``score``, ``terms``, ``extras``, ``error``, ``timeout``."""
+        """One plain dict per sample: ``score``, ``terms``, ``extras``, ``error``,
+        ``timeout``, ``columns``."""
         failed, late = set(self.errors), set(self.timeouts)
         return [
             {
@@ -67,6 +71,7 @@ class RewardResult:
                 "extras": {key: values[i] for key, values in self.extras.items() if values[i] is not None},
                 "error": i in failed,
                 "timeout": i in late,
+                "columns": {key: values[i] for key, values in self.columns.items()},
             }
             for i in range(len(self.scores))
         ]
@@ -87,6 +92,10 @@ class RewardResult:
         errors = [i for i, row in enumerate(rows) if row["error"]]
         timeouts = [i for i, row in enumerate(rows) if row["timeout"]]
         metrics = summarize(exact, extras, term_scores, errors, timeouts)
+        columns: dict[str, list[Any]] = {}
+        for i, row in enumerate(rows):
+            for key, value in (row.get("columns") or {}).items():
+                columns.setdefault(key, [None] * n)[i] = value
         return cls(
             scores=scores,
             extras=extras,
@@ -94,6 +103,7 @@ class RewardResult:
             metrics=metrics,
             term_scores=term_scores,
             timeouts=timeouts,
+            columns=columns,
             _exact=exact,
         )
 
@@ -244,12 +254,13 @@ class RewardScorer:
         prompts: Sequence[str],
         metas: list[dict[str, Any]],
         conversations: Sequence[Messages | None] | None = None,
+        context: RewardContext | None = None,
     ) -> Any:
         term, i = self.terms[unit[0]], unit[1]
         try:
             if i is None:
                 outs = call_batched(
-                    term.fn, list(prompts), list(responses), truths, metas, term.truth_column, conversations
+                    term.fn, list(prompts), list(responses), truths, metas, term.truth_column, conversations, context
                 )
                 parsed: list[Any] = []
                 for out in outs:
@@ -296,12 +307,17 @@ class RewardScorer:
         prompts: Sequence[str] | None = None,
         metas: Sequence[Mapping[str, Any] | None] | None = None,
         conversations: Sequence[Messages | None] | None = None,
+        trainer_state: TrainerState | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> RewardResult:
         """Score every sample with every term (see the class docstring). ``conversations``:
         per sample, the messages of its row when the row is a conversation (``None`` for a
         plain prompt); a batched (TRL) term then gets TRL's shapes for that sample, a list of
         messages as its prompt and ``[{"role": "assistant", "content": response}]`` as its
-        completion (:func:`~geartrain.rewards.terms.trl_shapes`)."""
+        completion (:func:`~geartrain.rewards.terms.trl_shapes`). A batched term also gets
+        TRL's ``trainer_state``, ``completion_ids``, ``log_metric`` (each name's values are
+        averaged and reported as the extra ``<name>`` of every sample, so
+        ``reward/<name>``) and ``log_extra`` (:attr:`RewardResult.columns`)."""
         n = len(responses)
         prompts = list(prompts) if prompts is not None else [""] * n
         metas_in = list(metas) if metas is not None else [None] * n
@@ -315,8 +331,13 @@ class RewardScorer:
         truths = ["" if t is None else str(t) for t in ground_truths]
         metas_d = [dict(m or {}) for m in metas_in]
         units = self._calls(responses, truths, prompts, metas_d)
+        context = RewardContext(
+            size=n,
+            trainer_state=trainer_state,
+            completion_ids=[list(ids) for ids in completion_ids] if completion_ids is not None else None,
+        )
         results = self._run(
-            len(units), lambda u: self._call(units[u], responses, truths, prompts, metas_d, conversations)
+            len(units), lambda u: self._call(units[u], responses, truths, prompts, metas_d, conversations, context)
         )
         # per term and sample: (score, extras), an exception, or None (not reached in time)
         outcome: list[list[Any]] = [[None] * n for _ in self.terms]
@@ -363,6 +384,8 @@ class RewardScorer:
                     if several and key == "acc" and extras.setdefault("acc", [None] * n)[i] is None:
                         extras["acc"][i] = value  # accuracy: the first term that reports one
             scores[i] = total
+        for name, values in context.metrics.items():  # log_metric: the batch's mean, on each sample
+            extras[name] = [sum(values) / len(values)] * n
         errors = sorted(set(failed) | set(timed_out))
         if timed_out:
             level = logging.DEBUG if self._timeout_logged else logging.WARNING
@@ -389,6 +412,7 @@ class RewardScorer:
             metrics=metrics,
             term_scores=term_scores,
             timeouts=timed_out,
+            columns=dict(context.columns),
             _exact=scores,
         )
 
@@ -438,11 +462,18 @@ def probe_term(
     run bounds a batch's: a call still running then is abandoned (a run scores it 0 and
     goes on: a note), so a function that hangs cannot hang the check."""
 
+    # TRL's run-time keywords as a run gives them (no step yet; the probed responses are text, not sampled ids)
+    context = RewardContext(
+        size=len(responses),
+        trainer_state=TrainerState(global_step=0, max_steps=0, epoch=0.0),
+        completion_ids=[[] for _ in responses],
+    )
+
     def call(i: int) -> tuple[bool, Any]:
         try:
             if term.batched:
                 return True, list(
-                    call_batched(term.fn, prompts, responses, truths, metas, term.truth_column, conversations)
+                    call_batched(term.fn, prompts, responses, truths, metas, term.truth_column, conversations, context)
                 )
             return True, term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i]))
         except Exception as exc:

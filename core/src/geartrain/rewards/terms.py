@@ -21,6 +21,10 @@ Two calling conventions are accepted:
   For multi-turn episodes it also gets ``environments`` (TRL's): each sample's environment
   as its episode left it (:class:`geartrain.agents.env_state.EnvironmentState`, its
   plain-data attributes), so ``[env.reward for env in environments]`` works as in TRL.
+  During a run it also gets TRL's ``trainer_state`` (``global_step``, ``max_steps``,
+  ``epoch``), ``completion_ids`` (each completion's token ids), ``log_metric(name, value)``
+  (logged as ``reward/<name>``) and ``log_extra(column, values)`` (a column of
+  ``completions.jsonl``): :class:`RewardContext`.
 
 A function is batched when it says so (``reward.batched = true``, or a ``batched = True``
 attribute, e.g. from :func:`batched_reward`) or when its first parameter is named
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from geartrain.agents.env_state import EnvironmentState
@@ -161,6 +165,54 @@ def as_terms(spec: Any) -> list[RewardTerm]:
 Messages = list[dict[str, str]]
 
 
+@dataclass(frozen=True, slots=True)
+class TrainerState:
+    """What TRL's ``trainer_state`` gives reward functions for shaping by progress."""
+
+    global_step: int
+    """The step being scored (1-based, as TRL's after its first optimizer step)."""
+    max_steps: int
+    """``trainer.total_steps``."""
+    epoch: float
+    """Passes over the training data so far."""
+
+
+@dataclass(slots=True)
+class RewardContext:
+    """TRL's run-time keyword arguments of batched reward functions, for one batch:
+    ``trainer_state`` and ``completion_ids`` as given, and what the functions log through
+    ``log_metric`` / ``log_extra`` collected in :attr:`metrics` / :attr:`columns`."""
+
+    size: int
+    """Completions in the batch."""
+    trainer_state: TrainerState | None = None
+    completion_ids: list[list[int]] | None = None
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric``: a number for this batch (averaged over the step)."""
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        """TRL's ``log_extra``: one value per completion (text, a number, ``None``; anything
+        else is logged as its ``str``), a column of the completions log."""
+        values = list(values)
+        if len(values) != self.size:
+            raise ValueError(f"log_extra({column!r}, ...) got {len(values)} values for {self.size} completions")
+        self.columns[str(column)] = [
+            v if v is None or isinstance(v, bool | int | float | str) else str(v) for v in values
+        ]
+
+    def keywords(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"log_metric": self.log_metric, "log_extra": self.log_extra}
+        if self.trainer_state is not None:
+            out["trainer_state"] = self.trainer_state
+        if self.completion_ids is not None:
+            out["completion_ids"] = self.completion_ids
+        return out
+
+
 def trl_shapes(
     prompts: Sequence[str],
     completions: Sequence[str],
@@ -205,17 +257,21 @@ def call_batched(
     metas: list[dict[str, Any]],
     truth_column: str = "ground_truth",
     conversations: Sequence[Messages | None] | None = None,
+    context: RewardContext | None = None,
 ) -> list[Any]:
     """Call a batched ``fn`` with the keywords it accepts: ``prompts``, ``completions``
     (TRL's message shapes for conversational samples: :func:`trl_shapes`),
-    ``ground_truth`` (also as ``truth_column``, the data's own name for it) and each data
-    column (lists, one entry per response)."""
+    ``ground_truth`` (also as ``truth_column``, the data's own name for it), each data
+    column (lists, one entry per response), ``environments`` for episodes and the run's
+    ``context`` (:class:`RewardContext`)."""
     columns: dict[str, list[Any]] = {"ground_truth": list(truths), truth_column: list(truths)}
     for key in dict.fromkeys(k for m in metas for k in m):
         columns.setdefault(key, [m.get(key) for m in metas])
     episodes = [m.get("episode") if isinstance(m.get("episode"), Mapping) else None for m in metas]
     shaped_prompts, shaped_completions = trl_shapes(prompts, completions, conversations, episodes)
     kwargs: dict[str, Any] = {"prompts": shaped_prompts, "completions": shaped_completions, **columns}
+    if context is not None:
+        kwargs.update(context.keywords())
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):

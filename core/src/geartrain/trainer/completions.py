@@ -45,6 +45,8 @@ def episodes(batch: Batch, indices: list[int], *, step: int, kind: str) -> list[
             "ground_truth": batch["ground_truth"][i],
             "uid": batch["uid"][i],
         }
+        if "reward_columns" in batch.meta:  # what reward functions logged (TRL's log_extra)
+            record["columns"] = dict(batch["reward_columns"][i])
         if "episode" in batch.meta:  # a multi-turn episode: every turn, not only the last
             record["turns"] = batch["episode"][i]["turns"]
             record["env_rewards"] = batch["episode"][i]["rewards"]

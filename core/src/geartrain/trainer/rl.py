@@ -97,6 +97,13 @@ class RLTrainer:
             assert isinstance(roles.actor, VersionedGroup), "the separate rollout needs the actor's VersionedGroup"
             self.generation = SeparateGeneration(config, roles.actor, roles.rollout, tokenizer, loader)
         self.validations = 0
+        self.trainer_state: dict[str, Any] = {
+            "global_step": 0,
+            "max_steps": config.trainer.total_steps,
+            "epoch": 0.0,
+        }
+        """TRL's ``trainer_state`` for reward functions: the step being scored (validation:
+        the last one)."""
         algo = config.algorithm
         self.kl_ctrl = (
             make_kl_controller(algo.kl_controller, algo.kl_coef, target_kl=algo.target_kl, horizon=algo.kl_horizon)
@@ -117,11 +124,15 @@ class RLTrainer:
     def _score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """The reward role's ``(scores, metrics, correct)``; ``correct`` is the function's
         ``acc`` where it gives one, else ``score > 0``."""
+        batch.info["trainer_state"] = dict(self.trainer_state)  # TRL's, for reward functions
         result = RewardResult.from_rows(self.roles.reward.call("score", batch, dispatch=Dispatch.DP))
         correct = correctness(result)
         metrics = dict(result.metrics)
         metrics.pop("reward/acc", None)  # the step's reward/accuracy is this (or score > 0 where acc is absent)
-        batch["reward_terms"] = [dict(row["terms"]) for row in result.rows()]
+        rows = result.rows()
+        batch["reward_terms"] = [dict(row["terms"]) for row in rows]
+        if result.columns:  # TRL's log_extra: columns of completions.jsonl
+            batch["reward_columns"] = [dict(row["columns"]) for row in rows]
         return result.scores, metrics, torch.tensor(correct)
 
     def _shaped_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
@@ -194,6 +205,11 @@ class RLTrainer:
         started = time.perf_counter()
         algo = self.config.algorithm
         prompts, batch, metrics = self.generation.next(step)
+        self.trainer_state = {
+            "global_step": step,
+            "max_steps": self.config.trainer.total_steps,
+            "epoch": float(max(prompts.epoch, 0)),
+        }
         with timed(metrics, "timing/reward_s"):
             metrics.update(self.reward(batch, prompts))
         metrics.update(reward_metrics(batch))

@@ -33,6 +33,7 @@ from geartrain.engine import Engine
 from geartrain.memory import current_memory_bytes
 from geartrain.modeling import load_tokenizer
 from geartrain.rewards import RewardScorer, sequence_scores_from_values
+from geartrain.rewards.terms import TrainerState
 from geartrain.rollout import Rollout
 from geartrain.trainer.async_rollout import Generated, GenerationQueue, WeightSnapshot
 from geartrain.trainer.episodes import run_episode_share
@@ -364,18 +365,31 @@ class RewardWorker:
         reward workers gather in the batch's order; the caller summarises them with
         :meth:`RewardResult.from_rows`."""
         if self.function is not None:
+            state = batch.info.get("trainer_state")
             result = self.function.score(
                 batch["response_text"],
                 batch["ground_truth"],
                 prompts=batch["prompt"],
                 metas=batch["data_meta"],
                 conversations=batch.get("prompt_messages"),
+                trainer_state=TrainerState(**state) if state is not None else None,
+                completion_ids=completion_ids(batch),
             )
             return result.rows()
         assert self.engine is not None
         values = self.engine.compute_log_probs(batch).outputs["values"]
         scores = sequence_scores_from_values(values, batch["response_mask"])
         return [{"score": s, "terms": {}, "extras": {}, "error": False, "timeout": False} for s in scores.tolist()]
+
+
+def completion_ids(batch: Batch) -> list[list[int]] | None:
+    """Each sample's token ids after its prompt (TRL's ``completion_ids``: a multi-turn
+    episode's observations included, padding not); ``None`` for a batch of text only."""
+    if "prompt_length" not in batch.info or "input_ids" not in batch or "attention_mask" not in batch:
+        return None
+    width = int(batch.info["prompt_length"])
+    ids, mask = batch["input_ids"][:, width:], batch["attention_mask"][:, width:].bool()
+    return [row[keep].tolist() for row, keep in zip(ids, mask, strict=True)]
 
 
 def nll_loss(outputs: dict[str, torch.Tensor], batch: Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
