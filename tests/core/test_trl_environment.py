@@ -517,3 +517,49 @@ def test_an_episode_given_back_twice_is_pooled_once() -> None:
     env.close()
     env.close()
     assert factory() is env and factory() is not env
+
+
+def test_a_row_without_a_prompt_is_the_environments_to_fill_as_in_trl(counter: tuple[Path, Any]) -> None:
+    """TRL's rule for environments that own the task: a row without ``prompt`` is an empty
+    user message, and reset's text fills it (the prompt the model sees is reset's text as
+    the user's turn). Such a row was refused ("needs exactly one of 'prompt' and 'messages'")."""
+    tmp_path, env = counter
+    tok = tiny_tokenizer()
+    rows = [{"answer": 5}]
+    with pytest.raises(Exception, match="exactly one of 'prompt' and 'messages'"):
+        PromptDataset(rows, tok, DataConfig(ground_truth_key="answer"))
+    data = PromptDataset(rows, tok, DataConfig(ground_truth_key="answer"), prompt_optional=True)
+    prompts = PromptBatch(rows=list(data.rows), indices=[0], epoch=0)
+    runner = EpisodeRunner(
+        scripted_generate(tok, ["done"]),
+        tok,
+        load_environment("counter_env.py:Counter", base_dir=str(tmp_path)),
+        RunnerLimits(max_turns=2, max_model_len=512),
+        chat_template=True,
+    )
+    task = episode_prompt_batch(prompts, "answer").meta["task"][0]
+    (ep,), _ = runner.run(prompts.prompt_ids, [task], SamplingParams(n=1, max_tokens=16))
+    trl_prompt = tok.apply_chat_template(
+        [{"role": "user", "content": " Reach 5."}], add_generation_prompt=True, tokenize=False
+    )
+    assert ep.error is None and ep.prompt_ids == tok.encode(trl_prompt, add_special_tokens=False)
+    with pytest.raises(Exception, match="needs data.apply_chat_template"):
+        PromptDataset(rows, tok, DataConfig(ground_truth_key="answer", apply_chat_template=False), prompt_optional=True)
+    # a multi-turn job's data checks take such rows; a job without an environment does not
+    from geartrain.errors import ConfigError
+    from geartrain.trainer.preflight import preflight
+
+    job = {
+        "model": {"tiny": "qwen2"},
+        "reward": {"function": "environment"},
+        "data": {"answer_key": "answer"},
+        "rollout": {"agent": {"environment": "counter_env.py:Counter", "chat_template": True}},
+        "base_dir": str(tmp_path),
+    }
+    pre = preflight(TrainConfig.model_validate(job), tokenizer=tok, data=rows)
+    assert [r.prompt for r in pre.datasets["data.path"].rows] == [
+        tok.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True, tokenize=False)
+    ]
+    plain = {**job, "reward": {"function": "arithmetic"}, "rollout": {}}
+    with pytest.raises(ConfigError, match="exactly one of 'prompt' and 'messages'"):
+        preflight(TrainConfig.model_validate(plain), tokenizer=tok, data=rows)

@@ -68,6 +68,10 @@ class PromptDataset:
     same). Plain prompts (no template) are unchanged by them. With named environments
     (``environment_tools``: each name's specs), each row gets the tools of the environment
     its ``environment_key`` column names; a row naming none of them is refused.
+
+    ``prompt_optional`` (a multi-turn job, whose environment may own the task: TRL's rule):
+    a row with neither a prompt nor messages is an empty user message, for the
+    environment's ``reset`` to fill (under the chat template).
     """
 
     def __init__(
@@ -79,8 +83,10 @@ class PromptDataset:
         tools: Sequence[Mapping[str, Any]] = (),
         environment_tools: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         environment_key: str = "environment",
+        prompt_optional: bool = False,
     ) -> None:
         self.config = config or DataConfig()
+        self.prompt_optional = prompt_optional
         self.tools = [dict(t) for t in tools]
         self.environment_tools = (
             None if environment_tools is None else {k: [dict(t) for t in v] for k, v in environment_tools.items()}
@@ -145,7 +151,12 @@ class PromptDataset:
                 f"{where}: a row must be an object with '{cfg.prompt_key}' or '{cfg.messages_key}', "
                 f"got {type(row).__name__}"
             )
-        prompt, messages, messages_from = self._prompt_or_messages(where, row)
+        # no prompt in a multi-turn job: the environment's reset supplies the task (TRL's rule)
+        unprompted = self.prompt_optional and row.get(cfg.prompt_key) is None and row.get(cfg.messages_key) is None
+        if unprompted:
+            prompt, messages, messages_from = None, None, cfg.messages_key
+        else:
+            prompt, messages, messages_from = self._prompt_or_messages(where, row)
         if prompt is not None and (not isinstance(prompt, str) or not prompt):
             raise DataError(
                 f"{where}: '{cfg.prompt_key}' must be a non-empty string or a list of {{role, content}} messages "
@@ -155,7 +166,14 @@ class PromptDataset:
             raise DataError(
                 f"{where}: '{cfg.prompt_key}' is only whitespace ({prompt!r:.40}); give the row a prompt or remove it"
             )
-        if messages is not None:
+        if unprompted:
+            if cfg.apply_chat_template is False:
+                raise DataError(
+                    f"{where}: a row without '{cfg.prompt_key}' is an empty user message for the environment's reset "
+                    "to fill, which needs data.apply_chat_template (true or unset)"
+                )
+            messages = [{"role": "user", "content": ""}]
+        elif messages is not None:
             messages = self._check_messages(where, messages, messages_from)
             if not any(m["content"].strip() for m in messages):
                 raise DataError(

@@ -228,22 +228,21 @@ def preflight(
     data_given = data is not None or "data" in config.model_fields_set
     problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)
 
-    # the agent environment's tool specs for the chat template, as PromptDataset's keyword
-    # arguments: tools, or environment_tools per name for named environments
+    # PromptDataset's keyword arguments for a multi-turn job: the environment's tool specs for
+    # the chat template (tools, or environment_tools per name for named environments)
     tools: dict[str, Any] = {}
     if config.rollout.agent is not None:
+        tools["prompt_optional"] = True  # the environment may own the task (its reset supplies it)
         agent = config.rollout.agent
         try:
             factory = load_environments(
                 agent.environment, kwargs=agent.environment_kwargs, key=agent.environment_key, base_dir=config.base_dir
             )
             if isinstance(factory, EnvironmentRouter):
-                tools = {
-                    "environment_tools": {name: _environment_tools(f) for name, f in factory.factories.items()},
-                    "environment_key": agent.environment_key,
-                }
+                tools["environment_tools"] = {name: _environment_tools(f) for name, f in factory.factories.items()}
+                tools["environment_key"] = agent.environment_key
             else:
-                tools = {"tools": _environment_tools(factory)}
+                tools["tools"] = _environment_tools(factory)
         except GeartrainError as exc:
             problems.append(("rollout.agent.environment", str(exc)))
 

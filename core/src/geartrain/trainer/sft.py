@@ -40,6 +40,7 @@ def sft_dataset(
     tools: Sequence[Mapping[str, Any]] = (),
     environment_tools: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     environment_key: str = "environment",
+    prompt_optional: bool = False,
 ) -> PromptDataset:
     """The SFT rows (prompt handling as in the RL data section, the tools included as
     :class:`PromptDataset` takes them; the response is required)."""
@@ -52,7 +53,13 @@ def sft_dataset(
 
         rows = [row for _, row in read_rows(path)][: config.max_prompts]
     dataset = PromptDataset(
-        rows, tokenizer, cfg, tools=tools, environment_tools=environment_tools, environment_key=environment_key
+        rows,
+        tokenizer,
+        cfg,
+        tools=tools,
+        environment_tools=environment_tools,
+        environment_key=environment_key,
+        prompt_optional=prompt_optional,
     )
     for row in dataset.rows:
         turns = row.meta.get("turns")
