@@ -284,8 +284,9 @@ def test_under_a_chat_template_a_hermes_turn_ends_at_eos_and_may_make_several_ca
 
 def test_get_reward_runs_on_the_episodes_worker_thread_not_the_scheduler() -> None:
     """An episode that ends with a step (done, or its last allowed turn) is scored on the
-    worker thread that ran the step, so a slow get_reward (a judge model) holds up only its
-    own episode, not the generation of the others."""
+    worker thread that ran the step, and one cut by its token budget on a worker thread too,
+    so a slow get_reward (a judge model) holds up only its own episode, not the generation
+    of the others."""
     threads: list[str] = []
 
     class Judge:
@@ -307,7 +308,16 @@ def test_get_reward_runs_on_the_episodes_worker_thread_not_the_scheduler() -> No
         )
         (ep,), _ = runner.run([prompt], [{}], SamplingParams(n=1, max_tokens=64))
         assert ep.error is None and ep.segments[0].reward == 0.5, ep
-    assert len(threads) == 2 and all(name.startswith("geartrain-env") for name in threads), threads
+
+    def fills_the_budget(prompts: list[list[int]], params: SamplingParams) -> Any:
+        out = scripted_generate(tok, ["x" * params.max_tokens])(prompts, params)
+        out["finish_reason"] = ["length"]
+        return out
+
+    runner = EpisodeRunner(fills_the_budget, tok, load_environment(Judge), RunnerLimits(max_turns=3, max_model_len=9))
+    (ep,), _ = runner.run([prompt], [{}], SamplingParams(n=1, max_tokens=64))  # cut by its token budget
+    assert ep.finish == "truncated" and ep.error is None and ep.segments[0].reward == 0.5, ep
+    assert len(threads) == 3 and all(name.startswith("geartrain-env") for name in threads), threads
 
 
 class _Typed:

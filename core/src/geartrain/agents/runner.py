@@ -150,6 +150,10 @@ class EpisodeRunner:
         except Exception as exc:
             return None, exc
 
+    def _score_truncated(self, ep: Episode) -> None:
+        """On a worker thread: the ``final_reward`` of an episode its token budget ended."""
+        self.final_rewards[id(ep)] = self._final_reward(ep)
+
     def _step(self, ep: Episode, text: str) -> Any:
         """The environment's step on a worker thread; when the episode ends with it (done,
         or its last allowed turn), its ``final_reward`` too, so a slow score (a judge
@@ -307,8 +311,10 @@ class EpisodeRunner:
                 now = time.perf_counter()
                 for fut in done:
                     ep, what = pending.pop(fut)
-                    step_s += now - submitted.pop(fut)
-                    steps += 1
+                    took = now - submitted.pop(fut)
+                    if what != "truncated":  # scoring a truncated episode is not a step
+                        step_s += took
+                        steps += 1
                     if self._settle(ep, what, fut):
                         ready.append(ep)
                 if not ready:
@@ -330,7 +336,10 @@ class EpisodeRunner:
                     text = self.tokenizer.decode(ids, skip_special_tokens=True)
                     ep.segments.append(Segment(kind="model", ids=ids, text=text, log_probs=lps))
                     if reason == "length" and self._room(ep) <= 0:
-                        self._finish(ep, "truncated", truncated=True)
+                        # scored on a worker thread like an episode that ends with a step (a
+                        # slow final_reward holds up only this episode), then finished here
+                        fut = pool.submit(self._score_truncated, ep)
+                        pending[fut], submitted[fut] = (ep, "truncated"), time.perf_counter()
                         continue
                     fut = pool.submit(self._step, ep, text)
                     pending[fut], submitted[fut] = (ep, "step"), time.perf_counter()
@@ -356,6 +365,9 @@ class EpisodeRunner:
             result = fut.result()
         except Exception as exc:  # an environment's bug ends its episode, not the run
             return self._fail(ep, f"{type(exc).__name__}: {exc}", what, exc)
+        if what == "truncated":
+            self._finish(ep, "truncated", truncated=True)
+            return False
         if what == "reset":
             if result is not None and not isinstance(result, str):
                 return self._fail(
