@@ -121,11 +121,14 @@ def kill_mid_run(
     return KilledRun(proc.returncode, seconds, (tmp_path / "driver.log").read_text())
 
 
-def recorded_run(out: Path, overrides: list[str]) -> tuple[list[dict], list[list[str]], list[int]]:
+def recorded_run(
+    out: Path, overrides: list[str], *, check_every_step: bool = True
+) -> tuple[list[dict], list[list[str]], list[int]]:
     """Run the main job's config with ``overrides`` (output in ``out``, reward
     :func:`digit_reward`) and return its metric records, per step the responses it scored,
-    and per step the number of tensors each separate rollout replica matched bitwise
-    against the trainer (``SeparateGeneration.check_weights``; empty for colocated runs)."""
+    and per step (or, without ``check_every_step``, after the last step only) the number of
+    tensors each separate rollout replica matched bitwise against the trainer
+    (``SeparateGeneration.check_weights``; empty for colocated runs)."""
     import geartrain.trainer.rl as rl
     from geartrain.trainer.config import load_train_config
     from geartrain.trainer.run import run_job
@@ -140,7 +143,8 @@ def recorded_run(out: Path, overrides: list[str]) -> tuple[list[dict], list[list
 
     def step(self: rl.RLTrainer, number: int) -> dict:
         metrics = original_step(self, number)
-        if hasattr(self.generation, "check_weights"):
+        last = number == self.config.trainer.total_steps
+        if hasattr(self.generation, "check_weights") and (check_every_step or last):
             checked.append(self.generation.check_weights())
         return metrics
 

@@ -517,10 +517,10 @@ class RolloutSection(RolloutConfig):
     resources_per_replica: RankResources | None = None
     """``separate``: what each replica reserves (``None``: ``cluster.resources_per_rank``)."""
     replica_restarts: int = Field(0, ge=0)
-    """``separate`` (with ``algorithm.max_staleness = 0``): how many times in the whole run a
-    replica that died (killed, out of memory, crashed) is replaced by a new one, which gets
-    the trainer's newest weights and the dead one's requests in flight (a warning line, and
-    ``separate/replica_restarts`` in the metrics). 0: a dead replica ends the run, naming it."""
+    """``separate``: how many times in the whole run a replica that died (killed, out of
+    memory, crashed) is replaced by a new one, which gets the trainer's newest weights and the
+    dead one's requests in flight (a warning line, and ``separate/replica_restarts`` in the
+    metrics). 0: a dead replica ends the run, naming it."""
 
 
 def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
@@ -582,15 +582,6 @@ def placement_problems(config: TrainConfig) -> list[tuple[str, str]]:
                 "rollout.replica_restarts",
                 "replaces dead replicas of the separate rollout only (a colocated rollout dies with its "
                 'actor rank); set rollout.placement = "separate", or rollout.replica_restarts = 0',
-            )
-        )
-    elif config.rollout.replica_restarts and config.algorithm.max_staleness > 0:
-        problems.append(
-            (
-                "rollout.replica_restarts",
-                f"replaces dead replicas with algorithm.max_staleness = 0 only (synchronous), not with "
-                f"max_staleness = {config.algorithm.max_staleness} (streamed requests are not resent yet); "
-                "set algorithm.max_staleness = 0, or rollout.replica_restarts = 0",
             )
         )
     if config.rollout.placement == "separate":

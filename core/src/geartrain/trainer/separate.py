@@ -23,6 +23,10 @@ steps ahead of training.
   those more than ``k`` versions old, so no trained sample is older than that (checked on
   every batch: ``staleness`` per sample, ``async/*`` metrics).
 
+A replica that dies ends the run, naming it, unless ``rollout.replica_restarts`` allows
+replacing it (:meth:`SeparateGeneration._replace`: a new replica, update group and weights;
+what was in flight on the dead one sent again).
+
 Checkpoints hold the trainer; requests in flight are not saved: the loader position saved
 is before the oldest request with groups not trained yet, so a resumed run regenerates those
 samples from the checkpoint's weights (the job says so when it resumes).
@@ -313,6 +317,9 @@ class _Request:
     """Weight versions sent before it."""
     ready: float | None = None
     """When its last group finishes (known once it is back)."""
+    request: Batch | None = None
+    sampling: SamplingParams | None = None
+    """What was sent (sent again to a replica started in place of a dead one)."""
 
 
 class SeparateGeneration(Generation):
@@ -363,9 +370,10 @@ class SeparateGeneration(Generation):
         try:
             metrics = self.trainer.call("broadcast_weights")
         except GeartrainError:
-            # the broadcast fails when a replica died: name the replica (RankFailure) if so
-            self.rollout.call("alive")
-            raise
+            # the broadcast fails when a replica died: replace it and send again, or name it (RankFailure)
+            if not self._replace_dead():
+                raise
+            metrics = self.trainer.call("broadcast_weights")
         self.published = version
         self.publishes += 1
         if self.max_staleness == 0:
@@ -412,11 +420,13 @@ class SeparateGeneration(Generation):
                     return load
                 call = resend()
 
-    def _replace(self, replica: int, failure: RankFailure) -> dict[str, float]:
+    def _replace(self, replica: int, failure: RankFailure, *first: _Request) -> dict[str, float]:
         """Start a new replica in place of ``replica``, which died (``failure``), with a
         new update group and the trainer's weights (its version: what the dead replica
         would have had at ``max_staleness = 0``); returns the metrics of that weight load.
-        Raises ``failure`` if it is not a death of ``replica`` or no restart is left."""
+        Raises ``failure`` if it is not a death of ``replica`` or no restart is left.
+        Streaming: the requests not back yet from the dead replica (``first``, then the
+        unresolved ones) are sent again to the new one (:meth:`_resend`)."""
         died = failure.died and failure.rank == replica and failure.role == self.rollout.role
         if not died or self.restarts >= self.restarts_allowed:
             if died and self.restarts_allowed:
@@ -441,7 +451,33 @@ class SeparateGeneration(Generation):
         for pending in joining:
             pending.result()
         self.trainer.call("send_weights", replica)
-        return self.rollout.submit_rank(replica, "receive_weights", self.trainer.version).result()
+        load = self.rollout.submit_rank(replica, "receive_weights", self.trainer.version).result()
+        self._resend(replica, *first)
+        return load
+
+    def _resend(self, replica: int, *first: _Request) -> None:
+        """After ``replica`` was replaced: its weight loads not waited for are void (the new
+        replica has the newest weights) and its streamed requests not back yet (``first``,
+        then the unresolved ones, in order) go to the new replica."""
+        self.receiving[replica].clear()
+        for request in [*first, *self.unresolved]:
+            if request.replica == replica:
+                request.call = self.rollout.submit_rank(replica, "generate", request.request, request.sampling)
+                request.publishes = self.publishes
+
+    def _replace_dead(self) -> bool:
+        """Ask every replica whether it is alive (after the calls already sent to it) and
+        replace those that died (:meth:`_replace`; raising the death where no restart is
+        left). Whether any was replaced."""
+        probes = [self.rollout.submit_rank(r, "alive") for r in range(self.rollout.world_size)]
+        replaced = False
+        for r, probe in enumerate(probes):
+            try:
+                probe.result()
+            except RankFailure as failure:
+                self._replace(r, failure)
+                replaced = True
+        return replaced
 
     def _result(
         self, request: tuple[int, PendingCall], replica: int | None = None
@@ -454,7 +490,7 @@ class SeparateGeneration(Generation):
         # weight loads sent before this request are applied by now (each replica ran them first)
         for r in range(len(self.receiving)) if replica is None else [replica]:
             while self.receiving[r] and self.receiving[r][0][0] <= number:
-                metrics.update(self.receiving[r].popleft()[1].result())
+                metrics.update(self._answer(r, self.receiving[r].popleft()[1]))
         return batch, batch.meta.pop(READY_AT, None), metrics
 
     def _stamp(self, batch: Batch) -> None:
@@ -492,10 +528,11 @@ class SeparateGeneration(Generation):
             prompts = self.loader.next_batch()
             batch, more = self.generate(prompts, self.sampling(step))
             metrics = {**metrics, **more}
-            if self.restarts_allowed:
-                metrics["separate/replica_restarts"] = float(self.restarts)
-            return prompts, batch, metrics
-        return self._stream(step, metrics)
+        else:
+            prompts, batch, metrics = self._stream(step, metrics)
+        if self.restarts_allowed:
+            metrics["separate/replica_restarts"] = float(self.restarts)
+        return prompts, batch, metrics
 
     # ------------------------------------------------------------------ streaming (k >= 1)
     def loader_state(self) -> dict[str, Any]:
@@ -533,7 +570,15 @@ class SeparateGeneration(Generation):
             now = time.time()
             replica = min(range(replicas), key=lambda r: (self._available(r, now), self._groups_on(r), r))
             call = self.rollout.submit_rank(replica, "generate", request, sampling)
-            sent = _Request(number=self.sent, replica=replica, prompts=part, call=call, publishes=self.publishes)
+            sent = _Request(
+                number=self.sent,
+                replica=replica,
+                prompts=part,
+                call=call,
+                publishes=self.publishes,
+                request=request,
+                sampling=sampling,
+            )
             self.sent += 1
             self.queue.sent(sent.number, part, state)
             self.batch_of[sent.number] = self.streamed - 1
@@ -549,7 +594,12 @@ class SeparateGeneration(Generation):
         assert self.queue is not None
         request = self.unresolved.popleft()
         number, prompts = request.number, request.prompts
-        batch, ready_at, more = self._result((number, request.call), request.replica)
+        while True:
+            try:
+                batch, ready_at, more = self._result((number, request.call), request.replica)
+                break
+            except RankFailure as failure:  # the replica died: a new one, this request sent again
+                self._replace(request.replica, failure, request)
         arrived = time.time()
         more["separate/replica_generate_s"] = more.pop("timing/generate_s", 0.0)  # the step's generate_s is its wait
         metrics.update(more)
@@ -626,4 +676,10 @@ class SeparateGeneration(Generation):
         of tensors compared on each replica (0: the backend does not expose its weights)."""
         self.publish()
         expected = self.trainer.call("weight_digests")
-        return self.rollout.call("check_weights", expected)
+        replicas = range(self.rollout.world_size)
+
+        def check(r: int) -> PendingCall:
+            return self.rollout.submit_rank(r, "check_weights", expected)
+
+        calls = [check(r) for r in replicas]
+        return min(self._answer(r, calls[r], lambda r=r: check(r)) for r in replicas)
