@@ -114,9 +114,11 @@ def test_what_does_not_reach_reward_functions_says_why() -> None:
         def __init__(self) -> None:
             self.table = list(range(MAX_ITEMS + 1))
             self.level = np.int64(3)
+            self.score = torch.tensor(0.5)  # a torch scalar, as rewards often are
             self.nested = {"a": [1, {"b": "c"}]}
 
     captured = capture_state(Big())
+    assert captured["score"] == 0.5 and type(captured["score"]) is float
     assert captured["level"] == 3 and type(captured["level"]) is int and captured["nested"] == {"a": [1, {"b": "c"}]}
     assert "table" not in captured
     with pytest.raises(AttributeError, match=rf"Big.table \(a list of {MAX_ITEMS + 1} items"):

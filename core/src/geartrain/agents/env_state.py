@@ -45,7 +45,7 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return value
     if isinstance(value, float):  # numpy's float64 too
         return float(value)
-    if hasattr(value, "item") and getattr(value, "ndim", None) == 0 and getattr(value, "size", 2) == 1:
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a numpy or torch scalar
         number = value.item()
         if isinstance(number, bool | int | float):
             return number
@@ -80,6 +80,8 @@ def capture_state(env: Any) -> dict[str, Any]:
             kept[name] = _plain(value)
         except _NotPlain as why:
             left_out[name] = str(why)
+        except Exception as exc:  # noqa: BLE001 - a user's object that fails to be read is left out
+            left_out[name] = f"a {type(value).__name__} that could not be read ({type(exc).__name__})"
     return {**kept, _CLASS: type(target).__name__, _LEFT_OUT: left_out}
 
 
