@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_helpers import MAIN_CONFIG
@@ -15,10 +16,10 @@ from geartrain.trainer import load_train_config, run_job
 DIGITS = [str(d) for d in range(10)]
 
 
-def test_completions_jsonl_with_each_reward_and_stop_strings(tmp_path: Path) -> None:
-    (tmp_path / "r.py").write_text(
-        "def brevity(prompts, completions):\n    return [-float(len(c)) for c in completions]\n"
-    )
+def _run(tmp_path: Path, second: str, *overrides: str) -> tuple[Path, Any]:
+    """The main job for 3 steps without SFT, 4 completions logged a step, rewarded by
+    ``exact_match`` and ``second`` (a ``[[reward.functions]]`` entry's inner text); its
+    output directory and config."""
     out = tmp_path / "run"
     config = load_train_config(
         MAIN_CONFIG,
@@ -32,14 +33,25 @@ def test_completions_jsonl_with_each_reward_and_stop_strings(tmp_path: Path) -> 
             "validation.max_prompts=4",
             "trainer.log_completions=4",
             "reward.function=''",
-            f'reward.functions=[{{name = "exact", function = "task.py:exact_match"}}, '
-            f'{{name = "short", function = "{tmp_path / "r.py"}:brevity", weight = 0.1}}]',
-            f"sampling.stop={json.dumps(DIGITS)}",
+            f'reward.functions=[{{name = "exact", function = "task.py:exact_match"}}, {{{second}}}]',
+            *overrides,
             f"trainer.output_dir={out}",
         ],
         check_plugins=False,
     )
     run_job(config)
+    return out, config
+
+
+def test_completions_jsonl_with_each_reward_and_stop_strings(tmp_path: Path) -> None:
+    (tmp_path / "r.py").write_text(
+        "def brevity(prompts, completions):\n    return [-float(len(c)) for c in completions]\n"
+    )
+    out, config = _run(
+        tmp_path,
+        f'name = "short", function = "{tmp_path / "r.py"}:brevity", weight = 0.1',
+        f"sampling.stop={json.dumps(DIGITS)}",
+    )
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     val = [r for r in records if r["kind"] == "validation"]
@@ -81,26 +93,7 @@ def test_trls_run_time_reward_keywords(tmp_path: Path) -> None:
     ``completion_ids``, ``log_metric`` and ``log_extra``; one that uses them ran into a
     missing argument."""
     (tmp_path / "r.py").write_text(PROGRESS)
-    out = tmp_path / "run"
-    config = load_train_config(
-        MAIN_CONFIG,
-        [
-            "sft.enabled=false",
-            "trainer.progress=false",
-            "trainer.export_hf=false",
-            "trainer.plot=false",
-            "trainer.total_steps=3",
-            "validation.every_n_steps=0",
-            "validation.max_prompts=4",
-            "trainer.log_completions=4",
-            "reward.function=''",
-            f'reward.functions=[{{name = "exact", function = "task.py:exact_match"}}, '
-            f'{{name = "progress", function = "{tmp_path / "r.py"}:progress", weight = 0.0}}]',
-            f"trainer.output_dir={out}",
-        ],
-        check_plugins=False,
-    )
-    run_job(config)
+    out, config = _run(tmp_path, f'name = "progress", function = "{tmp_path / "r.py"}:progress", weight = 0.0')
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1] * 4 + [2] * 4 + [3] * 4
