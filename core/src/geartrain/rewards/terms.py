@@ -278,7 +278,7 @@ def call_batched(
         params = None
     if any(e is not None for e in episodes):  # TRL's environments: each episode's, as it ended
         kwargs["environments"] = [EnvironmentState(e.get("environment_state") if e else None) for e in episodes]
-    elif takes_environments(fn):
+    elif params is not None and "environments" in params:
         raise TypeError(
             "it takes 'environments' (TRL's), which only multi-turn episodes have: set rollout.agent.environment"
         )

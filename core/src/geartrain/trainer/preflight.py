@@ -230,19 +230,21 @@ def preflight(
 
     # PromptDataset's keyword arguments for a multi-turn job: the environment's tool specs for
     # the chat template (tools, or environment_tools per name for named environments)
-    tools: dict[str, Any] = {}
+    dataset_kwargs: dict[str, Any] = {}
     if config.rollout.agent is not None:
-        tools["prompt_optional"] = True  # the environment may own the task (its reset supplies it)
+        dataset_kwargs["prompt_optional"] = True  # the environment may own the task (its reset supplies it)
         agent = config.rollout.agent
         try:
             factory = load_environments(
                 agent.environment, kwargs=agent.environment_kwargs, key=agent.environment_key, base_dir=config.base_dir
             )
             if isinstance(factory, EnvironmentRouter):
-                tools["environment_tools"] = {name: _environment_tools(f) for name, f in factory.factories.items()}
-                tools["environment_key"] = agent.environment_key
+                dataset_kwargs["environment_tools"] = {
+                    name: _environment_tools(f) for name, f in factory.factories.items()
+                }
+                dataset_kwargs["environment_key"] = agent.environment_key
             else:
-                tools["tools"] = _environment_tools(factory)
+                dataset_kwargs["tools"] = _environment_tools(factory)
         except GeartrainError as exc:
             problems.append(("rollout.agent.environment", str(exc)))
 
@@ -251,12 +253,12 @@ def preflight(
         (
             "data.path",
             data if data is not None else data_cfg.path,
-            lambda p: PromptDataset(p, tokenizer, data_cfg, **tools),
+            lambda p: PromptDataset(p, tokenizer, data_cfg, **dataset_kwargs),
         ),
         (
             "validation.path",
             validation_data if validation_data is not None else config.resolve(config.validation.path),
-            lambda p: PromptDataset(p, tokenizer, data_cfg, **tools),
+            lambda p: PromptDataset(p, tokenizer, data_cfg, **dataset_kwargs),
         ),
     ]
     raw_paths = {
@@ -270,14 +272,14 @@ def preflight(
             (
                 "sft.path",
                 config.resolve(config.sft.path),
-                lambda p: sft_dataset(config.sft, p, tokenizer, config.data, **tools),
+                lambda p: sft_dataset(config.sft, p, tokenizer, config.data, **dataset_kwargs),
             )
         )
         sources.append(
             (
                 "sft.dev_path",
                 config.resolve(config.sft.dev_path),
-                lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p}), **tools),
+                lambda p: PromptDataset(p, tokenizer, config.data.model_copy(update={"path": p}), **dataset_kwargs),
             )
         )
     for key, path, build in sources:
