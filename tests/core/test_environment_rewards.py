@@ -182,3 +182,25 @@ def test_trls_run_time_keywords_reach_a_batched_reward() -> None:
         return [0.0, 0.0]
 
     assert RewardScorer(too_short).score(["a", "b"], ["", ""]).errors == [0, 1]
+
+
+def test_the_start_up_check_gives_a_reward_the_runs_max_steps(tmp_path: Any) -> None:
+    """A reward shaped by progress (``global_step / max_steps``) divided by zero in the
+    check before the run, which then refused the job."""
+    from geartrain.trainer.config import TrainConfig
+    from geartrain.trainer.preflight import preflight
+
+    (tmp_path / "shaped.py").write_text(
+        "def by_progress(completions, trainer_state, **kwargs):\n"
+        "    return [trainer_state.global_step / trainer_state.max_steps for _ in completions]\n"
+    )
+    config = TrainConfig.model_validate(
+        {
+            "model": {"tiny": "qwen2"},
+            "reward": {"function": "shaped.py:by_progress"},
+            "data": {"apply_chat_template": False},
+            "trainer": {"total_steps": 7},
+            "base_dir": str(tmp_path),
+        }
+    )
+    preflight(config, tokenizer=tiny_tokenizer(), data=[{"prompt": "1+1=", "ground_truth": "2"}])

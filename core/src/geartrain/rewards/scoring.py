@@ -449,6 +449,7 @@ def probe_term(
     absent: list[int] | None = None,
     conversations: Sequence[Messages | None] | None = None,
     timeout_s: float | None = None,
+    max_steps: int = 0,
 ) -> str | None:
     """Call ``term`` on a few samples as a run would and say what is wrong (``None``: it
     returned a usable score for each it did not raise on): a raise on every sample, or a
@@ -460,12 +461,13 @@ def probe_term(
     as :meth:`RewardScorer.score` (a batched term gets TRL's shapes for those samples).
     ``timeout_s`` (the run's ``reward.timeout_s``) bounds the probe's calls together, as a
     run bounds a batch's: a call still running then is abandoned (a run scores it 0 and
-    goes on: a note), so a function that hangs cannot hang the check."""
+    goes on: a note), so a function that hangs cannot hang the check. ``max_steps`` (the
+    run's ``trainer.total_steps``) is the probe's ``trainer_state.max_steps``."""
 
     # TRL's run-time keywords as a run gives them (no step yet; the probed responses are text, not sampled ids)
     context = RewardContext(
         size=len(responses),
-        trainer_state=TrainerState(global_step=0, max_steps=0, epoch=0.0),
+        trainer_state=TrainerState(global_step=0, max_steps=max_steps, epoch=0.0),
         completion_ids=[[] for _ in responses],
     )
 

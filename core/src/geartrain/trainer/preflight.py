@@ -108,6 +108,7 @@ def _probe_rewards(
             absent,
             [r.messages for r in rows],
             timeout_s=config.reward.timeout_s,
+            max_steps=config.trainer.total_steps,
         )
         unscored &= set(absent)
         if problem:
