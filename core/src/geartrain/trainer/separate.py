@@ -228,24 +228,13 @@ class TrainerWorker(ActorRolloutWorker):
         self.groups[replica] = UpdateGroup(address, port, 0, 2, device=self.device)
         self.sends.replace(replica, self._sender(self.groups[replica]))
 
-    def send_weights(self, replica: int) -> None:
-        """Snapshot the weights (every rank) and queue them on rank 0 for replica
-        ``replica`` alone: a broadcast's path, for a replica started in place of a dead one."""
-        snapshot = WeightSnapshot(self.dtype, self.bucket_bytes)
-        self.engine.sync_weights(snapshot)
-        if self.rank == 0:
-            assert self.sends is not None, "join_update_groups first"
-            try:
-                self.sends.put(snapshot.tensors, to=[replica])
-            except RuntimeError as exc:
-                raise GeartrainError(f"the weight broadcast to the rollout replicas failed: {exc}") from exc
-
-    def broadcast_weights(self) -> dict[str, float]:
+    def broadcast_weights(self, to: list[int] | None = None) -> dict[str, float]:
         """Snapshot the weights (every rank: sharded engines gather collectively) and queue
-        them on rank 0 for every replica (:class:`~geartrain.cluster.send_queue.SendQueue`:
-        each replica takes them between two of its requests, on its own group, while
-        training goes on). Blocks only while ``max_in_flight`` earlier snapshots are
-        undelivered; raises if an earlier send failed."""
+        them on rank 0 for every replica, or the replicas ``to`` (a replica started in place
+        of a dead one) (:class:`~geartrain.cluster.send_queue.SendQueue`: each replica takes
+        them between two of its requests, on its own group, while training goes on). Blocks
+        only while ``max_in_flight`` earlier snapshots are undelivered; raises if an earlier
+        send failed."""
         snapshot = WeightSnapshot(self.dtype, self.bucket_bytes)
         sync = self.engine.sync_weights(snapshot)
         metrics = {"timing/weight_snapshot_s": sync.seconds, "separate/weight_snapshot_bytes": float(sync.bytes)}
@@ -253,7 +242,7 @@ class TrainerWorker(ActorRolloutWorker):
             assert self.sends is not None, "join_update_groups first"
             start = time.perf_counter()
             try:
-                metrics["separate/snapshots_in_flight"] = float(self.sends.put(snapshot.tensors))
+                metrics["separate/snapshots_in_flight"] = float(self.sends.put(snapshot.tensors, to=to))
             except RuntimeError as exc:
                 raise GeartrainError(f"the weight broadcast to the rollout replicas failed: {exc}") from exc
             metrics["timing/weight_queue_wait_s"] = time.perf_counter() - start
@@ -450,7 +439,7 @@ class SeparateGeneration(Generation):
         ]
         for pending in joining:
             pending.result()
-        self.trainer.call("send_weights", replica)
+        self.trainer.call("broadcast_weights", [replica])
         load = self.rollout.submit_rank(replica, "receive_weights", self.trainer.version).result()
         self._resend(replica, *first)
         return load
