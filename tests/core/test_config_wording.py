@@ -78,6 +78,11 @@ KEY_PATH = re.compile(r"[a-z_]+(?:\.[a-z_]+)+")
         ("algorithm.beta=0.04", "algorithm.kl_loss_coef"),  # spelling alone said 'dro_beta'
         ("learning_rate=1e-5", "actor.engine.optim.lr"),  # at the top level too
         ("sampling.num_generations=8", "sampling.n"),
+        # issue 34 item 6: these got nothing, and logging_steps a "did you mean 'loggers'"
+        ("trainer.gradient_accumulation_steps=4", "actor.engine.max_tokens_per_micro_batch"),
+        ("trainer.push_to_hub=true", "huggingface-cli upload"),
+        ("rollout.vllm_mode=server", "rollout.placement"),
+        ("trainer.logging_steps=5", "trainer.progress"),
     ],
 )
 def test_a_trl_key_name_points_to_geartrains_key(tmp_path: Path, override: str, right_key: str) -> None:
@@ -85,6 +90,27 @@ def test_a_trl_key_name_points_to_geartrains_key(tmp_path: Path, override: str, 
     text = _error(tmp_path, None, [override])
     assert f"unknown key '{name}'; TRL's '{name}' is " in text and right_key in text, text
     assert "did you mean" not in text
+
+
+def test_one_entry_of_a_list_is_overridden_by_its_index(tmp_path: Path) -> None:
+    """``reward.functions.0.function=...`` sets that entry's key and keeps its others (issue
+    34 item 6: it was refused, the list being no table); a wrong index is one line."""
+    job = tmp_path / "job.toml"
+    job.write_text(
+        JOB.read_text()
+        + '\n[[reward.functions]]\nname = "a"\nfunction = "arithmetic"\nweight = 0.5\n'
+        + '[[reward.functions]]\nname = "b"\nfunction = "arithmetic"\n'
+    )
+    config = load_train_config(job, ["reward.function=null", "reward.functions.0.function=format"], check_plugins=False)
+    first, second = config.reward.functions
+    assert (first.name, first.function, first.weight) == ("a", "format", 0.5)
+    assert (second.name, second.function) == ("b", "arithmetic")
+    config = load_train_config(
+        job, ["reward.function=null", "reward.functions.2={name = 'c', function = 'format'}"], check_plugins=False
+    )
+    assert [f.name for f in config.reward.functions] == ["a", "b", "c"]
+    text = _error(tmp_path, job.read_text(), ["reward.function=null", "reward.functions.5.weight=2"])
+    assert "reward.functions.5.weight: 'reward.functions' is a list of 2: an index is 0 to 1, or 2 to append" in text
 
 
 def test_a_trl_name_in_a_job_file_gets_the_same_answer_and_typos_still_get_did_you_mean(tmp_path: Path) -> None:

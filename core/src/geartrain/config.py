@@ -263,7 +263,11 @@ def parse_override_value(text: str) -> Any:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides to a nested dict (creating tables as needed)."""
+    """Apply ``a.b.c=value`` overrides to a nested dict (creating tables as needed).
+
+    A number indexes a list (``reward.functions.0.function=f`` sets the first entry's
+    ``function``, keeping its other keys; index ``len`` appends an entry, a missing list is
+    created); any other index of a list is one problem naming the key."""
     problems = []
     for item in overrides:
         if "=" not in item:
@@ -271,15 +275,33 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             continue
         key, raw = item.split("=", 1)
         parts = key.strip().split(".")
-        node = data
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
+        node: Any = data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                index = int(part) if part.isdigit() else -1
+                if not 0 <= index <= len(node):
+                    where = ".".join(parts[:i])
+                    n = len(node)
+                    problems.append((key, f"'{where}' is a list of {n}: an index is 0 to {n - 1}, or {n} to append"))
+                    break
+                value = parse_override_value(raw.strip()) if last else {}
+                if index == len(node):
+                    node.append(value)
+                elif last:
+                    node[index] = value
+                if last:
+                    break
+                child = node[index]
+            elif last:
+                node[part] = parse_override_value(raw.strip())
+                break
+            else:
+                child = node.setdefault(part, [] if parts[i + 1].isdigit() else {})
+            if not isinstance(child, dict | list):
                 problems.append((key, f"'{part}' is a value, not a table"))
                 break
             node = child
-        else:
-            node[parts[-1]] = parse_override_value(raw.strip())
     if problems:
         raise ConfigError(problems, "command-line overrides")
     return data

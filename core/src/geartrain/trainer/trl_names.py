@@ -54,6 +54,18 @@ TRL_NAMES: Mapping[str, str] = {
     "gradient_checkpointing": "actor.engine.gradient_checkpointing",
     "bf16": 'actor.engine.param_dtype = "bfloat16" and rollout.dtype = "bfloat16"',
     "peft_config": "the [actor.lora] section",
+    "gradient_accumulation_steps": (
+        "actor.engine.max_tokens_per_micro_batch: a step is one optimizer update per mini-batch"
+        " (algorithm.mini_batches) whatever its micro-batches, so lower it to use less memory"
+    ),
+    "push_to_hub": (
+        "no key: the run exports <output_dir>/hf (trainer.export_hf); upload that folder with `huggingface-cli upload`"
+    ),
+    "vllm_mode": 'rollout.placement ("colocated" is TRL\'s "colocate", "separate" its "server")',
+    "logging_steps": (
+        "trainer.progress (metrics are logged every step, to the run folder and TensorBoard;"
+        " sampled completions: trainer.log_completions = N)"
+    ),
     "max_tool_calling_iterations": "rollout.agent.max_turns (model turns: TRL's tool-call rounds + 1)",
 }
 """TRL's name -> what sets the same thing in a geartrain job (its key paths, and how)."""
