@@ -73,6 +73,10 @@ class TorchRolloutOptions(BaseModel):
     stop rules) as one graph, ``"forward"`` the model's forward only
     (``torch.compile(mode="reduce-overhead")``), ``"none"`` nothing. Default:
     ``"forward"``."""
+    decode_attention: Literal["gqa", "hf"] = "gqa"
+    """``"gqa"``: a model with grouped key/value heads that attends through ``sdpa`` decodes
+    with :func:`geartrain.rollouts.gqa_attention.gqa_decode_attention` (the cache read
+    without expanding it to every query head); ``"hf"``: transformers' own ``sdpa``."""
     simulated_token_s: float = Field(0.0, ge=0)
     """Benchmarks only: simulate generation time as if every sample decoded a heavy-tailed
     number of tokens at this many seconds each, in a continuous-batching engine: each
@@ -154,6 +158,10 @@ def build_rollout(config: RolloutConfig, model: ModelConfig, ctx: EngineContext)
     dtype = torch_dtype(config.dtype)
     module = build_hf_model(model, device=device).to(dtype).eval()
     module.requires_grad_(False)
+    if options.decode_attention == "gqa":
+        from geartrain.rollouts.gqa_attention import use_gqa_decode
+
+        use_gqa_decode(module)
     pad = module.config.pad_token_id
     engine = TorchRolloutEngine(
         model=module,
