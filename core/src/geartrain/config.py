@@ -30,11 +30,33 @@ from geartrain.errors import ConfigError, ConfigFileError
 DType = Literal["float32", "bfloat16", "float16"]
 
 
+UNKNOWN_KEY_HINTS: dict[str, str] = {}
+"""The answer to an unknown key, by its name, in any section (filled by the job's schema:
+another framework's name for a key, e.g. TRL's ``max_steps`` -> ``trainer.total_steps``)."""
+
+
+class SectionError(ConfigError, ValueError):
+    """A section built in Python (``TrainerConfig(max_steps=3)``) with bad keyword arguments:
+    the problems in the words a job file gets (hints for other frameworks' names, "did you
+    mean"), not pydantic's; a :class:`ValueError` as pydantic's error is."""
+
+
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are checked on
-    assignment too."""
+    assignment too. Built in Python, bad arguments raise :class:`SectionError`."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            name = type(self).__name__
+            raise SectionError(validation_problems(exc, schema=type(self)), f"{name}(...)") from None
+
+    # validation of a section inside another (a job file, TrainConfig(trainer={...})) does
+    # not call __init__ (pydantic's mark for its own): the outer error holds every problem
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
 class ModelConfig(Section):
@@ -344,6 +366,7 @@ def _message(err: Any, schema: type[BaseModel] | None) -> str:
     if kind == "extra_forbidden":
         key = str(err["loc"][-1])
         hint = getattr(schema, "unknown_key_hints", {}).get(key) if schema is not None else None
+        hint = hint or UNKNOWN_KEY_HINTS.get(key)
         if hint:
             return f"unknown key '{key}'; {hint}"
         parent = _model_at(schema, err["loc"][:-1]) if schema is not None else None

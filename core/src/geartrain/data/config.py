@@ -30,6 +30,17 @@ class DataConfig(Section):
     ground_truth_key: str = Field("ground_truth", validation_alias=AliasChoices("ground_truth_key", "answer_key"))
     """Field of a row that holds the ground truth (``answer_key`` is accepted as its other
     name), e.g. ``"answer"`` for a dataset whose column is called so."""
+
+    @property
+    def answer_key(self) -> str:
+        """The other name of ``ground_truth_key`` (``data.answer_key`` in a job file, in
+        ``DataConfig(answer_key=...)`` and ``config.data.answer_key = ...``)."""
+        return self.ground_truth_key
+
+    @answer_key.setter
+    def answer_key(self, value: str) -> None:
+        self.ground_truth_key = value
+
     require_ground_truth: bool = True
     """Rows without a ground truth are malformed (rule rewards need one)."""
     apply_chat_template: bool | None = None

@@ -29,11 +29,22 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, PositiveFloat, ValidationError, field_validator, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
-from geartrain.config import EngineConfig, LoraConfig, ModelConfig, OptimConfig, ParallelConfig, RolloutConfig, Section
+from geartrain.config import (
+    UNKNOWN_KEY_HINTS,
+    EngineConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+    RolloutConfig,
+    Section,
+)
 from geartrain.data.config import DataConfig
 from geartrain.trainer.trl_names import trl_key_hints
 from geartrain.trainer.watchdog import WatchdogConfig
 from geartrain.validation import load_config
+
+UNKNOWN_KEY_HINTS.update(trl_key_hints())  # TRL's names, answered in every section, in files and in Python
 
 
 class AlgorithmConfig(Section):
@@ -671,7 +682,7 @@ class TrainConfig(Section):
     """Directory relative data/reward paths are resolved against; set to the job file's
     directory by :func:`load_train_config`."""
 
-    unknown_key_hints: ClassVar[Mapping[str, str]] = trl_key_hints()
+    unknown_key_hints: ClassVar[Mapping[str, str]] = UNKNOWN_KEY_HINTS
     """An unknown key (in any section) that is one of TRL's names is answered with the
     geartrain key that does its job rather than a spelling-based "did you mean"."""
 

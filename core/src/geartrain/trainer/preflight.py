@@ -6,7 +6,7 @@ over-long prompt before a batch draws it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,14 +47,45 @@ def resolve_reward(spec: str | Callable[..., Any] | None, base_dir: str | None) 
     return fn
 
 
+def _python_reward_specs(
+    reward_fn: Any, weights: Sequence[float] | None, batched: bool | None, problems: list[tuple[str, str]]
+) -> list[tuple[str, Any, dict[str, Any]]]:
+    """``run_job``'s ``reward_fn`` (one function or spec, or a list of them, TRL's
+    ``reward_funcs``) with ``reward_weights`` (TRL's, one per function; default 1 each) as
+    ``(key, spec, make_term's keywords)``; each term is named after its function (a
+    repeated name gets ``_2``, ``_3``...), so each is logged as ``reward/<name>/mean``."""
+    if not isinstance(reward_fn, list | tuple):
+        if weights is not None and len(weights) != 1:
+            problems.append(("reward_weights", f"{len(weights)} weights for one reward function"))
+        weight = float(weights[0]) if weights else 1.0
+        return [("reward.function", reward_fn, {"batched": batched, "weight": weight})]
+    if weights is not None and len(weights) != len(reward_fn):
+        problems.append(("reward_weights", f"{len(weights)} weights for {len(reward_fn)} reward functions"))
+        weights = None
+    specs: list[tuple[str, Any, dict[str, Any]]] = []
+    seen: dict[str, int] = {}
+    for i, fn in enumerate(reward_fn):
+        label = fn if isinstance(fn, str) else getattr(fn, "name", None) or getattr(fn, "__name__", "reward")
+        label = str(label).rsplit(":", 1)[-1]
+        seen[label] = seen.get(label, 0) + 1
+        name = label if seen[label] == 1 else f"{label}_{seen[label]}"
+        weight = float(weights[i]) if weights is not None else getattr(fn, "weight", 1.0)
+        specs.append((f"reward_fn[{i}]", fn, {"name": name, "weight": weight, "batched": batched}))
+    return specs
+
+
 def _resolve_reward(
-    config: TrainConfig, reward_fn: Any | None, problems: list[tuple[str, str]]
+    config: TrainConfig,
+    reward_fn: Any | None,
+    problems: list[tuple[str, str]],
+    reward_weights: Sequence[float] | None = None,
 ) -> list[RewardTerm] | None:
     """The job's reward terms (``None`` with a reward model); each one that does not resolve
-    or whose signature does not fit is a problem under its key."""
+    or whose signature does not fit is a problem under its key. ``reward_fn`` (Python's
+    ``run_job``) replaces the job's ``reward.function`` / ``[[reward.functions]]``."""
     reward = config.reward
     if reward_fn is not None:
-        specs: list[tuple[str, Any, dict[str, Any]]] = [("reward.function", reward_fn, {"batched": reward.batched})]
+        specs = _python_reward_specs(reward_fn, reward_weights, reward.batched, problems)
     elif reward.model is not None:
         return None
     elif reward.functions:
@@ -209,7 +240,8 @@ def _environment_tools(factory: Callable[[], Any]) -> list[dict[str, Any]]:
 def preflight(
     config: TrainConfig,
     *,
-    reward_fn: Callable[..., Any] | None = None,
+    reward_fn: Callable[..., Any] | Sequence[Any] | None = None,
+    reward_weights: Sequence[float] | None = None,
     tokenizer: Any | None = None,
     data: DataSource | None = None,
     validation_data: DataSource | None = None,
@@ -225,7 +257,7 @@ def preflight(
     result = Preflight(tokenizer=tokenizer)
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
-    result.reward = _resolve_reward(config, reward_fn, problems)
+    result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)
     data_given = data is not None or "data" in config.model_fields_set
     problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)
 

@@ -153,7 +153,8 @@ class Job:
         *,
         resume: bool = False,
         overwrite: bool = False,
-        reward_fn: Callable[..., Any] | None = None,
+        reward_fn: Callable[..., Any] | Sequence[Any] | None = None,
+        reward_weights: Sequence[float] | None = None,
         echo: Callable[[str], None] = print,
         data: DataSource | None = None,
         validation_data: DataSource | None = None,
@@ -162,6 +163,7 @@ class Job:
         self.resume = resume
         self.rundir = RunDirectory(Path(config.trainer.output_dir), resume=resume, overwrite=overwrite)
         self.reward_fn = reward_fn
+        self.reward_weights = reward_weights
         self.data, self.validation_data = data, validation_data
         self.echo = echo
         self.out = Path(config.trainer.output_dir)
@@ -479,7 +481,13 @@ class Job:
         # Every check reads only; the output directory is claimed (and, with --overwrite,
         # the previous run deleted) after all of them passed.
         self.rundir.check()
-        pre = preflight(cfg, reward_fn=self.reward_fn, data=self.data, validation_data=self.validation_data)
+        pre = preflight(
+            cfg,
+            reward_fn=self.reward_fn,
+            reward_weights=self.reward_weights,
+            data=self.data,
+            validation_data=self.validation_data,
+        )
         for note in pre.notes:
             self.echo(f"note: {note}")
         self.reward_fn = pre.reward
@@ -637,7 +645,8 @@ def run_job(
     *,
     resume: bool = False,
     overwrite: bool = False,
-    reward_fn: Callable[..., Any] | None = None,
+    reward_fn: Callable[..., Any] | Sequence[Any] | None = None,
+    reward_weights: Sequence[float] | None = None,
     data: DataSource | None = None,
     validation_data: DataSource | None = None,
 ) -> JobResult:
@@ -645,11 +654,20 @@ def run_job(
     ``resume`` (continue from its newest intact checkpoint under
     ``<output_dir>/checkpoints``, with the config checked against the run's) or
     ``overwrite`` (delete the previous run once every check passed). ``reward_fn``
-    overrides ``reward.function`` (per-sample or batched: docs/rewards.md); ``data`` and
+    overrides ``reward.function`` / ``[[reward.functions]]`` (per-sample or batched:
+    docs/rewards.md): one function, or a list of them (TRL's ``reward_funcs``), each
+    weighted by ``reward_weights`` (TRL's; default 1 each) and logged as
+    ``reward/<function name>/mean``; ``data`` and
     ``validation_data`` (a ``datasets.Dataset``, a list of dicts or a path) replace
     ``data.path`` and ``validation.path``."""
     return Job(
-        config, resume=resume, overwrite=overwrite, reward_fn=reward_fn, data=data, validation_data=validation_data
+        config,
+        resume=resume,
+        overwrite=overwrite,
+        reward_fn=reward_fn,
+        reward_weights=reward_weights,
+        data=data,
+        validation_data=validation_data,
     ).run()
 
 
