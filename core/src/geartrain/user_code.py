@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,12 @@ def is_file_spec(spec: str) -> bool:
 def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> Any:
     """The object ``Name`` of ``file.py:Name``, the file resolved against ``base_dir`` when
     relative. ``what`` ("reward function", "environment") and ``key`` (the config key)
-    name the spec in the error raised when the file or the name is missing."""
+    name the spec in the error raised when the file or the name is missing, or when
+    importing the file raises (one line: the exception and the file's line it came from).
+
+    The file's directory is put on ``sys.path`` (once, at its end) before the import, so a
+    module next to it (``from my_helpers import ...``) imports, as it does when the file is
+    run as a script."""
     file, _, name = spec.rpartition(":")
     path = Path(file).expanduser()
     if not path.is_absolute() and base_dir is not None:
@@ -34,6 +40,9 @@ def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> A
     module_spec = importlib.util.spec_from_file_location(module_name, path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
+    directory = str(path.resolve().parent)
+    if directory not in sys.path:
+        sys.path.append(directory)
     # Registered while it runs: a @dataclass (or typing.get_type_hints) with string
     # annotations looks its module up in sys.modules. Removed after: the module cannot be
     # imported by name elsewhere, so Ray's cloudpickle sends its functions by value.
@@ -41,6 +50,10 @@ def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> A
     sys.modules[module_name] = module
     try:
         module_spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: one line naming the file and line, not a traceback
+        raise GeartrainError(
+            f"{what} file '{path}' failed to import{_where(exc, path)}: {type(exc).__name__}: {exc} ({key} = '{spec}')"
+        ) from exc
     finally:
         if previous is None:
             sys.modules.pop(module_name, None)
@@ -51,6 +64,15 @@ def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> A
             f"{what} file '{path}' has no {'function' if what.endswith('function') else 'attribute'} '{name}'"
         )
     return getattr(module, name)
+
+
+def _where(exc: BaseException, path: Path) -> str:
+    """`` (line N)`` of ``path``'s last frame in ``exc``'s traceback (a ``SyntaxError``'s
+    own line), or ``""``."""
+    if isinstance(exc, SyntaxError) and exc.lineno is not None and exc.filename == str(path):
+        return f" (line {exc.lineno})"
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+    return f" (line {lines[-1]})" if lines and lines[-1] is not None else ""
 
 
 def import_object(path: str, *, what: str) -> Any:
