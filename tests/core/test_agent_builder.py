@@ -4,14 +4,23 @@ completions.jsonl, SFT traces that cannot be trained on."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from geartrain.agents import load_environment
+from geartrain import SamplingParams
+from geartrain.agents import Environment, EpisodeRunner, RunnerLimits, StepResult, ToolEnvironment, load_environment
 from geartrain.cli import main
-from geartrain.errors import GeartrainError
+from geartrain.data import DataConfig
+from geartrain.errors import DataError, GeartrainError
+from geartrain.testing.tiny import tiny_tokenizer
+from geartrain.trainer.config import SFTConfig
+from geartrain.trainer.episodes import failure_lines
+from geartrain.trainer.rundir import RunDirectory
+from geartrain.trainer.sft import sft_dataset
+from scripted_turns import scripted_generate
 
 ROOT = Path(__file__).resolve().parents[2]
 GUESS = ROOT / "examples" / "guess_number" / "grpo.toml"
@@ -64,3 +73,88 @@ def test_a_module_next_to_the_environment_file_imports(tmp_path: Path, monkeypat
     (tmp_path / "env.py").write_text("from agent_helpers_34 import Base\n\nclass Env(Base):\n    pass\n")
     env = load_environment("env.py:Env", base_dir=str(tmp_path))()
     assert env.reset({}) == "hello" and env.step("x").reward == 2.0
+
+
+# ----------------------------------------------------------------------------- item 11
+
+
+def _records(env_factory, model_turns: list[str], episodes: int = 2) -> list[dict]:  # noqa: ANN001
+    """The records of ``episodes`` episodes of ``env_factory``, each with ``model_turns``."""
+    tok = tiny_tokenizer()
+    records = []
+    for _ in range(episodes):
+        runner = EpisodeRunner(
+            scripted_generate(tok, list(model_turns)), tok, env_factory, RunnerLimits(max_turns=3, max_model_len=128)
+        )
+        (ep,), _ = runner.run([tok.encode("q=", add_special_tokens=False)], [{"prompt": "q="}], SamplingParams())
+        records.append(ep.record())
+    return records
+
+
+def _broken(expression: str) -> str:
+    """Always fails."""
+    raise RuntimeError("no network")
+
+
+def test_a_tool_failing_on_every_call_and_a_raising_environment_are_one_console_line_each() -> None:
+    tools = _records(
+        lambda: ToolEnvironment([_broken], call_format="compact", timeout_s=5.0), ["[_broken 1]", "[_broken 2]", "9"]
+    )
+    assert failure_lines(tools) == [
+        "tool '_broken' failed 4 of its 4 calls (agent/tool_errors); first: RuntimeError: no network"
+    ]
+
+    class Raises(Environment):
+        def reset(self, task: dict) -> str:
+            return ""
+
+        def step(self, action: str) -> StepResult:
+            raise ValueError("the sandbox is gone")
+
+    failing = _records(Raises, ["1"]) + tools
+    assert failure_lines(failing) == [
+        "environment error in 2 of 4 episodes (ValueError; agent/env_errors): ValueError: the sandbox is gone",
+        "tool '_broken' failed 4 of its 4 calls (agent/tool_errors); first: RuntimeError: no network",
+    ]
+    assert failure_lines(_records(Raises, ["1"])[:0]) == []
+
+
+# ----------------------------------------------------------------------------- item 12
+
+
+def test_overwrite_removes_episodes_log(tmp_path: Path) -> None:
+    (tmp_path / "episodes.log").write_text("--- step 0: validation episode(s) ---\n")
+    (tmp_path / "config.json").write_text("{}")
+    run = RunDirectory(tmp_path, overwrite=True)
+    try:
+        assert "episodes.log" in run.claim()
+    finally:
+        run.release()
+    assert not (tmp_path / "episodes.log").exists()
+
+
+# ----------------------------------------------------------------------------- item 14
+
+
+@pytest.mark.parametrize(
+    ("turns", "expected"),
+    [
+        ([], "'turns' is empty: a trace needs at least one model turn"),
+        (
+            [{"role": "model", "text": "[calc 2*3]"}, {"role": "observation", "text": "(6)"}],
+            "'turns' ends on an observation (turn 2): a trace ends on a model turn",
+        ),
+    ],
+    ids=["empty", "ends-on-observation"],
+)
+def test_a_trace_that_cannot_be_trained_on_is_refused_with_its_row(tmp_path: Path, turns: list, expected: str) -> None:
+    good = {"prompt": "2*3=", "turns": [{"role": "model", "text": "6"}]}
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"prompt": "2*3=", "turns": turns}) + "\n")
+    tok = tiny_tokenizer()
+    data = DataConfig(apply_chat_template=False)
+    with pytest.raises(DataError) as caught:
+        sft_dataset(SFTConfig(enabled=True, path=str(path)), str(path), tok, data)
+    assert str(caught.value).startswith(f"{path}, line 2: {expected}")
+    path.write_text(json.dumps(good) + "\n")
+    assert len(sft_dataset(SFTConfig(enabled=True, path=str(path)), str(path), tok, data).rows) == 1

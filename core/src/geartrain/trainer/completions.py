@@ -9,8 +9,10 @@ Each line is one episode::
 
 A multi-turn episode (``rollout.agent``) adds ``"turns"``: each model turn and observation
 as ``{"role": "model" | "observation", "text": ...}``, and ``"env_rewards"``: the environment's
-reward of each model turn (``reward`` is the reward function's); ``response`` is its last
-model turn.
+reward of each model turn (``reward`` is the reward function's), and ``"finish"``: how it
+ended, ``done`` (the environment ended it), ``max_turns``, ``truncated`` (out of tokens:
+``max_episode_tokens`` / ``rollout.max_model_len``) or ``error`` (with ``"error"``, the
+environment's failure); ``response`` is its last model turn.
 
 ``kind`` is ``train`` (``trainer.log_completions`` samples of the step, drawn from the step's
 seed) or ``validation`` (every greedy output, ``advantage`` absent). On resume the lines past
@@ -50,6 +52,10 @@ def episodes(batch: Batch, indices: list[int], *, step: int, kind: str) -> list[
         if "episode" in batch.meta:  # a multi-turn episode: every turn, not only the last
             record["turns"] = batch["episode"][i]["turns"]
             record["env_rewards"] = batch["episode"][i]["rewards"]
+            # how it ended: done (the environment), max_turns, truncated (its token budget), error
+            record["finish"] = batch["episode"][i]["finish"]
+            if batch["episode"][i].get("error"):
+                record["error"] = batch["episode"][i]["error"]
         if advantages is not None and kind == "train":
             row = advantages[i][mask[i]]
             record["advantage"] = float(row.mean()) if row.numel() else 0.0

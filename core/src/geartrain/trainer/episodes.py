@@ -172,7 +172,45 @@ def generate_episodes(
         dispatch=Dispatch.DP,
     )
     batch, agent_metrics = annotate_episodes(batch, prompts, sampling.n)
+    for line in failure_lines(batch["episode"]):
+        logger.warning("%s", line)
     return batch, {**metrics, **agent_metrics}
+
+
+def failure_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    """One console line per kind of failure in a step's episode records
+    (:meth:`geartrain.agents.Episode.record`), as failing reward functions get: episodes
+    that ended as an environment error, by the error's kind (``ValueError``, ``step
+    returned int``, ...), and failed tool calls, by tool; each with how many of the step's
+    episodes (calls) it hit and its first message."""
+    errors: dict[str, list[str]] = {}
+    for r in records:
+        if r.get("finish") == "error":
+            message = str(r.get("error") or "")
+            errors.setdefault(_error_kind(message), []).append(message)
+    calls = [c for r in records for c in r.get("calls", [])]
+    failed: dict[str, list[str]] = {}
+    for c in calls:
+        if not c.get("ok", True):
+            failed.setdefault(str(c.get("name") or "?"), []).append(str(c.get("result", "")))
+    lines = [
+        f"environment error in {len(messages)} of {len(records)} episodes ({kind}; agent/env_errors): "
+        f"{messages[0][:300]}"
+        for kind, messages in errors.items()
+    ]
+    for name, results in failed.items():
+        total = sum(str(c.get("name") or "?") == name for c in calls)
+        lines.append(
+            f"tool {name!r} failed {len(results)} of its {total} calls (agent/tool_errors); first: {results[0][:300]}"
+        )
+    return lines
+
+
+def _error_kind(message: str) -> str:
+    """An episode error's kind: the exception's name (``ValueError: ...``) or the words
+    before the first ``:`` or ``,`` of a bad result (``step returned int``)."""
+    head = message.split(":", 1)[0].split(",", 1)[0].strip()
+    return head[:80] or "error"
 
 
 class EpisodeGeneration(Generation):
@@ -195,15 +233,17 @@ def render_sample(batch: Batch, row: int = 0) -> str:
     lines = [f"[task] {batch['prompt'][row]!r}  (ground truth {batch['ground_truth'][row]!r})"]
     for turn in record["turns"]:
         lines.append(f"[{'model' if turn['role'] == 'model' else 'obs'}] {turn['text']!r}")
-    lines.append(f"[end] {record['finish']}{' (truncated)' if record['truncated'] else ''}")
+    end = f"[end] {record['finish']}{' (truncated)' if record['truncated'] and record['finish'] != 'truncated' else ''}"
+    lines.append(end + (f": {record['error']}" if record.get("error") else ""))
     return "\n".join(lines)
 
 
 def log_sample(batch: Batch, output_dir: str | Path, step: int, rows: Sequence[int] = (0,)) -> str:
-    """Append rendered episodes of ``batch`` to ``<output_dir>/episodes.log`` under a
-    header naming ``step``, log them (``geartrain.agents``, INFO), and return the text."""
+    """Append rendered episodes of ``batch`` (a validation's) to ``<output_dir>/episodes.log``
+    under a header naming ``step``, the training steps done before it (0: before training),
+    log them (``geartrain.agents``, INFO), and return the text."""
     text = (
-        f"--- step {step}: sample episode(s) ---\n"
+        f"--- step {step}: validation episode(s) ---\n"
         + "\n\n".join(render_sample(batch, r) for r in rows if r < len(batch))
         + "\n"
     )

@@ -189,7 +189,7 @@ class RLTrainer:
         scores, _, correct = self._score(batch)
         self.validations += 1
         if "episode" in batch:  # one rendered episode per validation, in <output_dir>/episodes.log
-            log_sample(batch, self.config.trainer.output_dir, self.validations)
+            log_sample(batch, self.config.trainer.output_dir, int(self.trainer_state["global_step"]))
         batch["score"] = scores.tolist()
         self.last_validation: Batch | None = batch  # its greedy outputs, for completions.jsonl
         return {

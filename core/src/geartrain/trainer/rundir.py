@@ -28,6 +28,7 @@ RUN_ENTRIES: dict[str, str] = {
     "config.json": "file",
     "metrics.jsonl": "file",
     "completions.jsonl": "file",
+    "episodes.log": "file",
     "curves.png": "file",
     "checkpoints": "dir",
     "tensorboard": "dir",

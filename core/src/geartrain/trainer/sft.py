@@ -71,6 +71,13 @@ def sft_dataset(
                 raise DataError(
                     f'{row.where or path}: \'turns\' must be a list of {{"role": "model" | "observation", "text": str}}'
                 )
+            if not turns:
+                raise DataError(f"{row.where or path}: 'turns' is empty: a trace needs at least one model turn")
+            if turns[-1]["role"] == "observation":
+                raise DataError(
+                    f"{row.where or path}: 'turns' ends on an observation (turn {len(turns)}): a trace ends on a "
+                    "model turn, its answer, as an episode does (the environment's last observation is not appended)"
+                )
         elif not isinstance(row.meta.get(config.response_key), str):
             raise DataError(
                 f"{row.where or path}: SFT rows need a string '{config.response_key}' (or multi-turn 'turns')"
