@@ -10,8 +10,9 @@ tiny kernel launches. Here every decode step has the same shapes and addresses:
   of ``rows x (prompt width + steps)``;
 * the attention mask, the fed tokens, their positions and the step counter are buffers
   updated in place; finished rows stay in the batch (their outputs are ignored);
-* sampling (:func:`~geartrain.rollouts.sampler.sample_tokens`, the dynamic loop's own
-  function, so a seed gives the same tokens on either path) and the stop rules
+* sampling (:func:`~geartrain.rollouts.fused_sampler.sample_with_log_prob`: the dynamic
+  loop's draw, fused with the token's log-prob, so a seed gives the same tokens on either
+  path; compiled on CUDA) and the stop rules
   (:class:`~geartrain.rollouts.decode_record.DeviceDecodeRecord`) run on the device with the
   step as a device tensor: nothing is read back to the host during the loop except, every
   step and without waiting for the GPU, whether every row is done.
@@ -39,7 +40,7 @@ from typing import Any, Literal
 import torch
 
 from geartrain.rollouts.decode_record import DeviceDecodeRecord, last_logits_only, prefill_rows
-from geartrain.rollouts.sampler import sample_tokens
+from geartrain.rollouts.fused_sampler import sample_with_log_prob
 from geartrain.types import SamplingParams
 
 __all__ = ["GraphMode", "decode_chunk_static", "decode_step", "drop_static_caches", "graph_mode"]
@@ -51,6 +52,7 @@ GraphMode = Literal["step", "forward", "none"]
 STEPS_IN_FLIGHT = 4
 
 _COMPILED: dict[tuple[int, str], Callable[..., Any]] = {}
+_SAMPLER: dict[str, Callable[..., Any]] = {}
 _STEP_GRAPH_FAILED: set[int] = set()
 
 
@@ -79,6 +81,31 @@ def decode_step(model: torch.nn.Module, device: torch.device, mode: GraphMode = 
         else:
             _COMPILED[key] = torch.compile(model.forward, fullgraph=False)
     return _COMPILED[key]
+
+
+def sampler(device: torch.device, mode: GraphMode = "forward") -> Callable[..., Any]:
+    """The token choice of a decode step: on CUDA (any mode but ``"none"``)
+    :func:`~geartrain.rollouts.fused_sampler.sample_with_log_prob` compiled (its passes over
+    the logits fused into few kernels), falling back to it uncompiled, with a warning, if
+    compilation fails; otherwise the function itself."""
+    if device.type != "cuda" or mode == "none":
+        return sample_with_log_prob
+    if "cuda" not in _SAMPLER:
+        compiled = torch.compile(sample_with_log_prob, dynamic=False)
+
+        def choose(*args: Any) -> Any:
+            try:
+                return compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
+                warnings.warn(
+                    f"torch rollout: the sampler could not be compiled ({exc}); sampling uncompiled",
+                    stacklevel=2,
+                )
+                _SAMPLER["cuda"] = sample_with_log_prob
+                return sample_with_log_prob(*args)
+
+        _SAMPLER["cuda"] = choose
+    return _SAMPLER["cuda"]
 
 
 _CACHES = "_geartrain_static_caches"
@@ -124,8 +151,10 @@ class _StepState:
         positions: torch.Tensor,
         width: int,
         pad_token_id: int,
+        choose_fn: Callable[..., Any] = sample_with_log_prob,
     ) -> None:
         rows = len(seeds)
+        self.choose_fn = choose_fn
         self.forward, self.cache, self.record, self.sampling = forward, cache, record, sampling
         self.seeds, self.mask, self.positions, self.width = seeds, mask, positions, width
         device = mask.device
@@ -135,10 +164,9 @@ class _StepState:
         self.all_done = torch.zeros((), dtype=torch.bool, device=device)
 
     def choose(self, logits: torch.Tensor) -> None:
-        """Sample token ``counter`` of every row from ``logits`` ``[rows, V]`` (float32),
-        record it, and make it the next step's input."""
-        new = sample_tokens(logits, self.sampling, self.seeds, self.counter)
-        new_lp = logits.gather(-1, new.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        """Sample token ``counter`` of every row from ``logits`` ``[rows, V]`` (any float
+        dtype, read in fp32), record it, and make it the next step's input."""
+        new, new_lp = self.choose_fn(logits, self.sampling, self.seeds, self.counter)
         self.record.add(self.counter, new, new_lp)
         self.step_ids.copy_(new.unsqueeze(-1))
         self.counter += 1
@@ -155,7 +183,7 @@ class _StepState:
             past_key_values=self.cache,
             use_cache=True,
         )
-        logits = out.logits[:, -1, :].float()
+        logits = out.logits[:, -1, :]  # the model's dtype: the sampler reads it in fp32
         self.positions += 1
         self.choose(logits)
 
@@ -294,6 +322,7 @@ def decode_chunk_static(
         positions=positions[:, -1:].index_select(0, expand) + 1,
         width=width,
         pad_token_id=pad_token_id,
+        choose_fn=sampler(device, mode),
     )
     state.choose(logits)  # token 0, from the prefill
     del logits
