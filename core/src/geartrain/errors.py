@@ -75,6 +75,26 @@ class CheckpointError(GeartrainError):
     """A checkpoint is missing, incomplete or does not match the model."""
 
 
+class NonFiniteError(GeartrainError):
+    """The policy cannot go on: its weights, or the logits they produce, are not finite
+    (NaN or inf). The trainer stops the run on it (``geartrain train`` exits 2), keeping
+    the checkpoints saved so far."""
+
+
+class NonFiniteLogitsError(NonFiniteError):
+    """A rollout computed non-finite logits (so NaN or infinite log-probs) for sampled
+    tokens: the weights it generates with overflowed, though each of them may be finite."""
+
+
+class NonFiniteWeightsError(NonFiniteError):
+    """A weight sync found a non-finite tensor among the weights it was to publish to the
+    rollout; ``name`` is its name. Nothing of that bucket or later ones was sent."""
+
+    def __init__(self, name: str, message: str) -> None:
+        self.name = name
+        super().__init__(message)
+
+
 def exception_chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and every exception behind it: its ``__cause__`` and ``__context__``, and the
     per-rank errors a ``torch.distributed.checkpoint`` ``CheckpointException`` wraps (DCP

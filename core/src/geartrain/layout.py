@@ -25,12 +25,13 @@ from typing import Any
 import torch
 
 from geartrain.batch import Batch
-from geartrain.errors import GeartrainError
+from geartrain.errors import GeartrainError, NonFiniteLogitsError
 from geartrain.types import SamplingParams
 
 __all__ = [
     "READY_AT",
     "Sample",
+    "check_finite_log_probs",
     "check_generate_inputs",
     "cut_at_stop",
     "max_tokens_of",
@@ -97,14 +98,32 @@ def rollout_batch(
 ) -> Batch:
     """The ``generate`` hook's batch: row ``r`` is ``prompts[r]`` (the prompt of that
     sample, repeated for each sample) then ``responses[r]``, with ``response_mask``,
-    ``rollout_log_probs`` and the meta ``prompt_index`` / ``finish_reason``."""
-    return sequence_batch(
+    ``rollout_log_probs`` and the meta ``prompt_index`` / ``finish_reason``.
+
+    Raises :class:`~geartrain.errors.NonFiniteLogitsError` when a sampled token's log-prob
+    is NaN or infinite: the logits it was drawn from were not finite, so the token means
+    nothing (every backend's batch passes here, so all report that case alike)."""
+    batch = sequence_batch(
         prompts,
         responses,
         pad_token_id,
         log_probs=log_probs,
         meta={"prompt_index": list(prompt_index), "finish_reason": list(finish_reason)},
     )
+    if len(batch):
+        check_finite_log_probs(batch["rollout_log_probs"], batch["response_mask"].bool())
+    return batch
+
+
+def check_finite_log_probs(log_probs: torch.Tensor, mask: torch.Tensor) -> None:
+    """Raise :class:`~geartrain.errors.NonFiniteLogitsError` when an entry of ``log_probs``
+    under ``mask`` is not finite, saying in how many rows."""
+    bad_rows = (~torch.isfinite(log_probs) & mask).any(dim=-1)
+    if bool(bad_rows.any()):
+        raise NonFiniteLogitsError(
+            f"the policy's logits are not finite (NaN or inf) in {int(bad_rows.sum())} of {len(bad_rows)} generated "
+            "rows: its weights have overflowed (finite but huge) or are NaN, and nothing can be sampled from them"
+        )
 
 
 def check_generate_inputs(

@@ -35,6 +35,7 @@ from typing import Generic, TypeVar
 
 import torch
 
+from geartrain.errors import NonFiniteWeightsError
 from geartrain.types import SyncStats, WeightReceiver
 
 K = TypeVar("K")
@@ -50,6 +51,7 @@ __all__ = [
     "deliver_stream",
     "drain",
     "plan_buckets",
+    "refuse_non_finite",
     "send_weights",
     "stream_buckets",
     "stream_weights",
@@ -132,9 +134,15 @@ def stream_buckets(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` bucket by bucket; ``gather(keys)`` materialises one
     bucket (it may be collective: every rank must consume the stream to its end). A
-    bucket's tensors are dropped before the next one is gathered."""
+    bucket's tensors are dropped before the next one is gathered.
+
+    Non-finite weights are never published: a bucket holding a NaN or infinite value raises
+    :class:`~geartrain.errors.NonFiniteWeightsError` (naming the first such tensor) before
+    any of its tensors is yielded. Every rank gathers the same full tensors, so every rank
+    raises at the same bucket."""
     for bucket in buckets:
         named = gather(bucket.keys)
+        refuse_non_finite(named)
         if stats is not None:
             nbytes = sum(t.numel() * t.element_size() for _, t in {id(t): (n, t) for n, t in named}.values())
             stats.num_buckets += 1
@@ -144,6 +152,23 @@ def stream_buckets(
         while named:
             yield named.pop(0)
         del named
+
+
+def refuse_non_finite(named: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """Raise :class:`~geartrain.errors.NonFiniteWeightsError` for the first floating-point
+    tensor of ``named`` holding a NaN or an infinity (one host read for the whole list)."""
+    floating = [(name, t) for name, t in named if t.is_floating_point() and t.numel()]
+    if not floating:
+        return
+    finite = torch.stack([torch.isfinite(t).all() for _, t in floating])
+    if bool(finite.all()):
+        return
+    name = floating[int((~finite).nonzero()[0, 0])][0]
+    raise NonFiniteWeightsError(
+        name,
+        f"the policy's weight {name} holds NaN or infinite values, so it was not published (weights are checked "
+        "before they reach a rollout or an export)",
+    )
 
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:

@@ -62,4 +62,8 @@ def sample_tokens(
     # up to the cdf's last value does the search run past the end: then take the token where
     # the cdf reaches that value, the last one with mass (no host-side check needed).
     last_with_mass = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False).squeeze(-1)
-    return torch.where(tokens >= probs.shape[-1], last_with_mass, tokens)
+    tokens = torch.where(tokens >= probs.shape[-1], last_with_mass, tokens)
+    # A row of non-finite logits has a NaN cdf, and both searches run past the end: keep the
+    # index inside the vocabulary so that nothing downstream reads out of bounds; its log-prob
+    # is NaN, which the rollout batch refuses (geartrain.layout.check_finite_log_probs).
+    return tokens.clamp(max=probs.shape[-1] - 1)

@@ -24,7 +24,7 @@ from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
 from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
-from geartrain.errors import CheckpointError
+from geartrain.errors import CheckpointError, NonFiniteError
 from geartrain.export import ModelCard, base_model_name, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.rewards import RewardResult, correctness
@@ -57,7 +57,7 @@ from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceW
 from geartrain.trainer.rundir import RunDirectory
 from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
 from geartrain.trainer.sft import observation_renderer, run_sft
-from geartrain.trainer.watchdog import TrainingStalledError, Watchdog
+from geartrain.trainer.watchdog import TrainingStalledError, Watchdog, non_finite_stop
 from geartrain.types import SamplingParams
 
 logger = logging.getLogger("geartrain.trainer")
@@ -462,9 +462,11 @@ class Job:
         try:
             try:
                 result = self._run()
-            except BaseException:
+            except BaseException as exc:
                 if self.placement is not None:  # ranks may be mid-call: stop them without waiting
                     self.placement.close(graceful=False)
+                if isinstance(exc, NonFiniteError):
+                    raise non_finite_stop(exc, self.position.step, self.position.checkpoint) from None
                 raise
             if self.placement is not None:
                 self.placement.close()

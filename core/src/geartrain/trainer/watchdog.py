@@ -18,6 +18,11 @@ Scores that are not finite or too large for the loss's float32 arithmetic
 (``reward/max_abs``, see :data:`HUGE_REWARD`) are named as such, once, and in place of the
 learning-rate advice when they are what made the steps skip.
 
+A policy whose weights, or the logits they produce, are not finite
+(:class:`~geartrain.errors.NonFiniteError`: a weight sync refused to publish them, or a
+rollout sampled from NaN logits) cannot go on at all: :func:`non_finite_stop` turns it into
+the stop of the step it happened in.
+
 The stops raise :class:`TrainingStalledError` (a :class:`geartrain.GeartrainError`:
 ``geartrain train`` prints it and exits 2); the checkpoints saved so far stay.
 """
@@ -30,7 +35,7 @@ from typing import Any
 from pydantic import Field
 
 from geartrain.config import Section
-from geartrain.errors import GeartrainError
+from geartrain.errors import GeartrainError, NonFiniteError
 
 logger = logging.getLogger("geartrain.watchdog")
 
@@ -71,6 +76,17 @@ def _reward_problem(metrics: dict[str, Any]) -> str | None:
 
 class TrainingStalledError(GeartrainError):
     """A watchdog stopped the run: it was not training."""
+
+
+def non_finite_stop(exc: NonFiniteError, step: int, checkpoint: int | None) -> TrainingStalledError:
+    """The stop for a policy that is not finite, found during ``step`` (0: before the first
+    RL step), with the newest complete checkpoint (``None``: none) named as kept."""
+    kept = f"the newest checkpoint (step {checkpoint}) is kept" if checkpoint is not None else "no checkpoint was saved"
+    return TrainingStalledError(
+        f"step {step}: {exc}. After an update this means the learning rate is too high: lower "
+        "actor.engine.optim.lr; after --resume, the checkpoint holds such "
+        f"weights: resume from an earlier one. The run stopped here; {kept}"
+    )
 
 
 class Watchdog:

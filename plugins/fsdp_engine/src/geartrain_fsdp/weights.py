@@ -17,6 +17,7 @@ from geartrain.weights import (
     BucketStats,
     deliver_stream,
     plan_buckets,
+    refuse_non_finite,
     send_weights,
     stream_buckets,
     stream_weights,
@@ -119,7 +120,9 @@ def iter_merged_weights(
 def adapter_tensors(
     model: FSDPModel, dtype: torch.dtype, device: torch.device | str = "cpu"
 ) -> dict[str, torch.Tensor]:
-    """The adapter's tensors, full, named as in a PEFT adapter file. Collective."""
+    """The adapter's tensors, full, named as in a PEFT adapter file. Collective. Raises
+    :class:`~geartrain.errors.NonFiniteWeightsError` when one holds NaN or inf (on every
+    rank: each holds the full tensors), so neither a sync nor an export carries it."""
     from geartrain_fsdp.lora import adapter_names, sites
 
     out: dict[str, torch.Tensor] = {}
@@ -127,6 +130,7 @@ def adapter_tensors(
         a_name, b_name = adapter_names(module)
         out[a_name] = _full(site.lora_a.detach()).to(device=device, dtype=dtype, copy=True)
         out[b_name] = _full(site.lora_b.detach()).to(device=device, dtype=dtype, copy=True)
+    refuse_non_finite(list(out.items()))
     return out
 
 

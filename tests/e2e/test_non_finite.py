@@ -1,0 +1,175 @@
+"""A policy that stops being finite ends the run with one line and exit 2, whatever the CPU's
+rounding makes of an overflowing update (issue 39). Each route is driven on purpose by an
+extension plugin that wraps the FSDP engine's hooks (the real engine, the real torch
+rollout, the tiny model):
+
+* gradients that become non-finite: every optimizer step is skipped, the watchdog stops;
+* weights that stay finite but overflow the logits: the rollout's log-probs are NaN, the
+  rollout batch refuses them (never an out-of-range token index);
+* weights that are not finite: the weight sync refuses to publish them, naming the weight
+  (full weights and the LoRA adapter-only sync alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from e2e_helpers import MAIN_CONFIG, ROOT, rl_records
+from geartrain import hookimpl, register_extension
+from geartrain.cli import main
+from geartrain.plugins import unregister
+
+pytestmark = pytest.mark.e2e
+
+LORA_CONFIG = ROOT / "examples" / "arithmetic" / "grpo_lora.toml"
+
+TINY = [
+    "sft.enabled=false",
+    "trainer.total_steps=4",
+    "trainer.save_every=1",
+    "trainer.plot=false",
+    "trainer.progress=false",
+    "trainer.tensorboard=false",
+    "trainer.export_hf=false",
+    "data.batch_size=4",
+    "sampling.n=4",
+    "validation.max_prompts=8",
+    "validation.every_n_steps=0",
+    "watchdog.max_skipped_steps=2",
+]
+
+#: below float32's largest value (3.4e38), so finite; times a normalised hidden state of
+#: magnitude > 1.13 it is not, and the logits' sums meet +inf and -inf (NaN)
+HUGE = 3e38
+
+
+class AfterOptimizerStep:
+    """An extension that changes the engine's parameters right after each optimizer step."""
+
+    def __init__(self, change: Callable[[dict[str, torch.Tensor]], None]) -> None:
+        self.change = change
+
+    @hookimpl(wrapper=True)
+    def optimizer_step(self, model):  # noqa: ANN001, ANN201 - the hook's own signature
+        stats = yield
+        with torch.no_grad():
+            self.change(dict(model.hf.named_parameters()))
+        return stats
+
+
+class NanGradients:
+    """An extension that makes every gradient NaN after each forward/backward."""
+
+    @hookimpl(wrapper=True)
+    def forward_backward(self, model, forward_only):  # noqa: ANN001, ANN201 - the hook's own signature
+        out = yield
+        if not forward_only:
+            for p in model.hf.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+        return out
+
+
+def _final_norm_huge(params: dict[str, torch.Tensor]) -> None:
+    params["model.norm.weight"].fill_(HUGE)
+
+
+def _nan_in(suffix: str) -> Callable[[dict[str, torch.Tensor]], None]:
+    def change(params: dict[str, torch.Tensor]) -> None:
+        name = next(n for n in params if n.endswith(suffix))
+        params[name].view(-1)[0] = float("nan")
+
+    return change
+
+
+@pytest.fixture
+def extension() -> Iterator[Callable[[object], str]]:
+    """Register an extension for one test; returns the override that enables it."""
+    names: list[str] = []
+
+    def use(plugin: object) -> str:
+        name = f"issue39_{len(names)}"
+        register_extension(name, plugin, distribution="tests", version="0")
+        names.append(name)
+        return f'actor.engine.extensions=["{name}"]'
+
+    yield use
+    for name in names:
+        unregister("extension", name)
+
+
+def _train(config: Path, out: Path, *overrides: str) -> tuple[int, str]:
+    """``geartrain train`` in this process: its exit code and its one-line error."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["train", str(config), *TINY, f"trainer.output_dir={out}", *overrides])
+    return rc, err.getvalue()
+
+
+def _error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_gradients_that_become_non_finite_stop_the_run(tmp_path: Path, extension) -> None:  # noqa: ANN001
+    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", extension(NanGradients()))
+    line = _error_line(stderr)
+    assert rc == 2
+    assert "step 2: the last 2 steps skipped every optimizer step because the gradient was not finite" in line
+    assert [r["actor/skipped"] for r in rl_records(tmp_path / "run" / "metrics.jsonl")[1:]] == [1.0, 1.0]
+
+
+def test_weights_that_overflow_the_logits_stop_the_run(tmp_path: Path, extension) -> None:  # noqa: ANN001
+    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", extension(AfterOptimizerStep(_final_norm_huge)))
+    line = _error_line(stderr)
+    assert rc == 2
+    assert "step 2: the policy's logits are not finite (NaN or inf) in 16 of 16 generated rows" in line
+    assert "lower actor.engine.optim.lr" in line and "the newest checkpoint (step 1) is kept" in line
+    assert [r["step"] for r in rl_records(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
+    assert (tmp_path / "run" / "checkpoints" / "actor" / "step_00000001" / "MANIFEST.json").is_file()
+
+
+def test_non_finite_weights_are_never_published(tmp_path: Path, extension) -> None:  # noqa: ANN001
+    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", extension(AfterOptimizerStep(_nan_in("mlp.up_proj.weight"))))
+    line = _error_line(stderr)
+    assert rc == 2
+    assert "step 2: the policy's weight model.layers.0.mlp.up_proj.weight holds NaN or infinite values" in line
+    assert "so it was not published" in line
+
+
+def test_a_non_finite_adapter_is_never_published(tmp_path: Path, extension) -> None:  # noqa: ANN001
+    rc, stderr = _train(
+        LORA_CONFIG,
+        tmp_path / "run",
+        "actor.lora.sync=adapter",
+        extension(AfterOptimizerStep(_nan_in("q_proj.lora_B.default.weight"))),
+    )
+    line = _error_line(stderr)
+    assert rc == 2
+    assert "step 2: the policy's weight base_model.model.model.layers.0.self_attn.q_proj.lora_B" in line, line
+    assert "holds NaN or infinite values" in line
+
+
+def test_an_lr_that_overflows_stops_with_one_line_on_any_cpu(tmp_path: Path) -> None:
+    """The issue's probe itself: whichever route this CPU's rounding takes, one line, exit 2.
+    The reward differs between samples even for the untrained tiny model (which never gets
+    an addition right), so the advantages are not zero and the update happens."""
+    reward = tmp_path / "length_reward.py"
+    reward.write_text("def score(response, ground_truth):\n    return float(len(response))\n")
+    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", "actor.engine.optim.lr=1e37", f"reward.function={reward}:score")
+    line = _error_line(stderr)
+    assert rc == 2
+    assert (
+        "skipped every optimizer step" in line
+        or "logits are not finite" in line
+        or "holds NaN or infinite values" in line
+    ), line
+    assert "actor.engine.optim.lr" in line
