@@ -81,3 +81,52 @@ def test_python_constructors_answer_trl_names_and_answer_key() -> None:
     config.data.answer_key = "answer"
     assert config.data.ground_truth_key == "answer" == config.data.answer_key
     assert DataConfig(answer_key="label").ground_truth_key == "label"
+
+
+def test_a_lora_export_loads_with_auto_peft_and_names_its_base_portably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 3: the adapter's ``task_type`` is ``CAUSAL_LM`` (it was null, so
+    ``AutoPeftModelForCausalLM`` failed) and its base is named relative to the export (the
+    run's warm start, ``../sft_model``), not as an absolute path of the training machine."""
+    from peft import AutoPeftModelForCausalLM, PeftModel
+
+    config = load_train_config(
+        MAIN_CONFIG.parent / "grpo_lora.toml",
+        [
+            "sft.steps=2",
+            "sft.min_steps=0",
+            "sft.eval_every=100",
+            "trainer.progress=false",
+            "trainer.plot=false",
+            "trainer.tensorboard=false",
+            "trainer.total_steps=1",
+            "validation.every_n_steps=0",
+            "validation.max_prompts=4",
+            f"trainer.output_dir={tmp_path / 'run'}",
+        ],
+        check_plugins=False,
+    )
+    run_job(config)
+    export = tmp_path / "run" / "hf"
+    adapter = json.loads((export / "adapter_config.json").read_text())
+    assert adapter["task_type"] == "CAUSAL_LM"
+    assert adapter["base_model_name_or_path"] == "../sft_model"
+    monkeypatch.chdir(export)  # the base is named relative to the export directory
+    model = AutoPeftModelForCausalLM.from_pretrained(".")
+    assert isinstance(model, PeftModel) and model.peft_config["default"].r == config.actor.lora.rank
+
+
+def test_portable_base_names(tmp_path: Path) -> None:
+    """Item 3: a hub id stays, a Hugging Face cache snapshot is its hub id, another directory
+    is relative to the export."""
+    from geartrain.export import portable_base
+
+    snapshot = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (tmp_path / "run" / "hf").mkdir(parents=True)
+    assert portable_base(str(snapshot), tmp_path / "run" / "hf") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert portable_base("Qwen/Qwen2.5-0.5B", tmp_path) == "Qwen/Qwen2.5-0.5B"
+    assert portable_base(str(tmp_path / "models" / "mine"), tmp_path) == str(tmp_path / "models" / "mine")  # absent
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    assert portable_base(str(tmp_path / "models" / "mine"), tmp_path / "run" / "hf") == "../../models/mine"

@@ -87,6 +87,38 @@ def finish_hf_export(path: str | Path, card: ModelCard, tokenizer: Any | None = 
     return path
 
 
+def finish_adapter_export(path: str | Path) -> Path:
+    """Make a LoRA export's ``adapter_config.json`` load with PEFT's auto classes and on
+    another machine: ``task_type`` ``CAUSAL_LM`` when the engine left it unset
+    (``AutoPeftModelForCausalLM`` needs it), and ``base_model_name_or_path`` portable
+    (:func:`portable_base`). Returns ``path``."""
+    path = Path(path)
+    config_file = path / "adapter_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["task_type"] = config.get("task_type") or "CAUSAL_LM"
+    base = config.get("base_model_name_or_path")
+    if isinstance(base, str):
+        config["base_model_name_or_path"] = portable_base(base, path)
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _readable(path)
+    return path
+
+
+def portable_base(base: str, export_dir: str | Path) -> str:
+    """How an adapter names its base so that the name means the same on another machine: a
+    hub id stays; a directory of the Hugging Face cache (``.../models--org--name/snapshots/
+    <hash>``) is its hub id ``org/name``; any other directory is its path relative to the
+    export directory (``../sft_model`` for a run's warm start: it moves with the run). A
+    name that is neither (a tiny model's) stays."""
+    directory = Path(base)
+    if not directory.is_dir():
+        return base
+    for part in directory.resolve().parts:
+        if part.startswith("models--") and "snapshots" in directory.resolve().parts:
+            return part[len("models--") :].replace("--", "/", 1)
+    return os.path.relpath(directory.resolve(), Path(export_dir).resolve())
+
+
 def causal_lm_class(config: Mapping[str, Any]) -> str:
     """The transformers causal-LM class name of a config's ``model_type``."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

@@ -9,7 +9,7 @@ from pathlib import Path
 from geartrain.checkpoint import CheckpointManager
 from geartrain.config import ModelConfig
 from geartrain.errors import CheckpointError
-from geartrain.export import ModelCard, base_model_name, finish_hf_export
+from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
 
 
 def run_of(checkpoint: Path) -> tuple[Path, Path]:
@@ -51,6 +51,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     engine = Engine(config.actor.engine, policy, EngineContext(role="actor", seed=config.trainer.seed))
     extra = engine.load_checkpoint(checkpoint)
     out = engine.export_hf(Path(out_dir), tokenizer)
+    if (out / "adapter_config.json").is_file():
+        finish_adapter_export(out)
     if (out / "config.json").is_file():  # a LoRA export is an adapter directory
         step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
         card = ModelCard(

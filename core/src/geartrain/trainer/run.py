@@ -25,7 +25,7 @@ from geartrain.config import ModelConfig
 from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, NonFiniteError
-from geartrain.export import ModelCard, base_model_name, finish_hf_export
+from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.rewards import RewardResult, correctness
 from geartrain.stop_texts import cut_batch_at_stop_texts
@@ -612,6 +612,8 @@ class Job:
         sinks.close()
         if cfg.trainer.export_hf:
             path = Path(roles.actor.call("export_hf", str(self.out / "hf"), tokenizer))
+            if (path / "adapter_config.json").is_file():
+                finish_adapter_export(path)
             if (path / "config.json").is_file():  # a LoRA export is an adapter directory
                 final = {k: v for k, v in last_validation.items() if k.startswith("val/")}
                 card = ModelCard(
