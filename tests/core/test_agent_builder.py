@@ -158,3 +158,39 @@ def test_a_trace_that_cannot_be_trained_on_is_refused_with_its_row(tmp_path: Pat
     assert str(caught.value).startswith(f"{path}, line 2: {expected}")
     path.write_text(json.dumps(good) + "\n")
     assert len(sft_dataset(SFTConfig(enabled=True, path=str(path)), str(path), tok, data).rows) == 1
+
+
+# ----------------------------------------------------------------------------- item 13
+
+
+def _now() -> str:
+    """The time."""
+    return "noon"
+
+
+def _add(a: str, b: str) -> str:
+    """Add two numbers."""
+    return str(int(a) + int(b))
+
+
+def _upper(text: str, suffix: str = "!") -> str:
+    """Shout."""
+    return text.upper() + suffix
+
+
+@pytest.mark.parametrize(
+    ("turn", "observation"),
+    [
+        ("[_upper  a b ]", "(A B!)"),  # the text after the name's space, stripped, is the first argument
+        ("so: [_upper x]", "(X!)"),  # text before the call is ignored
+        ("[_now]", "(noon)"),  # no text: no argument
+        ("[_upper]", "(error: tool '_upper' needs argument 'text')"),
+        ("[_add 1 2]", "(error: tool '_add' needs argument 'b')"),  # a second required argument: use hermes
+        ("[_upper x", "(error: malformed call)"),
+        ("[nope 1]", "(error: unknown tool 'nope' (tools: _now, _add, _upper))"),
+    ],
+)
+def test_the_compact_call_format_as_docs_agents_md_states_it(turn: str, observation: str) -> None:
+    env = ToolEnvironment([_now, _add, _upper], call_format="compact", timeout_s=5.0)
+    assert env.stop_texts == ["]"]
+    assert env.step(turn).observation == observation

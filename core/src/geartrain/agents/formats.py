@@ -137,7 +137,10 @@ class CompactFormat:
         return ["]"]
 
     def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
-        calls = [ToolCall(name=m.group(1), positional=(m.group(2) or "").strip()) for m in self._CALL.finditer(text)]
+        calls = [
+            ToolCall(name=m.group(1), positional=None if m.group(2) is None else m.group(2).strip())
+            for m in self._CALL.finditer(text)
+        ]
         errors = []
         opened = text.count("[")
         if opened > len(calls) or (not calls and "]" in text):
