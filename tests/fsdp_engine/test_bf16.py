@@ -59,3 +59,44 @@ def test_mixed_precision_policy_bf16_compute_fp32_master_and_chunked_fp32_log_pr
             assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
     finally:
         release_single_rank_group(group)
+
+
+def test_one_rank_bf16_computes_in_bf16_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 item 4: a one-rank bf16 engine with its process group (as every training job
+    has) shards over a one-rank mesh without cpu_offload, so every tensor reaching a decoder
+    layer, its matmuls and its attention is bf16 (under autocast the residual stream, the
+    norms' outputs and the rotated q/k were fp32), over fp32 master weights and AdamW state."""
+    from geartrain_fsdp.ulysses import ATTENTION_NAME
+    from transformers import AttentionInterface
+
+    seen: dict[str, set[torch.dtype]] = {"layer": set(), "linear": set(), "attention": set()}
+    real = AttentionInterface._global_mapping[ATTENTION_NAME]
+
+    def attention(module, query, key, value, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen["attention"].update({query.dtype, key.dtype, value.dtype})
+        return real(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, ATTENTION_NAME, attention)
+    group = acquire_single_rank_group("cpu")
+    try:
+        cfg = EngineConfig(**{**engine_config(budget=10_000).model_dump(), "param_dtype": "bfloat16"})
+        engine = Engine(cfg, ModelConfig(tiny="qwen2"), EngineContext(role="actor", process_group=group))
+        assert engine.handle.meshes.distributed
+        hf = engine.handle.hf
+
+        def layer_input(_m, args, kwargs):  # noqa: ANN001, ANN202
+            seen["layer"].add((args[0] if args else kwargs["hidden_states"]).dtype)
+
+        for layer in hf.model.layers:
+            layer.register_forward_pre_hook(layer_input, with_kwargs=True)
+            for linear in (m for m in layer.modules() if isinstance(m, torch.nn.Linear)):
+                linear.register_forward_pre_hook(lambda m, args: seen["linear"].update({args[0].dtype, m.weight.dtype}))
+        out = engine.forward_backward(make_batch(5, rows=6), token_mean_loss)
+        assert seen == {"layer": {torch.bfloat16}, "linear": {torch.bfloat16}, "attention": {torch.bfloat16}}
+        assert out.outputs["log_probs"].dtype == torch.float32
+        engine.optimizer_step()
+        assert all(p.dtype == torch.float32 for p in engine.handle.module.parameters())
+        for state in engine.handle.optimizer.state.values():
+            assert state["exp_avg"].dtype == torch.float32
+    finally:
+        release_single_rank_group(group)

@@ -78,7 +78,9 @@ def shard_model(
     the root), and create AdamW + LR scheduler over the trainable parameters (skipped when
     ``config.optim.lr == 0``). ``value_head``: ``hf`` is a value model
     (``ModelConfig.value_head``) whose outputs are ``values``."""
-    meshes = build_meshes(config.parallel, ctx, options.hsdp_replicate, shard_one_rank=options.cpu_offload)
+    meshes = build_meshes(
+        config.parallel, ctx, options.hsdp_replicate, shard_one_rank=one_rank_mesh(config, options, ctx)
+    )
     if config.parallel.sp > 1 and not options.remove_padding:
         raise ConfigError(
             [("options.remove_padding", "sequence parallel (parallel.sp > 1) needs remove_padding = true")]
@@ -153,6 +155,18 @@ def shard_model(
     if config.optim.lr > 0:
         handle.optimizer, handle.scheduler = build_optimizer(handle.params(), config.optim)
     return handle
+
+
+def one_rank_mesh(config: EngineConfig, options: FSDPOptions, ctx: EngineContext) -> bool:
+    """Whether a one-rank engine still shards over a one-rank mesh: for FSDP2's CPU offload,
+    and for bf16/fp16 compute whenever the role has its process group (a training job's
+    roles always do), so that FSDP2's ``MixedPrecisionPolicy`` runs the whole module in
+    ``param_dtype`` (residual stream, norms, q/k into attention) over fp32 master weights.
+    Without a group (an engine built in code) a one-rank bf16 engine falls back to autocast
+    over the fp32 module."""
+    if options.cpu_offload:
+        return True
+    return ctx.world_size == 1 and config.param_dtype != "float32" and ctx.process_group is not None
 
 
 def _add_adapters(hf: nn.Module, config: EngineConfig, meshes: Meshes, ctx: EngineContext) -> tuple[Any, str]:
