@@ -43,9 +43,12 @@ class SectionError(ConfigError, ValueError):
 
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are checked on
-    assignment too. Built in Python, bad arguments raise :class:`SectionError`."""
+    assignment too, and no float is NaN or infinite (``allow_inf_nan=False``). Built in
+    Python, bad arguments raise :class:`SectionError`."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     def __init__(self, /, **data: Any) -> None:
         try:

@@ -6,12 +6,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from geartrain.limits import MAX_TIMEOUT_S
+
 
 class AgentConfig(BaseModel):
     """How the rollout runs episodes (see docs/agents.md). Set ``environment`` to turn a
     job into an agentic one."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     environment: str | dict[str, str]
     """The environment class: ``my_env.py:Calculator`` (relative to the job file),
@@ -43,7 +47,7 @@ class AgentConfig(BaseModel):
     """Role of an observation turn under the chat template."""
     workers: int = Field(32, ge=1)
     """Threads that run environment steps (tool calls) while the model generates."""
-    step_timeout_s: float | None = Field(300.0, gt=0)
+    step_timeout_s: float | None = Field(300.0, gt=0, le=MAX_TIMEOUT_S)
     """Seconds one ``reset`` or ``step`` of an environment may take: past it the episode
     ends as an error ("timed out") and the others go on (the call is left running on a
     daemon thread: Python cannot stop a thread). ``None``: no limit."""

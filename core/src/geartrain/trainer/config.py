@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, PositiveFloat, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
 from geartrain.config import (
@@ -40,6 +40,7 @@ from geartrain.config import (
     Section,
 )
 from geartrain.data.config import DataConfig
+from geartrain.limits import MAX_COEF, MAX_TIMEOUT_S
 from geartrain.trainer.trl_names import trl_key_hints
 from geartrain.trainer.watchdog import WatchdogConfig
 from geartrain.validation import load_config
@@ -75,7 +76,7 @@ class AlgorithmConfig(Section):
     """Dual-clip bound for negative advantages; ``None``: off."""
     loss_agg_mode: AggMode = "token-mean"
     """How per-token losses become one number (``token-mean``, ``seq-mean-token-sum``...)."""
-    entropy_coef: float = 0.0
+    entropy_coef: float = Field(0.0, ge=-MAX_COEF, le=MAX_COEF)
     """Weight of the entropy bonus in the actor loss."""
     use_kl_loss: bool = False
     """GRPO-style KL loss to the reference policy (needs the reference role)."""
@@ -256,7 +257,7 @@ class SamplingConfig(Section):
 
     n: int = Field(8, ge=1)
     """Samples per prompt (the GRPO group size)."""
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=100)
     """Softmax temperature of training samples."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling threshold (``1``: off)."""
@@ -294,7 +295,7 @@ class RewardFunctionConfig(Section):
     function: str
     """Like ``reward.function``: a registered name, ``package.module:function`` or
     ``file.py:function`` (relative to the job file)."""
-    weight: float = 1.0
+    weight: float = Field(1.0, ge=-MAX_COEF, le=MAX_COEF)
     """Its weight in the sample's reward, ``sum(weight x score)``."""
     batched: bool | None = None
     """``True``: called once per batch, TRL-style ``f(prompts, completions, **columns) ->
@@ -320,7 +321,7 @@ class RewardConfig(Section):
     """A value-head model whose output at the last response token is the score."""
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig(optim=OptimConfig(lr=0.0)))
     """Engine of the reward model (``reward.model``; backend default: the actor's)."""
-    timeout_s: float | None = Field(300.0, gt=0)
+    timeout_s: float | None = Field(300.0, gt=0, le=MAX_TIMEOUT_S)
     """Time a step's reward calls may take together (per batch); when it runs out, the
     unscored samples get reward 0 and are counted in ``reward/timeouts``. ``None``: no limit."""
     workers: int = Field(0, ge=0)
@@ -499,13 +500,13 @@ class ClusterConfig(Section):
     balance_tokens: bool = True
     """Balance each data-parallel split by token count (as verl does); ``False``: plain
     contiguous slices."""
-    startup_timeout_s: float = Field(120.0, gt=0)
+    startup_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
     """``ray``: how long the ranks may take to be scheduled and rendezvous."""
-    heartbeat_timeout_s: float = Field(30.0, gt=0)
+    heartbeat_timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
     """``ray``: a rank whose heartbeat (a thread in each rank, every second) stops for this
     long while the driver waits on it is reported as hung, by rank, with its last log lines
     (a stopped process, one stuck holding the GIL, an unreachable node)."""
-    call_timeout_s: dict[Literal["build", "step", "checkpoint"], PositiveFloat] = Field(
+    call_timeout_s: dict[Literal["build", "step", "checkpoint"], Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]] = Field(
         default_factory=lambda: {"build": 600.0, "step": 1800.0, "checkpoint": 900.0}
     )
     """``ray``: the longest a driver waits for one call of each phase (``build``: a role's

@@ -23,6 +23,10 @@ from geartrain.trainer.sft import sft_dataset
 from geartrain.user_code import is_file_spec, load_from_file
 
 
+#: ``sampling.n`` above this gets a note: a group that large is most likely a typo.
+LARGE_GROUP = 1024
+
+
 @dataclass
 class Preflight:
     """The checked pieces, for the job to use rather than build twice."""
@@ -341,4 +345,10 @@ def preflight(
         _fit("validation.path", result.datasets["validation.path"], config, max_tokens, problems, result.notes)
     if problems:
         raise ConfigError(problems, "the job's data and reward (nothing was trained or changed)")
+    if config.sampling.n > LARGE_GROUP:
+        result.notes.append(
+            f"sampling.n={config.sampling.n} samples per prompt: each step generates and scores "
+            f"{config.sampling.n * config.data.batch_size} responses (sampling.n x data.batch_size); "
+            "GRPO groups are usually 4 to 64"
+        )
     return result

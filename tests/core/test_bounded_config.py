@@ -1,0 +1,61 @@
+"""Issue 35, item 9: every float the schema accepts is finite and bounded, so a value a run
+cannot use is refused in one line by its key instead of failing steps later (an
+OverflowError in a reward timeout, a NaN loss blamed on the learning rate, training on
+uniform noise at an infinite temperature); an absurd group size gets a note."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from geartrain.cli import main
+from geartrain.errors import ConfigError
+from geartrain.trainer import load_train_config
+
+JOB = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "says"),
+    [
+        ("reward.timeout_s=1e300", "reward.timeout_s", "less than or equal to 10000000"),
+        ("algorithm.entropy_coef=nan", "algorithm.entropy_coef", "finite number"),
+        ("algorithm.entropy_coef=1e300", "algorithm.entropy_coef", "less than or equal to 1000000"),
+        ("sampling.temperature=inf", "sampling.temperature", "finite number"),
+        ("sampling.temperature=1e9", "sampling.temperature", "less than or equal to 100"),
+        ("cluster.call_timeout_s.step=1e300", "cluster.call_timeout_s.step", "less than or equal to 10000000"),
+        ("cluster.startup_timeout_s=inf", "cluster.startup_timeout_s", "finite number"),
+        ("actor.engine.optim.lr=nan", "actor.engine.optim.lr", "finite number"),
+    ],
+)
+def test_a_value_the_run_cannot_use_is_refused_by_its_key(override: str, key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_train_config(JOB, [override], check_plugins=False)
+    text = str(info.value)
+    assert f"{key}: should be" in text and says in text, text
+
+
+@pytest.mark.parametrize("weight", ["nan", "inf", "-inf", "1e300"])
+def test_a_reward_weight_must_be_finite_and_bounded(tmp_path: Path, weight: str) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(
+        JOB.read_text()
+        .replace('function = "task.py:exact_match"', "")
+        .replace("[reward]", "[reward]\nfunctions = [{ name = 'a', function = 'arithmetic', weight = " + weight + " }]")
+    )
+    with pytest.raises(ConfigError) as info:
+        load_train_config(job, [], check_plugins=False)
+    assert "reward.functions[0].weight: should be" in str(info.value), str(info.value)
+
+
+def test_an_agent_step_timeout_is_bounded() -> None:
+    overrides = ['rollout.agent.environment="tools"', "rollout.agent.step_timeout_s=1e300"]
+    with pytest.raises(ConfigError) as info:
+        load_train_config(JOB, overrides, check_plugins=False)
+    assert "rollout.agent.step_timeout_s: should be less than or equal to 10000000" in str(info.value)
+
+
+def test_a_huge_group_gets_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", str(JOB), "sampling.n=1e6", "--no-plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "note: sampling.n=1000000 samples per prompt: each step generates and scores" in out, out
