@@ -41,6 +41,14 @@ RUN_ENTRIES: dict[str, str] = {
 _RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "sft_model", "hf")
 
 
+def read_only(path: Path) -> bool:
+    """Whether ``path`` (which exists) is on a filesystem mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 class RunDirectoryError(GeartrainError):
     """The output directory cannot be used as asked (it holds a run, is not writable, or
     one of its entries is of the wrong kind)."""
@@ -82,6 +90,11 @@ class RunDirectory:
             existing = existing.parent
         if not existing.is_dir():
             raise RunDirectoryError(f"{where} cannot be created: {existing} is a file, not a directory")
+        if read_only(existing):
+            raise RunDirectoryError(
+                f"{where} is on a read-only file system ({existing}); nothing was changed. "
+                "Choose a writable trainer.output_dir"
+            )
         if not os.access(existing, os.W_OK | os.X_OK):
             raise RunDirectoryError(
                 f"{where} is not writable ({existing} denies write access); choose another trainer.output_dir"

@@ -84,10 +84,10 @@ def probe(directory: str | Path) -> None:
     (no lock file is created where there is none)."""
     path = Path(directory) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)  # flock needs no write access (a read-only filesystem)
     except (FileNotFoundError, NotADirectoryError):
         return
-    except PermissionError:
+    except OSError:
         return  # the writability checks name this; a lock we cannot open is not held by us
     try:
         if not _try_flock(fd):
@@ -111,7 +111,13 @@ class RunLock:
         """Take ``directory``'s lock (the directory must exist) or raise
         :class:`RunLockedError` naming the live run that holds it."""
         directory = Path(directory)
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # read-only filesystem, permissions, quota
+            raise RunLockedError(
+                f"trainer.output_dir '{directory}': cannot create its lock file {LOCK_NAME} "
+                f"({exc.strerror or exc}); nothing was changed. Choose a writable trainer.output_dir"
+            ) from None
         try:
             if not _try_flock(fd):
                 raise _refusal(directory, _read_owner(fd))
