@@ -42,8 +42,7 @@ except GeartrainError as exc:
 def _in_read_only(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` with ``directory`` mounted read-only."""
     script = (
-        f'mount --bind "{directory}" "{directory}" && mount -o remount,ro,bind "{directory}" "{directory}" && '
-        'exec "$@"'
+        f'mount --bind "{directory}" "{directory}" && mount -o remount,ro,bind "{directory}" "{directory}" && exec "$@"'
     )
     return subprocess.run(
         ["unshare", "-rm", "sh", "-c", script, "sh", sys.executable, *args],
@@ -69,7 +68,9 @@ def finished_run(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("mode", ["--overwrite", "--resume"])
 def test_train_into_a_read_only_run_is_one_line(finished_run: Path, mode: str) -> None:
-    done = _in_read_only(finished_run, "-c", TRAIN, str(MAIN_CONFIG), *SMALL, f"trainer.output_dir={finished_run}", mode)
+    done = _in_read_only(
+        finished_run, "-c", TRAIN, str(MAIN_CONFIG), *SMALL, f"trainer.output_dir={finished_run}", mode
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
         f"error: trainer.output_dir '{finished_run}' is on a read-only file system ({finished_run}); "

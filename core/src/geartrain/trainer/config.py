@@ -47,6 +47,9 @@ from geartrain.validation import load_config
 
 UNKNOWN_KEY_HINTS.update(trl_key_hints())  # TRL's names, answered in every section, in files and in Python
 
+#: A deadline in seconds, positive and at most :data:`~geartrain.limits.MAX_TIMEOUT_S`.
+PhaseTimeout = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
+
 
 class AlgorithmConfig(Section):
     """The RL algorithm. ``grpo`` needs no critic; ``ppo`` trains one (GAE advantages)."""
@@ -506,7 +509,7 @@ class ClusterConfig(Section):
     """``ray``: a rank whose heartbeat (a thread in each rank, every second) stops for this
     long while the driver waits on it is reported as hung, by rank, with its last log lines
     (a stopped process, one stuck holding the GIL, an unreachable node)."""
-    call_timeout_s: dict[Literal["build", "step", "checkpoint"], Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]] = Field(
+    call_timeout_s: dict[Literal["build", "step", "checkpoint"], PhaseTimeout] = Field(
         default_factory=lambda: {"build": 600.0, "step": 1800.0, "checkpoint": 900.0}
     )
     """``ray``: the longest a driver waits for one call of each phase (``build``: a role's

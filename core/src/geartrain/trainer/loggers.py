@@ -26,6 +26,84 @@ INSTALL = {
 }
 
 
+#: How long the start-up check waits for an MLflow tracking server to answer.
+MLFLOW_PROBE_TIMEOUT_S = 5.0
+
+
+def tracker_problems(loggers: list[str], wandb_mode: str | None, mlflow_tracking_uri: str | None) -> list[str]:
+    """What would stop the chosen trackers from starting, found without starting them (no
+    network call but one short request to an MLflow server): a W&B run online without
+    credentials, an MLflow tracking server that does not answer within
+    :data:`MLFLOW_PROBE_TIMEOUT_S`. A job checks this before it claims its output directory,
+    so ``--overwrite`` deletes nothing for a logger that cannot start."""
+    problems = []
+    if "wandb" in loggers and _wandb_online(wandb_mode) and not _wandb_credentials():
+        problems.append(
+            "'wandb' runs online (trainer.wandb_mode / WANDB_MODE) but no W&B API key is configured "
+            '(WANDB_API_KEY, or `wandb login`); log in, or set trainer.wandb_mode="offline"'
+        )
+    if "mlflow" in loggers and mlflow_tracking_uri and mlflow_tracking_uri.startswith(("http://", "https://")):
+        why = _no_answer(mlflow_tracking_uri)
+        if why is not None:
+            problems.append(
+                f"the MLflow tracking server trainer.mlflow_tracking_uri='{mlflow_tracking_uri}' does not answer "
+                f"({why}); start it, or leave trainer.mlflow_tracking_uri unset for the local store <output_dir>/mlruns"
+            )
+    return problems
+
+
+def _wandb_online(mode: str | None) -> bool:
+    if str(os.environ.get("WANDB_DISABLED", "")).lower() in ("1", "true", "yes"):
+        return False
+    return (mode or os.environ.get("WANDB_MODE") or "online").lower() in ("online", "run")
+
+
+def _wandb_credentials() -> bool:
+    """An API key in the environment, in ``~/.netrc`` for the W&B host, or in W&B's settings."""
+    import configparser
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    try:
+        entry = netrc.netrc(os.environ.get("NETRC")).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        entry = None
+    if entry is not None and entry[2]:
+        return True
+    settings = Path(os.environ.get("WANDB_CONFIG_DIR") or Path.home() / ".config" / "wandb") / "settings"
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(settings)
+    except (OSError, configparser.Error):
+        return False
+    return bool(parser.get("default", "api_key", fallback=""))
+
+
+def _no_answer(uri: str) -> str | None:
+    """Why the HTTP server at ``uri`` did not answer (``None``: it answered, whatever it said)."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=MLFLOW_PROBE_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, TimeoutError | socket.timeout):
+            return f"no answer within {MLFLOW_PROBE_TIMEOUT_S:g} s"
+        return str(getattr(reason, "strerror", None) or reason)
+    except TimeoutError:
+        return f"no answer within {MLFLOW_PROBE_TIMEOUT_S:g} s"
+    except (OSError, ValueError) as exc:
+        return str(exc)
+
+
 class MetricLogger(Protocol):
     """Anything that takes the job's records."""
 
@@ -107,6 +185,9 @@ class MlflowLogger:
         self, output_dir: Path, *, project: str, name: str, config: Mapping[str, Any], tracking_uri: str | None
     ) -> None:
         self.mlflow = _import("mlflow")
+        # a server that stops answering fails the run in seconds, not after minutes of retries
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         if tracking_uri is None:
             # the local file store needs no server or database (mlflow-skinny has no SQL);
             # MLflow 3 asks for this opt-in to keep using it

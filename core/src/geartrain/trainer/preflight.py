@@ -22,7 +22,6 @@ from geartrain.trainer.config import TrainConfig, silent_default_problems
 from geartrain.trainer.sft import sft_dataset
 from geartrain.user_code import is_file_spec, load_from_file
 
-
 #: ``sampling.n`` above this gets a note: a group that large is most likely a typo.
 LARGE_GROUP = 1024
 
@@ -163,14 +162,19 @@ def _probe_rewards(
 
 
 def _loggers_installed(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
-    """Each optional logger's library can be imported (before anything is claimed)."""
+    """Each optional logger's library can be imported and the logger can start: W&B online
+    has credentials, an MLflow server answers (before anything is claimed or deleted)."""
     import importlib.util
 
-    from geartrain.trainer.loggers import INSTALL
+    from geartrain.trainer.loggers import INSTALL, tracker_problems
 
-    for name in config.trainer.loggers:
-        if name in INSTALL and importlib.util.find_spec(name) is None:
-            problems.append(("trainer.loggers", f"'{name}' is not installed; install it: {INSTALL[name]}"))
+    missing = [name for name in config.trainer.loggers if name in INSTALL and importlib.util.find_spec(name) is None]
+    for name in missing:
+        problems.append(("trainer.loggers", f"'{name}' is not installed; install it: {INSTALL[name]}"))
+    t = config.trainer
+    usable = [name for name in t.loggers if name not in missing]
+    for problem in tracker_problems(usable, t.wandb_mode, t.mlflow_tracking_uri):
+        problems.append(("trainer.loggers", problem))
 
 
 def _positions_fit(config: TrainConfig, problems: list[tuple[str, str]]) -> None:

@@ -24,7 +24,7 @@ from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
 from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
-from geartrain.errors import CheckpointError, NonFiniteError
+from geartrain.errors import CheckpointError, GeartrainError, NonFiniteError
 from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.rewards import RewardResult, correctness
@@ -272,15 +272,30 @@ class Job:
         t = self.config.trainer
         name = t.run_name or self.out.resolve().name
         config = self.config.model_dump(mode="json")
+        starts: dict[str, Callable[[], Any]] = {
+            "wandb": lambda: WandbLogger(
+                self.out, project=t.project, name=name, config=config, mode=t.wandb_mode, resume=resume
+            ),
+            "mlflow": lambda: MlflowLogger(
+                self.out, project=t.project, name=name, config=config, tracking_uri=t.mlflow_tracking_uri
+            ),
+        }
         out: list[Any] = []
-        if "wandb" in t.loggers:
-            out.append(
-                WandbLogger(self.out, project=t.project, name=name, config=config, mode=t.wandb_mode, resume=resume)
-            )
-        if "mlflow" in t.loggers:
-            out.append(
-                MlflowLogger(self.out, project=t.project, name=name, config=config, tracking_uri=t.mlflow_tracking_uri)
-            )
+        for key, start in starts.items():
+            if key not in t.loggers:
+                continue
+            try:
+                out.append(start())
+            except GeartrainError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a tracker's library: any failure is one line
+                for started in out:
+                    started.close()
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise GeartrainError(
+                    f"trainer.loggers: '{key}' failed to start ({type(exc).__name__}: {first}); "
+                    "fix it or leave it out of trainer.loggers"
+                ) from None
         return out
 
     def _sft_model(self) -> ModelConfig:

@@ -1,0 +1,115 @@
+"""Issue 35, item 2: ``--overwrite`` deletes nothing when a tracker cannot start. W&B online
+without an API key and an MLflow server that refuses connections or does not answer are found
+among the checks that run before the previous run is deleted, each in one line, the silent
+server within :data:`~geartrain.trainer.loggers.MLFLOW_PROBE_TIMEOUT_S` (it was about 4
+minutes of retries, then a traceback, with the old run gone).
+
+The checks read only the environment and the server, never the tracker's library: the
+modules put on ``sys.path`` here only make ``wandb`` / ``mlflow`` importable (the core's
+environment has neither) and fail the way the real ones do if the job ever starts them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from geartrain import CheckpointManager, ConfigError
+from geartrain.trainer import load_train_config, run_job
+from geartrain.trainer.loggers import MLFLOW_PROBE_TIMEOUT_S
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN_CONFIG = ROOT / "examples" / "arithmetic" / "grpo.toml"
+SMALL = ["trainer.total_steps=4", "sft.enabled=false", "trainer.progress=false"]
+
+
+@pytest.fixture(autouse=True)
+def trackers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    for name, error in (("wandb", "api_key not configured (no-tty)"), ("mlflow", "Max retries exceeded")):
+        (site / f"{name}.py").write_text(f"def __getattr__(name):\n    raise RuntimeError({error!r})\n")
+    monkeypatch.syspath_prepend(str(site))
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # no ~/.netrc, no W&B settings
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / "wandb"))
+
+
+def _finished_run(out: Path) -> dict[str, str]:
+    config = load_train_config(MAIN_CONFIG, [*SMALL, f"trainer.output_dir={out}"], check_plugins=False)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(config.model_dump_json(indent=2))
+    (out / "metrics.jsonl").write_text(json.dumps({"phase": "rl", "step": 4}) + "\n")
+    CheckpointManager(out / "checkpoints" / "actor").save(4, lambda d: (d / "state.bin").write_bytes(b"x" * 64))
+    return _tree(out)
+
+
+def _tree(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+
+
+def _overwrite(out: Path, *overrides: str) -> str:
+    config = load_train_config(MAIN_CONFIG, [*SMALL, f"trainer.output_dir={out}", *overrides], check_plugins=False)
+    with pytest.raises(ConfigError) as info:
+        run_job(config, overwrite=True)
+    return str(info.value)
+
+
+def test_wandb_online_without_a_key_deletes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    text = _overwrite(out, 'trainer.loggers=["wandb"]')
+    assert "trainer.loggers: 'wandb' runs online (trainer.wandb_mode / WANDB_MODE) but no W&B API key" in text
+    assert _tree(out) == before
+
+
+def test_wandb_offline_or_with_a_key_in_netrc_is_not_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from geartrain.trainer.loggers import tracker_problems
+
+    assert tracker_problems(["wandb"], "offline", None) == []
+    netrc = tmp_path / "home" / ".netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.chmod(0o600)
+    assert tracker_problems(["wandb"], None, None) == []
+
+
+@pytest.fixture
+def refusing_port() -> int:
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    with socket.socket() as s:  # listens (the kernel completes connections) but never reads or answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield s.getsockname()[1]
+
+
+def test_an_mlflow_server_that_refuses_deletes_nothing(tmp_path: Path, refusing_port: int) -> None:
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    uri = f"http://127.0.0.1:{refusing_port}"
+    text = _overwrite(out, 'trainer.loggers=["mlflow"]', f"trainer.mlflow_tracking_uri={uri}")
+    assert (
+        f"the MLflow tracking server trainer.mlflow_tracking_uri='{uri}' does not answer (Connection refused)" in text
+    )
+    assert _tree(out) == before
+
+
+def test_an_mlflow_server_that_never_answers_fails_within_the_probe_timeout(tmp_path: Path, silent_server: int) -> None:
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    uri = f"http://127.0.0.1:{silent_server}"
+    text = _overwrite(out, 'trainer.loggers=["mlflow"]', f"trainer.mlflow_tracking_uri={uri}")
+    # the probe's own deadline ended the wait (no retries)
+    assert f"does not answer (no answer within {MLFLOW_PROBE_TIMEOUT_S:g} s)" in text, text
+    assert _tree(out) == before
