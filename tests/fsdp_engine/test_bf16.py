@@ -28,9 +28,9 @@ def test_mixed_precision_policy_bf16_compute_fp32_master_and_chunked_fp32_log_pr
     seen: list[tuple[torch.dtype, torch.dtype, int]] = []
     real = logprobs._chunk
 
-    def spy(hidden, weight, targets, need_entropy):  # noqa: ANN001, ANN202
+    def spy(hidden, weight, targets, *flags):  # noqa: ANN001, ANN002, ANN202
         seen.append((hidden.dtype, weight.dtype, hidden.shape[0]))
-        return real(hidden, weight, targets, need_entropy)
+        return real(hidden, weight, targets, *flags)
 
     monkeypatch.setattr(logprobs, "_chunk", spy)
     group = acquire_single_rank_group("cpu")

@@ -54,7 +54,8 @@ def test_chunked_log_probs_and_entropy_match_full_logits() -> None:
     hidden = torch.randn(37, 16, requires_grad=True)
     weight = torch.randn(50, 16, requires_grad=True)
     targets = torch.randint(0, 50, (37,))
-    lp, ent = token_log_probs(hidden, weight, targets, chunk_tokens=8, need_entropy=True)
+    out = token_log_probs(hidden, weight, targets, chunk_tokens=8, need_entropy=True, need_sum_pi_squared=True)
+    lp, ent = out["log_probs"], out["entropy"]
     (lp.sum() + 0.3 * ent.sum()).backward()
     g = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
@@ -65,6 +66,10 @@ def test_chunked_log_probs_and_entropy_match_full_logits() -> None:
     (lp_ref.sum() + 0.3 * ent_ref.sum()).backward()
     assert torch.allclose(lp, lp_ref, atol=1e-5) and torch.allclose(ent, ent_ref, atol=1e-5)
     assert torch.allclose(g[0], hidden.grad, atol=1e-5) and torch.allclose(g[1], weight.grad, atol=1e-5)
+    # Σπ² from the full distribution (chunks of 8 of the 37 tokens; no gradient)
+    spp_ref = (full.exp() ** 2).sum(-1)
+    assert not out["sum_pi_squared"].requires_grad
+    torch.testing.assert_close(out["sum_pi_squared"], spp_ref.detach(), atol=1e-5, rtol=0)
 
 
 def test_engine_chunked_vocab_matches_unchunked() -> None:

@@ -44,3 +44,22 @@ def train_and_sync(
         engine.sync_weights(receiver)
         out["loaded_weights"] = receiver.tensors
     return out
+
+
+def sum_pi_squared_outputs(rank: int, world: int, family: str, parallel: dict, budget: int) -> dict[str, Any]:
+    """Σπ² of ``make_batch(0)`` from a forward and from a training step's micro-batches
+    (the loss reports the sum it was given over the loss tokens)."""
+    from geartrain.testing.reference import token_mean_nll_loss
+
+    engine = make_engine(family, rank, world, budget=budget, **parallel)
+    forward = engine.compute_log_probs(make_batch(0), sum_pi_squared=True).outputs
+
+    def loss(outputs, micro_batch, ctx):  # noqa: ANN001, ANN202
+        share, metrics = token_mean_nll_loss(outputs, micro_batch, ctx)
+        mask = micro_batch["loss_mask"].bool()
+        return share, {**metrics, "spp": float(outputs["sum_pi_squared"].detach()[mask].sum())}
+
+    batch = make_batch(0)
+    batch.info["need_sum_pi_squared"] = True
+    step = engine.forward_backward(batch, loss)
+    return {"forward": forward["sum_pi_squared"], "step": step.outputs["sum_pi_squared"], "metrics": step.metrics}

@@ -16,7 +16,9 @@ from geartrain.dcp_guard import check_dcp_pickles
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.types import (
     ADAPTERS_OFF,
+    NEED_SUM_PI_SQUARED,
     OFFLOAD_KINDS,
+    Capability,
     DataParallelCoordinates,
     EngineContext,
     LossFn,
@@ -84,14 +86,23 @@ class Engine:
         )
         return out
 
-    def compute_log_probs(self, batch: Batch, *, entropy: bool = False, adapters_off: bool = False) -> StepOutput:
+    def compute_log_probs(
+        self, batch: Batch, *, entropy: bool = False, adapters_off: bool = False, sum_pi_squared: bool = False
+    ) -> StepOutput:
         """Forward-only per-token outputs (reference / old log-probs). ``adapters_off``: the
         base model without its LoRA adapters (engines that train adapters; see
-        :data:`geartrain.types.ADAPTERS_OFF`)."""
+        :data:`geartrain.types.ADAPTERS_OFF`). ``sum_pi_squared``: also ``Σ_v π(v)²`` per
+        token (engines that declare ``sum_pi_squared``; see
+        :data:`geartrain.types.NEED_SUM_PI_SQUARED`)."""
         if adapters_off and self.config.lora is None:
             raise GeartrainError(f"engine '{self.name}' for role {self.ctx.role} has no LoRA adapters to turn off")
+        if sum_pi_squared and Capability.SUM_PI_SQUARED not in self.info.capabilities:
+            raise GeartrainError(
+                f"engine '{self.name}' does not declare '{Capability.SUM_PI_SQUARED}': it cannot return sum_pi_squared"
+            )
         info_before = dict(batch.info)
         batch.info["need_entropy"] = entropy
+        batch.info[NEED_SUM_PI_SQUARED] = sum_pi_squared
         batch.info[ADAPTERS_OFF] = adapters_off
         try:
             return self.forward_backward(batch, None, forward_only=True)

@@ -148,7 +148,9 @@ def forward_backward(  # type: ignore[empty-body]
     packing, sequence-parallel pre/post-processing and, on pipeline backends, the schedule.
 
     For each micro-batch it calls ``loss_fn(outputs, micro_batch, loss_ctx)`` with per-token
-    ``log_probs`` (and ``entropy`` when ``batch.info["need_entropy"]`` is true, ``values``
+    ``log_probs`` (and ``entropy`` when ``batch.info["need_entropy"]`` is true,
+    ``sum_pi_squared`` when ``batch.info["need_sum_pi_squared"]`` is true on an engine that
+    declares ``sum_pi_squared`` (:data:`geartrain.types.NEED_SUM_PI_SQUARED`), ``values``
     for value models) and backpropagates the returned share of the loss, accumulating
     gradients; the step itself is ``optimizer_step``. ``loss_ctx`` carries the global token
     and sequence counts over all data-parallel ranks.

@@ -107,7 +107,8 @@ LossFn: TypeAlias = Callable[[dict[str, torch.Tensor], "Batch", LossContext], tu
 """``loss_fn(outputs, micro_batch, ctx) -> (loss, metrics)``.
 
 ``outputs`` holds per-token tensors ``[b, T]`` for the micro-batch (``log_probs`` always;
-``entropy`` when asked for; ``values`` for value models), aligned to its ``input_ids``;
+``entropy`` and ``sum_pi_squared`` when asked for, see :data:`NEED_SUM_PI_SQUARED`;
+``values`` for value models), aligned to its ``input_ids``;
 ``micro_batch``'s tensors are on the same device as ``outputs`` (the engine moves them there
 before calling the loss).
 ``loss`` is this micro-batch's *share* of the global loss (e.g. a token sum divided by
@@ -124,8 +125,8 @@ class StepOutput:
     """Result of ``forward_backward``."""
 
     outputs: dict[str, torch.Tensor]
-    """Per-token tensors ``[B, T]`` (``log_probs``; ``entropy`` when asked for; ``values`` for
-    value models) for the batch the caller passed in, in its original order, on CPU, aligned
+    """Per-token tensors ``[B, T]`` (``log_probs``; ``entropy`` and ``sum_pi_squared`` when
+    asked for; ``values`` for value models) for the batch the caller passed in, in its original order, on CPU, aligned
     to its ``input_ids`` (see the module docstring)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """What the backend returns: the loss function's metrics summed over *this rank's*
@@ -296,6 +297,19 @@ class Capability:
     RELEASE_MEMORY = "release_memory"
     REPETITION_PENALTY = "repetition_penalty"
     MIN_P = "min_p"
+    SUM_PI_SQUARED = "sum_pi_squared"
+    """An engine that returns ``sum_pi_squared`` when ``batch.info[NEED_SUM_PI_SQUARED]``
+    asks for it (the optimal token baseline needs it)."""
+
+
+NEED_SUM_PI_SQUARED = "need_sum_pi_squared"
+"""``batch.info`` key: when true, ``forward_backward`` of an engine that declares
+``sum_pi_squared`` also returns (and passes to ``loss_fn``) the per-token output
+``sum_pi_squared`` ``[B, T]``: ``Σ_v π(v | x_<t)²`` over the whole vocabulary of the
+distribution that ``log_probs`` is taken from (fp32, aligned like ``log_probs``, 0 where
+``log_probs`` is undefined, no gradient). Like the log-probs it is computed chunk by chunk
+(over tokens, or over vocabulary shards on tensor-parallel engines): no micro-batch ever
+holds a full-vocabulary tensor for it."""
 
 
 ADAPTERS_OFF = "adapters_off"

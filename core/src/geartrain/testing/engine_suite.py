@@ -9,7 +9,8 @@ A training-backend plugin proves it meets the hook contract by subclassing
         backend = "my-engine"
 
 Every test compares numbers against a plain transformers model built from the same
-config: log-probs and entropy of a forward, a training step against ``torch.optim.AdamW``,
+config: log-probs and entropy of a forward (and ``Σπ²`` for an engine that declares
+``sum_pi_squared``), a training step against ``torch.optim.AdamW``,
 micro-batching invariance, weight export names/shapes/values, checkpoint round trips, the HF
 export, and error behaviour. Tests run on one rank in-process, or — with ``parallel = {"dp": 2}``
 (any parallel sizes) — on that many Ray ranks behind the same interface, where they must give
@@ -67,6 +68,16 @@ def _suite_group() -> Any:
     return acquire_single_rank_group("cpu")
 
 
+def _nll_and_sum_pi_squared(
+    outputs: dict[str, torch.Tensor], micro_batch: Batch, ctx: LossContext
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The NLL loss, reporting the sum of the ``sum_pi_squared`` it was given over the
+    ``loss_mask`` tokens (summed over micro-batches and ranks: the step's total)."""
+    share, metrics = token_mean_nll_loss(outputs, micro_batch, ctx)
+    mask = micro_batch["loss_mask"].bool()
+    return share, {**metrics, "sum_pi_squared": float(outputs["sum_pi_squared"].detach()[mask].sum())}
+
+
 def _batch(seed: int = 0) -> Batch:
     # Ragged on both sides: left padding of different widths, responses of different lengths.
     return make_batch([5, 3, 7, 4], [6, 9, 2, 5], seed=seed)
@@ -87,6 +98,9 @@ class EngineConformance(StandardSuite):
     against the engine itself: batch order, HF export)."""
     entropy_atol: ClassVar[float] = 1e-4
     """Per-token ``entropy`` against a plain transformers forward."""
+    sum_pi_squared_atol: ClassVar[float] = 1e-5
+    """Per-token ``sum_pi_squared`` (engines declaring it) against the full logits of a plain
+    transformers forward."""
     metric_atol: ClassVar[float] = 1e-4
     """``loss`` and ``grad_norm`` against plain AdamW training, and between token budgets
     (micro-batching)."""
@@ -419,6 +433,32 @@ class EngineConformance(StandardSuite):
         assert (tmp_path / "hf" / "tokenizer_config.json").exists() or (tmp_path / "hf" / "tokenizer.json").exists()
 
     # ------------------------------------------------------------------ optional capabilities
+    def test_sum_pi_squared_matches_full_logits(self, family: str) -> None:
+        """An engine that declares ``sum_pi_squared`` returns ``Σ_v π(v)²`` per token when
+        asked, in a forward and to the loss of a training step (in micro-batches), equal to
+        plain PyTorch over the full logits; it is absent when not asked for."""
+        engine = self.make_engine(family, max_tokens_per_micro_batch=16)
+        if "sum_pi_squared" not in engine.info.capabilities:
+            pytest.skip(f"engine '{self.backend}' does not declare sum_pi_squared")
+        batch = _batch(seed=6)
+        valid = token_valid_mask(batch["attention_mask"])
+        ref = reference_token_outputs(build_hf_model(engine.model_config), batch)["sum_pi_squared"]
+        out = engine.compute_log_probs(batch, sum_pi_squared=True).outputs
+        assert out["sum_pi_squared"].shape == batch["input_ids"].shape
+        assert out["sum_pi_squared"].dtype == torch.float32
+        torch.testing.assert_close(out["sum_pi_squared"][valid], ref[valid], atol=self.sum_pi_squared_atol, rtol=0)
+        assert torch.all(out["sum_pi_squared"][~valid] == 0)
+        assert "sum_pi_squared" not in engine.compute_log_probs(batch).outputs
+        batch.info["need_sum_pi_squared"] = True  # a training step's loss reads it (micro-batched)
+        step = engine.forward_backward(batch, _nll_and_sum_pi_squared)
+        assert step.metrics["micro_batches"] > self.parallel.get("dp", 1)
+        mask = batch["loss_mask"].bool()
+        want = float(ref[mask].sum())
+        assert step.metrics["sum_pi_squared"] == pytest.approx(want, abs=self.sum_pi_squared_atol * int(mask.sum()))
+        torch.testing.assert_close(
+            step.outputs["sum_pi_squared"][valid], ref[valid], atol=self.sum_pi_squared_atol, rtol=0
+        )
+
     def test_value_model_outputs_values(self, family: str) -> None:
         engine_probe = self.make_engine(family)
         if "value_head" not in engine_probe.info.capabilities:

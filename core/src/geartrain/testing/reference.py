@@ -100,17 +100,24 @@ def reference_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 def token_outputs_from_logits(
     logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """Shift ``logits`` ``[B, T, V]`` into per-token ``log_probs``/``entropy`` aligned to
-    ``input_ids``; undefined positions are 0."""
+    """Shift ``logits`` ``[B, T, V]`` into per-token ``log_probs``/``entropy``/
+    ``sum_pi_squared`` (``Σ_v π(v)²``) aligned to ``input_ids``; undefined positions are 0.
+    Plain PyTorch over the full logits: the reference the engines' chunked results are
+    compared with."""
     logp = torch.log_softmax(logits[:, :-1], dim=-1)
     picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
+    probs = logp.exp()
     valid = token_valid_mask(attention_mask)
-    log_probs = torch.zeros(input_ids.shape, dtype=logits.dtype)
-    ent = torch.zeros(input_ids.shape, dtype=logits.dtype)
-    log_probs[:, 1:] = picked
-    ent[:, 1:] = entropy
-    return {"log_probs": log_probs * valid, "entropy": ent * valid}
+    out = {}
+    for key, value in (
+        ("log_probs", picked),
+        ("entropy", -(probs * logp).sum(-1)),
+        ("sum_pi_squared", (probs * probs).sum(-1)),
+    ):
+        full = torch.zeros(input_ids.shape, dtype=logits.dtype)
+        full[:, 1:] = value
+        out[key] = full * valid
+    return out
 
 
 def reference_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

@@ -12,8 +12,8 @@ from geartrain_fsdp.logprobs import token_log_probs
 
 class TokenOutputs(nn.Module):
     """``forward`` returns per-token outputs at the positions of ``input_ids``: the
-    log-prob of ``targets`` (the next tokens) and optionally the entropy of that
-    distribution for a causal LM; the per-token value for a value model. The logits
+    log-prob of ``targets`` (the next tokens) and optionally the entropy and ``Σ_v π(v)²``
+    of that distribution for a causal LM; the per-token value for a value model. The logits
     over the vocabulary are only ever computed in chunks of ``chunk_tokens``."""
 
     def __init__(self, hf: nn.Module, *, value_head: bool, chunk_tokens: int) -> None:
@@ -29,6 +29,7 @@ class TokenOutputs(nn.Module):
         attention_mask: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
         need_entropy: bool = False,
+        need_sum_pi_squared: bool = False,
         output_positions: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Outputs at every position of ``input_ids`` (shaped like ``targets``), or, with
@@ -44,18 +45,16 @@ class TokenOutputs(nn.Module):
             return {"values": self.hf.score(hidden)[..., 0].float().clone()}
         assert targets is not None
         weight = self.hf.get_output_embeddings().weight
-        logp, entropy = token_log_probs(
+        flat = token_log_probs(
             hidden.reshape(-1, hidden.shape[-1]),
             weight,
             targets.reshape(-1),
             chunk_tokens=self.chunk_tokens,
             need_entropy=need_entropy,
+            need_sum_pi_squared=need_sum_pi_squared,
         )
         # clones: FSDP hooks its pre-backward on the outputs, which must not be views
-        out = {"log_probs": logp.view(targets.shape).clone()}
-        if entropy is not None:
-            out["entropy"] = entropy.view(targets.shape).clone()
-        return out
+        return {key: value.view(targets.shape).clone() for key, value in flat.items()}
 
 
 def decoder_layers(hf: nn.Module) -> list[nn.Module]:

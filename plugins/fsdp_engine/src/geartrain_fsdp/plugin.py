@@ -42,6 +42,7 @@ def capabilities() -> Iterable[str]:
         Capability.VALUE_HEAD,
         Capability.HF_EXPORT,
         Capability.LORA,
+        Capability.SUM_PI_SQUARED,
     ]
 
 

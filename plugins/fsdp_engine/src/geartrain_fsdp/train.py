@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from geartrain.batch import Batch
 from geartrain.micro_batches import plan_micro_batches
-from geartrain.types import ADAPTERS_OFF, LossContext, LossFn, StepOutput
+from geartrain.types import ADAPTERS_OFF, NEED_SUM_PI_SQUARED, LossContext, LossFn, StepOutput
 
 from geartrain_fsdp.mesh import all_reduce_
 from geartrain_fsdp.packing import pack, padded_inputs, scatter_shifted, shift_padded
@@ -22,6 +22,9 @@ from geartrain_fsdp.prefix_sharing import (
 )
 from geartrain_fsdp.sharding import FSDPModel
 from geartrain_fsdp.ulysses import PackedAttentionState, gather_sequence, local_slice, packed_attention_state
+
+OPTIONAL_OUTPUTS = {"need_entropy": "entropy", NEED_SUM_PI_SQUARED: "sum_pi_squared"}
+"""``batch.info`` flag -> the per-token output it asks for (causal LMs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +102,7 @@ def _forward_shared(
     mask: torch.Tensor,
     prompt_length: int,
     groups: list[list[int]],
-    need_entropy: bool,
+    wanted: dict[str, bool],
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, PackedAttentionState]:
     """Per-token outputs ``[b, T]`` of one micro-batch in the shared-prompt layout
     (:mod:`geartrain_fsdp.prefix_sharing`; sp = 1), and its attention state."""
@@ -113,7 +116,7 @@ def _forward_shared(
             input_ids=packed.input_ids.to(dev),
             position_ids=packed.position_ids.to(dev),
             targets=packed.out_targets.to(dev),
-            need_entropy=need_entropy,
+            **wanted,
             output_positions=packed.out_positions.to(dev),
         )
     outputs = {key: scatter_outputs(value, packed) for key, value in raw.items()}
@@ -122,7 +125,7 @@ def _forward_shared(
 
 
 def _forward_packed(
-    model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool
+    model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, wanted: dict[str, bool]
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, PackedAttentionState | None]:
     """Per-token outputs ``[b, T]`` of one micro-batch run as one packed row (split over
     the sp group), a scalar tied to the raw outputs (for empty micro-batches), and the
@@ -142,7 +145,7 @@ def _forward_packed(
             input_ids=packed.input_ids[:, sl].to(dev),
             position_ids=packed.position_ids[:, sl].to(dev),
             targets=packed.targets[sl].unsqueeze(0).to(dev),
-            need_entropy=need_entropy,
+            **wanted,
         )
     outputs = {}
     anchor = None
@@ -155,7 +158,7 @@ def _forward_packed(
 
 
 def _forward_padded(
-    model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, need_entropy: bool
+    model: FSDPModel, ids: torch.Tensor, mask: torch.Tensor, wanted: dict[str, bool]
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, PackedAttentionState | None]:
     """Per-token outputs ``[b, T]`` of one micro-batch run as padded rows."""
     dev = model.device
@@ -166,7 +169,7 @@ def _forward_padded(
         position_ids=position_ids.to(dev),
         attention_mask=sub_mask.to(dev),
         targets=targets.to(dev),
-        need_entropy=need_entropy,
+        **wanted,
     )
     outputs = {k: shift_padded(v, sub_mask, cols, ids.shape[1]) for k, v in raw.items()}
     anchor = sum(v.sum() * 0.0 for v in raw.values())
@@ -184,7 +187,8 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
     meshes = model.meshes
     input_ids = batch["input_ids"]
     attention_mask = batch["attention_mask"]
-    need_entropy = bool(batch.info.get("need_entropy", False))
+    # the per-token outputs the caller asked for besides log_probs (the module's keywords)
+    wanted = {flag: bool(batch.info.get(flag, False)) for flag in OPTIONAL_OUTPUTS}
     train = not forward_only and loss_fn is not None
 
     counts = torch.tensor(
@@ -218,10 +222,10 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
                 mask = torch.zeros(1, 1, dtype=attention_mask.dtype)
             if shared is not None and mb is not None and len(mb) > 1:
                 outputs, anchor, state = _forward_shared(
-                    model, ids, mask, shared.prompt_length, shared.within(rows), need_entropy
+                    model, ids, mask, shared.prompt_length, shared.within(rows), wanted
                 )
             else:
-                outputs, anchor, state = forward(model, ids, mask, need_entropy)
+                outputs, anchor, state = forward(model, ids, mask, wanted)
             loss = anchor
             if mb is not None and loss_fn is not None:
                 loss_ctx = LossContext(
@@ -254,7 +258,8 @@ def forward_backward(model: FSDPModel, batch: Batch, loss_fn: LossFn | None, for
         result = {k: torch.cat(v, dim=0)[inverse] for k, v in collected.items()}
     else:
         width = input_ids.shape[1]
-        for key in ("values",) if model.value_head else ("log_probs",) + (("entropy",) if need_entropy else ()):
+        extras = (name for flag, name in OPTIONAL_OUTPUTS.items() if wanted[flag])
+        for key in ("values",) if model.value_head else ("log_probs", *extras):
             result[key] = torch.zeros(0, width)
 
     # this rank's slice only: the core sums metrics over the data-parallel ranks

@@ -45,6 +45,7 @@ def capabilities() -> Iterable[str]:
         Capability.VALUE_HEAD,
         Capability.HF_EXPORT,
         Capability.OFFLOAD,
+        Capability.SUM_PI_SQUARED,
     ]
 
 

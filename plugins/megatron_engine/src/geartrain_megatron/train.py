@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from geartrain.batch import Batch
 from geartrain.micro_batches import plan_micro_batches
-from geartrain.types import LossContext, LossFn, StepOutput
+from geartrain.types import NEED_SUM_PI_SQUARED, LossContext, LossFn, StepOutput
 
 from geartrain_megatron import parallel, routing
 from geartrain_megatron.compat import cpu_compat
@@ -37,25 +37,28 @@ def _plan(model: MegatronModel, attention_mask: torch.Tensor) -> list[list[int]]
     return plan
 
 
-def _outputs(model: MegatronModel, mb: MicroBatch, output: torch.Tensor, need_entropy: bool) -> dict[str, torch.Tensor]:
+OPTIONAL_OUTPUTS = {"need_entropy": "entropy", NEED_SUM_PI_SQUARED: "sum_pi_squared"}
+"""``batch.info`` flag -> the per-token output it asks for (causal LMs)."""
+
+
+def _outputs(
+    model: MegatronModel, mb: MicroBatch, output: torch.Tensor, wanted: dict[str, bool]
+) -> dict[str, torch.Tensor]:
     """Per-token outputs ``[b, T]`` from the last stage's output ``[b, L, V / tp]``
     (logits of this rank's vocabulary slice) or ``[b, L, 1]`` (values)."""
     if model.value_head:
         return {"values": mb.scatter(output[..., 0].float())}
     lay = model.layout
     local_vocab = output.shape[-1]
-    logp, entropy = vocab_parallel_log_probs(
+    per_token = vocab_parallel_log_probs(
         output,
         mb.targets.to(output.device),
         vocab_start=lay.tp_rank * local_vocab,
         vocab_size=model.dims.vocab_size,
         group=parallel.groups()["tp"],
-        need_entropy=need_entropy,
+        **wanted,
     )
-    out = {"log_probs": mb.scatter(logp)}
-    if entropy is not None:
-        out["entropy"] = mb.scatter(entropy)
-    return out
+    return {key: mb.scatter(value) for key, value in per_token.items()}
 
 
 def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
@@ -66,7 +69,7 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
     groups = parallel.groups()
     input_ids = batch["input_ids"]
     attention_mask = batch["attention_mask"]
-    need_entropy = bool(batch.info.get("need_entropy", False))
+    wanted = {flag: bool(batch.info.get(flag, False)) for flag in OPTIONAL_OUTPUTS}
     train = not forward_only and loss_fn is not None
     dev = model.device
 
@@ -95,7 +98,7 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
     store: list[dict[str, Any]] = []
 
     def loss_func(mb: MicroBatch, index: int, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        outputs = _outputs(model, mb, output, need_entropy)
+        outputs = _outputs(model, mb, output, wanted)
         loss = sum(v.sum() * 0.0 for v in outputs.values())  # keeps fillers in the graph
         metrics: dict[str, float] = {}
         if mb.batch is not None and loss_fn is not None:
@@ -146,7 +149,8 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
             forward_only=not train,
         )
 
-    result, metrics = _collect(model, store, len(batch), width, need_entropy)
+    extras = tuple(name for flag, name in OPTIONAL_OUTPUTS.items() if wanted[flag])
+    result, metrics = _collect(model, store, len(batch), width, extras)
     if replay is not None:
         result.update(replay.finish())
     # this rank's slice only: the core sums metrics over the data-parallel ranks
@@ -155,12 +159,13 @@ def forward_backward(model: MegatronModel, batch: Batch, loss_fn: LossFn | None,
 
 
 def _collect(
-    model: MegatronModel, store: list[dict[str, Any]], rows: int, width: int, need_entropy: bool
+    model: MegatronModel, store: list[dict[str, Any]], rows: int, width: int, extras: tuple[str, ...]
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """The last stage's per-micro-batch records -> ``[B, T]`` outputs in batch order and
-    summed metrics, broadcast to every pipeline stage."""
+    """The last stage's per-micro-batch records -> ``[B, T]`` outputs (``log_probs`` and the
+    ``extras`` asked for, or ``values``) in batch order and summed metrics, broadcast to
+    every pipeline stage."""
     lay = model.layout
-    keys = ("values",) if model.value_head else ("log_probs",) + (("entropy",) if need_entropy else ())
+    keys = ("values",) if model.value_head else ("log_probs", *extras)
     payload: list[Any] = [None]
     if lay.is_last_stage:
         result = {k: torch.zeros(rows, width) for k in keys}
