@@ -130,3 +130,51 @@ def test_portable_base_names(tmp_path: Path) -> None:
     assert portable_base(str(tmp_path / "models" / "mine"), tmp_path) == str(tmp_path / "models" / "mine")  # absent
     (tmp_path / "models" / "mine").mkdir(parents=True)
     assert portable_base(str(tmp_path / "models" / "mine"), tmp_path / "run" / "hf") == "../../models/mine"
+
+
+def well_formed(completions: list[str], ground_truth: list[str], **_: Any) -> list[float]:
+    """A format reward: 0.5 for any answer, 1.0 for the right one (never 0, never an ``acc``)."""
+    return [1.0 if c.strip() == t.strip() else 0.5 for c, t in zip(completions, ground_truth, strict=True)]
+
+
+def _steps(out: Path, phase: str = "rl") -> list[dict[str, Any]]:
+    return [m for m in _rows(out / "metrics.jsonl") if m.get("phase") == phase and m["step"] >= 1]
+
+
+def test_accuracy_is_declared_and_said_once_when_read_from_a_reward_that_is_not_0_1(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 1: with a format reward, accuracy read as reward > 0 is 100 % whatever the
+    answers: said once; ``reward.accuracy`` naming an exact-match function of weight 0 makes
+    train and validation accuracy that function's."""
+    run_job(_config(tmp_path / "a"), reward_fn=well_formed)
+    steps = _steps(tmp_path / "a" / "run")
+    assert steps and all(m["reward/accuracy"] == 1.0 for m in steps)
+    notices = [r for r in caplog.records if "accuracy is read as reward > 0" in r.getMessage()]
+    assert len(notices) == 1, [r.getMessage() for r in caplog.records]
+    assert "reward.accuracy" in notices[0].getMessage()
+
+    caplog.clear()
+    config = _config(tmp_path / "b", "reward.accuracy=exact")
+    run_job(config, reward_fn=[well_formed, exact], reward_weights=[1.0, 0.0])
+    out = tmp_path / "b" / "run"
+    steps = _steps(out)
+    assert steps and all(m["reward/accuracy"] == pytest.approx(m["reward/exact/mean"]) for m in steps)
+    val = [r for r in _rows(out / "completions.jsonl") if r["kind"] == "validation" and r["step"] == 0]
+    first = next(m for m in _rows(out / "metrics.jsonl") if "val/accuracy" in m)
+    assert first["val/accuracy"] == pytest.approx(sum(r["rewards"]["exact"] for r in val) / len(val))
+    assert not [r for r in caplog.records if "accuracy is read as reward > 0" in r.getMessage()]
+
+
+def test_sft_stop_at_accuracy_reads_the_declared_accuracy(tmp_path: Path) -> None:
+    """Item 1: the warm start stopped at its first evaluation "100 % accurate" under a format
+    reward; with ``reward.accuracy`` a function that finds nothing right, it trains on."""
+    (tmp_path / "acc.py").write_text("def never(response, ground_truth):\n    return 0.0\n")
+    sft = ["sft.enabled=true", "sft.steps=3", "sft.min_steps=0", "sft.eval_every=1", "sft.stop_at_accuracy=0.01"]
+    run_job(_config(tmp_path / "a", *sft, "trainer.total_steps=1"), reward_fn=well_formed)
+    assert [m["sft/dev_accuracy"] for m in _steps(tmp_path / "a" / "run", "sft") if "sft/dev_accuracy" in m] == [1.0]
+    config = _config(tmp_path / "b", *sft, "trainer.total_steps=1", f"reward.accuracy={tmp_path / 'acc.py'}:never")
+    run_job(config, reward_fn=well_formed)
+    out = tmp_path / "b" / "run"
+    assert [m["sft/dev_accuracy"] for m in _steps(out, "sft") if "sft/dev_accuracy" in m] == [0.0, 0.0, 0.0]
+    assert all(m["reward/accuracy"] == 0.0 for m in _steps(out))

@@ -317,6 +317,13 @@ class RewardConfig(Section):
     batched: bool | None = None
     """``reward.function`` is batched (TRL's ``f(prompts, completions, **columns) -> list``);
     ``None``: detected from its first parameter's name (``prompts`` or ``completions``)."""
+    accuracy: str | None = None
+    """What "accuracy" is (``train_acc``, ``val/accuracy``, the accuracy before/after,
+    ``sft.stop_at_accuracy``): ``None``, the ``acc`` a function returns, else reward > 0
+    (said once on the console when rewards are not 0/1); a key functions return (``"correct"``,
+    with several functions ``"<name>/<key>"``) or a ``[[reward.functions]]`` name (its score
+    > 0); or ``file.py:function`` / ``package.module:function``, called like a reward function,
+    whose value > 0 is a correct sample (:mod:`geartrain.trainer.accuracy`)."""
     functions: list[RewardFunctionConfig] = Field(default_factory=list)
     """Several reward functions, each ``{name, function, weight}``; a sample's reward is the
     weighted sum and each is logged on its own (``reward/<name>/mean``)."""

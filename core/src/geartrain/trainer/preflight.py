@@ -18,6 +18,7 @@ from geartrain.errors import ConfigError, GeartrainError
 from geartrain.modeling import hf_config, load_tokenizer
 from geartrain.rewards import RewardTerm, make_term, probe_term
 from geartrain.rewards.terms import takes_environments
+from geartrain.trainer.accuracy import accuracy_of
 from geartrain.trainer.config import TrainConfig, silent_default_problems
 from geartrain.trainer.sft import sft_dataset
 from geartrain.user_code import is_file_spec, load_from_file
@@ -266,6 +267,11 @@ def preflight(
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)
+    if config.reward.accuracy is not None and ":" in config.reward.accuracy:
+        try:
+            accuracy_of(config)
+        except GeartrainError as exc:
+            problems.append(("reward.accuracy", str(exc)))
     data_given = data is not None or "data" in config.model_fields_set
     problems += silent_default_problems(config, data_given=data_given, reward_given=reward_fn is not None)
 

@@ -30,8 +30,9 @@ from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.data import PromptBatch, PromptLoader, PromptRow
 from geartrain.errors import GeartrainError
-from geartrain.rewards import RewardResult, correctness, token_level_scores
+from geartrain.rewards import RewardResult, token_level_scores
 from geartrain.seeding import step_seed
+from geartrain.trainer.accuracy import accuracy_of
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.episodes import EpisodeGeneration, log_sample
 from geartrain.trainer.generation import Generation
@@ -87,6 +88,7 @@ class RLTrainer:
         self.roles = roles
         self.tokenizer = tokenizer
         self.loader = loader
+        self.accuracy = accuracy_of(config)
         self.val_rows = val_rows or []
         # multi-turn episodes (rollout.agent) or one response per prompt
         generation = EpisodeGeneration if config.rollout.agent is not None else Generation
@@ -122,11 +124,11 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ reward
     def _score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """The reward role's ``(scores, metrics, correct)``; ``correct`` is the function's
-        ``acc`` where it gives one, else ``score > 0``."""
+        """The reward role's ``(scores, metrics, correct)``; ``correct`` is what
+        ``reward.accuracy`` declares (:mod:`geartrain.trainer.accuracy`)."""
         batch.info["trainer_state"] = dict(self.trainer_state)  # TRL's, for reward functions
         result = RewardResult.from_rows(self.roles.reward.call("score", batch, dispatch=Dispatch.DP))
-        correct = correctness(result)
+        correct = self.accuracy(result, batch)
         metrics = dict(result.metrics)
         metrics.pop("reward/acc", None)  # the step's reward/accuracy is this (or score > 0 where acc is absent)
         rows = result.rows()

@@ -27,8 +27,9 @@ from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, GeartrainError, NonFiniteError
 from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
-from geartrain.rewards import RewardResult, correctness
+from geartrain.rewards import RewardResult
 from geartrain.stop_texts import cut_batch_at_stop_texts
+from geartrain.trainer.accuracy import Accuracy, accuracy_of
 from geartrain.trainer.completions import CompletionsLogger
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
@@ -72,10 +73,17 @@ class JobResult:
     seconds: float
 
 
-def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer: Any, cfg: TrainConfig) -> float:
-    """Greedy exact-match accuracy of ``group``'s current policy on ``rows`` (its
-    ``generate`` syncs the weights first); responses end at ``sampling.stop`` strings as
-    the RL step's do."""
+def greedy_accuracy(
+    group: Any,
+    scorer: RewardWorker,
+    rows: list[Any],
+    tokenizer: Any,
+    cfg: TrainConfig,
+    accuracy: Accuracy | None = None,
+) -> float:
+    """Greedy accuracy (``reward.accuracy``: :mod:`geartrain.trainer.accuracy`) of
+    ``group``'s current policy on ``rows`` (its ``generate`` syncs the weights first);
+    responses end at ``sampling.stop`` strings as the RL step's do."""
     stop_ids, stop_sequences = stop_rules(cfg, tokenizer)  # as the RL step's responses end
     sampling = SamplingParams(
         n=1,
@@ -108,7 +116,8 @@ def greedy_accuracy(group: Any, scorer: RewardWorker, rows: list[Any], tokenizer
         batch["prompt"] = [r.prompt for r in rows]
         batch["data_meta"] = [r.meta for r in rows]
         batch["prompt_messages"] = [r.messages for r in rows]
-    values = correctness(RewardResult.from_rows(scorer.score(batch)))
+    result = RewardResult.from_rows(scorer.score(batch))
+    values = (accuracy or accuracy_of(cfg))(result, batch)
     return sum(values) / max(len(values), 1)
 
 
@@ -239,7 +248,8 @@ class Job:
         evaluate = None
         if dev is not None:
             scorer = RewardWorker(self.reward_fn, None, None, timeout_s=cfg.reward.timeout_s, ctx=None)  # type: ignore[arg-type]
-            evaluate = lambda: greedy_accuracy(group, scorer, dev.rows, tokenizer, cfg)  # noqa: E731
+            accuracy = accuracy_of(cfg)
+            evaluate = lambda: greedy_accuracy(group, scorer, dev.rows, tokenizer, cfg, accuracy)  # noqa: E731
         progress = Progress(cfg.sft.steps, 0, "sft", cfg.trainer.progress)
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
