@@ -3,11 +3,16 @@ of this process, each with the group's own store and backend, as the Ray ranks h
 
 from __future__ import annotations
 
+import json
+import pickle
+import re
 import socket
 import threading
+from pathlib import Path
 
+import pytest
 import torch
-from geartrain.cluster.update_group import UpdateGroup
+from geartrain.cluster.update_group import UpdateGroup, UpdateGroupError, encode_header
 from geartrain.weights import BucketStats
 
 
@@ -50,7 +55,7 @@ def test_broadcast_reaches_every_replica_bitwise_in_buckets() -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join()  # a hang guard without a clock of its own: every wait of a member ends by the group's timeout_s
     assert not errors, errors
     for key in received:
         assert [n for n, _ in received[key]] == [n for n, _ in sent]
@@ -62,3 +67,70 @@ def test_broadcast_reaches_every_replica_bitwise_in_buckets() -> None:
     # padded to 16 bytes so that the float64 after the 6-byte bf16 one can be viewed in place
     assert [stats[0, b].num_buckets for b in (400, 10_000)] == [2, 1]
     assert stats[0, 10_000].bytes == 352 + 16 + 320 + 16
+
+
+class _Touch:
+    """A pickle that creates ``path`` when it is loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.path,))
+
+
+def _forged(kind: str, marker: Path) -> tuple[bytes, str]:
+    """A header from a sender that is not geartrain's (its bytes), and what the error says."""
+    good = json.loads(encode_header([("w", (2, 4), "float32"), ("b", (3,), "bfloat16")]))  # 32 + 16 bytes
+    if kind == "pickle":
+        return pickle.dumps(_Touch(marker)), r"not JSON"
+    if kind == "unknown dtype":
+        good["tensors"][1][2] = "Evil"
+        return json.dumps(good).encode(), r"tensor 1 \('b'\) has unknown dtype \"Evil\""
+    if kind == "negative shape":  # -2 x 4 float32 and 4 x 4 float32 "add up" to a 32-byte bucket
+        good["tensors"] = [["w", [-2, 4], "float32"], ["v", [4, 4], "float32"]]
+        good["bytes"] = 32
+        return json.dumps(good).encode(), r"tensor 0 \('w'\) has shape \[-2, 4\], not a list of non-negative"
+    assert kind == "size not the bucket's"  # the buffer would end 16 bytes after the tensors
+    good["bytes"] += 16
+    return json.dumps(good).encode(), r"its 2 tensors take 48 bytes, the bucket says 64"
+
+
+@pytest.mark.parametrize("kind", ["pickle", "unknown dtype", "negative shape", "size not the bucket's"])
+def test_a_forged_header_is_one_line_naming_the_sender_never_a_crash_or_a_tensor(kind: str, tmp_path: Path) -> None:
+    """A real 2-member group whose member 0 sends a header geartrain's sender never writes
+    (then, should the receiver accept it, the buffer it announces): the receiver raises
+    UpdateGroupError, one line naming rank 0, yields nothing and runs nothing."""
+    port, marker = _port(), tmp_path / "unpickled"
+    raw, says = _forged(kind, marker)
+    got: list[tuple[str, torch.Tensor]] = []
+    outcome: list[BaseException] = []
+
+    def receiver() -> None:
+        group = UpdateGroup("127.0.0.1", port, 1, 2, timeout_s=60)
+        try:
+            got.extend(group.receive())
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+        finally:
+            group.close()  # the sender's pending broadcast (if any) ends with the connection
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    sender = UpdateGroup("127.0.0.1", port, 0, 2, timeout_s=60)
+    try:
+        sender._send_header(raw)
+        announced = json.loads(raw).get("bytes") if raw.startswith(b"{") else None
+        if isinstance(announced, int):  # what a receiver that accepted the header waits for
+            sender._broadcast(torch.arange(announced, dtype=torch.uint8))
+            sender._send_header(encode_header([]))
+    except RuntimeError:
+        pass  # the receiver refused it and left the group
+    finally:
+        thread.join()  # a hang guard without a clock of its own: the group's timeout_s ends every wait
+        sender.close()
+    assert got == [] and not marker.exists()
+    assert len(outcome) == 1 and isinstance(outcome[0], UpdateGroupError), outcome
+    message = str(outcome[0])
+    assert "\n" not in message and "from rank 0 (the sender)" in message, message
+    assert re.search(says, message), message
