@@ -85,7 +85,7 @@ def test_two_ranks_match_plain_transformers(family: str, options: dict, tmp_path
     for name, t in received.items():
         assert t.dtype == torch.float32
         assert torch.equal(t, ranks[0]["params"][name]), name
-    assert stats.num_buckets > 1 and stats.max_bucket_bytes <= max(
+    assert stats["num_buckets"] > 1 and stats["max_bucket_bytes"] <= max(
         20_000, max(t.numel() * 4 for t in received.values())
     )
 

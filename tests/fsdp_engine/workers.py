@@ -3,6 +3,7 @@ Each returns plain CPU tensors / floats for the test process to compare."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def train_steps(
         p.grad = None
     receiver = Receiver(torch.float32, 20_000) if rank == 0 else None
     stats = engine.sync_weights(receiver)
-    out["sync"] = (receiver.received if receiver else None, stats)
+    out["sync"] = (receiver.received if receiver else None, asdict(stats))  # results are plain data
     if export:
         from geartrain.testing import tiny_tokenizer
 

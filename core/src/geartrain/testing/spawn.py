@@ -4,12 +4,15 @@ what ``fn(rank, world, *args)`` returned on each rank.
 
 Every rank runs with one intra-op thread (several ranks share a small machine). A rank that
 raises ends the run with its traceback; a run past ``timeout`` is killed. Results travel
-back pickled through files in the run's own temporary directory (written by its ranks only)."""
+back through files in the run's own temporary directory, written with ``torch.save`` and
+read with ``torch.load(weights_only=True)``: tensors, numbers, strings, ``None`` and
+lists, tuples and dicts of them; nothing read back is unpickled code."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
 import time
 import traceback
@@ -28,9 +31,9 @@ def _entry(rank: int, world: int, store_path: str, out_dir: str, fn: Callable[..
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)
-        _write(Path(out_dir) / f"rank{rank}.pkl", {"ok": True, "result": result})
+        _write(Path(out_dir) / f"rank{rank}.pt", {"ok": True, "result": result})
     except BaseException:
-        _write(Path(out_dir) / f"rank{rank}.pkl", {"ok": False, "error": traceback.format_exc()})
+        _write(Path(out_dir) / f"rank{rank}.pt", {"ok": False, "error": traceback.format_exc()})
         raise
     finally:
         dist.destroy_process_group()
@@ -38,9 +41,11 @@ def _entry(rank: int, world: int, store_path: str, out_dir: str, fn: Callable[..
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
     """Run ``fn(rank, world, *args)`` in ``world`` spawned gloo processes (``fn`` must be a
-    module-level function, its results picklable); return each rank's result in rank
-    order. Raises ``RuntimeError`` with the failing ranks' tracebacks, ``TimeoutError``
-    (after killing the ranks) past ``timeout`` seconds."""
+    module-level function, its results tensors, numbers, strings, ``None`` and lists, tuples
+    and dicts of them); return each rank's result in rank order. Raises ``RuntimeError``
+    with the failing ranks' tracebacks, or naming the rank whose result is something else
+    (a dataclass, any other object), ``TimeoutError`` (after killing the ranks) past
+    ``timeout`` seconds."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,10 +61,10 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 3
             raise
         except Exception:  # a rank failed: report every failed rank's traceback
             _kill(ctx)
-            records = [_read(f) for f in sorted(Path(tmp).glob("rank*.pkl"))]
+            records = [_read(f) for f in sorted(Path(tmp).glob("rank*.pt"))]
             details = "\n".join(r["error"] for r in records if not r["ok"])
             raise RuntimeError(f"{fn.__name__} failed on {world} ranks:\n{details}") from None
-        return [_read(Path(tmp) / f"rank{r}.pkl")["result"] for r in range(world)]
+        return [_read(Path(tmp) / f"rank{r}.pt", fn.__name__)["result"] for r in range(world)]
 
 
 def _kill(ctx: Any) -> None:
@@ -69,10 +74,16 @@ def _kill(ctx: Any) -> None:
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
-    with path.open("wb") as f:
-        pickle.dump(record, f)
+    torch.save(record, path)
 
 
-def _read(path: Path) -> dict[str, Any]:
-    with path.open("rb") as f:
-        return pickle.load(f)  # noqa: S301 - written by this run's own ranks
+def _read(path: Path, fn_name: str = "") -> dict[str, Any]:
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        why = f"it holds a {found.group(1)}" if found else type(exc).__name__
+        raise RuntimeError(
+            f"{fn_name} on {path.stem.replace('rank', 'rank ')}: the result is not tensors, numbers, strings, "
+            f"None and lists, tuples or dicts of them ({why})"
+        ) from None
