@@ -1,6 +1,6 @@
 """Reading ``torch.distributed.checkpoint`` (DCP) checkpoints without running their code.
 
-DCP stores two kinds of pickle: the ``.metadata`` file (``pickle.load`` of a
+DCP stores two kinds of pickle: the ``.metadata`` file (read by a plain unpickler: a
 :class:`~torch.distributed.checkpoint.metadata.Metadata`), and every non-tensor value of the
 state dict (an optimizer's ``lr``, ``betas``, ...) as a ``torch.save`` blob inside a shard,
 which DCP's default planner reads with a full ``torch.load`` (weights_only off). Either runs
