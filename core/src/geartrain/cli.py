@@ -143,8 +143,10 @@ def to_toml(data: dict[str, Any]) -> str:
 def _cmd_export(args: argparse.Namespace) -> int:
     from geartrain.trainer.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out_dir)
-    print(f"exported {args.checkpoint} to {out}")
+    out, step = export_checkpoint(
+        args.checkpoint, args.out_dir, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code
+    )
+    print(f"exported step {step} of {args.checkpoint} to {out}")
     return 0
 
 
@@ -208,6 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a checkpoint (or a run's newest) as a Hugging Face model directory")
     p.add_argument("checkpoint", help="<output_dir>/checkpoints/actor/step_N, or a run's output_dir")
     p.add_argument("out_dir", help="the directory to write (config, weights, tokenizer, model card)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous geartrain export in out_dir (only its own files are removed)",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the run's model run its own code (transformers' trust_remote_code); never taken from the run",
+    )
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("train", help="run a training job from a config file")

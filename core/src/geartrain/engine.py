@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import weakref
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from geartrain.types import (
     WeightReceiver,
 )
 from geartrain.validation import capability_problems
+
+#: The JSON file of a checkpoint that says what built it (see :meth:`Engine.save_checkpoint`).
+ENGINE_RECORD = "engine.json"
 
 
 class Engine:
@@ -120,8 +124,24 @@ class Engine:
         )
 
     def save_checkpoint(self, manager: CheckpointManager, step: int, extra: dict[str, Any]) -> Path:
-        """Save atomically as checkpoint ``step`` under ``manager.root``."""
-        return manager.save(step, lambda tmp: self.pm.hook.save_checkpoint(model=self.handle, path=tmp, extra=extra))
+        """Save atomically as checkpoint ``step`` under ``manager.root``. Rank 0 also writes
+        :data:`ENGINE_RECORD` (covered by the checkpoint's manifest): the engine and model
+        configs this engine was built from, the step, and ``extra["record"]`` (plain JSON
+        data the caller wants readable without building an engine), so that ``geartrain
+        export`` builds from what the checkpoint records, not from a run's ``config.json``."""
+
+        def write(tmp: Path) -> None:
+            if self.ctx.rank == 0:
+                record = {
+                    "step": step,
+                    "engine": self.config.model_dump(mode="json"),
+                    "model": self.model_config.model_dump(mode="json"),
+                    **dict(extra.get("record") or {}),
+                }
+                (tmp / ENGINE_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
+            self.pm.hook.save_checkpoint(model=self.handle, path=tmp, extra=extra)
+
+        return manager.save(step, write)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore a complete checkpoint; returns the ``extra`` dict saved with it."""

@@ -1,28 +1,52 @@
 """``geartrain export CHECKPOINT DIR``: any checkpoint of a run as a complete Hugging Face
-directory (the one a finished run writes to ``<output_dir>/hf``)."""
+directory (the one a finished run writes to ``<output_dir>/hf``).
+
+What it builds comes from the checkpoint itself: its ``engine.json`` (covered by the
+checkpoint's manifest) records the engine and model configs that saved it. A run's
+``config.json`` (in no manifest) is read only for checkpoints saved before that record
+existed. Either way no code runs from the run directory: a model that sets
+``trust_remote_code`` is refused unless the command line says ``--trust-remote-code``.
+
+The target directory is refused when it holds anything unless ``--overwrite`` is given, and
+then only the files a previous ``geartrain export`` wrote there (listed in its
+``.geartrain-export.json``) are removed; a run directory or anything inside a run's
+``checkpoints/`` is never a target.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from geartrain.checkpoint import CheckpointManager
-from geartrain.config import ModelConfig
-from geartrain.errors import CheckpointError
+from geartrain.config import EngineConfig, ModelConfig
+from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
 
+#: What an export writes next to the model: the step and checkpoint it came from and its files.
+EXPORT_RECORD = ".geartrain-export.json"
 
-def run_of(checkpoint: Path) -> tuple[Path, Path]:
+
+class ExportError(GeartrainError):
+    """The export cannot be done as asked (its target, or what the checkpoint would run)."""
+
+
+def run_of(checkpoint: Path, echo: Callable[[str], None] = print) -> tuple[Path, Path]:
     """``(checkpoint, run directory)`` for a checkpoint directory
-    (``<run>/checkpoints/actor/step_N``) or a run directory (its newest intact checkpoint)."""
+    (``<run>/checkpoints/actor/step_N``) or a run directory (its newest intact checkpoint;
+    each damaged newer one is reported through ``echo`` as ``--resume`` reports it)."""
     if (checkpoint / "checkpoints" / "actor").is_dir():
-        latest = CheckpointManager(checkpoint / "checkpoints" / "actor").latest_intact(lambda _: None)
+        latest = CheckpointManager(checkpoint / "checkpoints" / "actor").latest_intact(echo)
         if latest is None:
             raise CheckpointError(f"{checkpoint} holds no complete checkpoint to export")
         return latest, checkpoint
     CheckpointManager.check_complete(checkpoint)
     run = checkpoint.resolve().parents[2]
-    if not (run / "config.json").is_file():
+    if not (run / "config.json").is_file() and not (checkpoint / "engine.json").is_file():
         raise CheckpointError(
             f"{checkpoint}: no config.json in its run directory {run}; give a checkpoint inside a run "
             "(<output_dir>/checkpoints/actor/step_N)"
@@ -30,36 +54,174 @@ def run_of(checkpoint: Path) -> tuple[Path, Path]:
     return checkpoint, run
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
-    """Load ``checkpoint`` into the run's actor engine and write it to ``out_dir`` as a
-    complete Hugging Face directory (weights, config with ``architectures``,
-    ``generation_config.json``, the tokenizer, a model card). Returns ``out_dir``."""
+def check_target(out: Path, run: Path, checkpoint: Path, *, overwrite: bool) -> list[Path]:
+    """Refuse a target that is (or is inside) a run's directory tree where geartrain keeps
+    its own files, a file, read-only, or not empty (unless ``overwrite``). Returns the
+    entries to remove first (those a previous export recorded). Reads only."""
+    from geartrain.trainer.rundir import read_only
+
+    where = f"the export target {out}"
+    resolved = out.resolve()
+    for protected in (run.resolve(), checkpoint.resolve()):
+        if resolved == protected or protected in resolved.parents and not _an_export_dir(resolved, run):
+            raise ExportError(
+                f"{where} is inside the run directory {run} (its checkpoints or files would be overwritten); "
+                "choose a directory outside it (a finished run's own export is <output_dir>/hf)"
+            )
+    for parent in [resolved, *resolved.parents]:
+        in_run = parent.name == "checkpoints" and _holds_run(parent.parent)
+        if in_run or (parent / "COMPLETE").is_file() or parent.name.startswith(("step_", ".partial-step_")):
+            raise ExportError(f"{where} is inside a checkpoint directory ({parent}); choose another directory")
+    if os.path.lexists(out) and not out.is_dir():
+        raise ExportError(f"{where} is a file, not a directory; choose another directory")
+    if out.is_dir() and _holds_run(out):
+        raise ExportError(f"{where} holds a training run; choose another directory")
+    existing = out
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ExportError(f"{where} cannot be created: {existing} is a file, not a directory")
+    if read_only(existing):
+        raise ExportError(f"{where} is on a read-only file system ({existing}); choose a writable directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ExportError(f"{where} is not writable ({existing} denies write access); choose another directory")
+    entries = sorted(out.iterdir()) if out.is_dir() else []
+    if not entries:
+        return []
+    if not overwrite:
+        raise ExportError(
+            f"{where} is not empty ({len(entries)} entries, e.g. {entries[0].name}); nothing was written. "
+            "Pass --overwrite to replace a previous geartrain export there, or choose an empty directory"
+        )
+    own = _recorded_files(out)
+    foreign = [e.name for e in entries if e.name not in own and e.name != EXPORT_RECORD]
+    if foreign:
+        raise ExportError(
+            f"{where} holds files no geartrain export wrote there ({', '.join(foreign[:5])}"
+            f"{', ...' if len(foreign) > 5 else ''}); --overwrite removes only an export's own files. "
+            "Move them away or choose another directory"
+        )
+    return entries
+
+
+def _holds_run(path: Path) -> bool:
+    """Whether ``path`` is a training run's output directory (its own entries, or a job's
+    ``config.json``; an export's ``config.json`` is a model's)."""
+    if any(os.path.lexists(path / name) for name in ("checkpoints", "metrics.jsonl", "sft_model", ".geartrain.lock")):
+        return True
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "trainer" in config and "actor" in config
+
+
+def write_export_record(out: Path, step: int, source: Path) -> None:
+    """:data:`EXPORT_RECORD` in ``out``: the exported step, where it came from, and the files
+    the export wrote (what a later ``--overwrite`` may remove)."""
+    files = sorted(p.name for p in out.iterdir() if p.name != EXPORT_RECORD)
+    record = {"step": step, "source": str(Path(source).resolve()), "files": files}
+    (out / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def _an_export_dir(resolved: Path, run: Path) -> bool:
+    """``<run>/hf``: the run's own export, which ``--overwrite`` may replace."""
+    return resolved == (run / "hf").resolve()
+
+
+def _recorded_files(out: Path) -> set[str]:
+    try:
+        record = json.loads((out / EXPORT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    files = record.get("files") if isinstance(record, dict) else None
+    return {str(f) for f in files if isinstance(f, str) and "/" not in f} if isinstance(files, list) else set()
+
+
+def _remove(entries: list[Path]) -> None:
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def what_built(checkpoint: Path, run: Path, *, trust_remote_code: bool, echo: Callable[[str], None]) -> dict[str, Any]:
+    """The engine config, the policy's model config, the run's base model and algorithm the
+    checkpoint was saved from: its ``engine.json``, or for an older checkpoint the run's
+    ``config.json`` (said through ``echo``). A model that needs ``trust_remote_code`` is
+    refused unless ``trust_remote_code`` (the command line's ``--trust-remote-code``)."""
+    from geartrain.engine import ENGINE_RECORD
+
+    record_file = checkpoint / ENGINE_RECORD
+    if record_file.is_file():
+        record = json.loads(record_file.read_text(encoding="utf-8"))
+        engine = EngineConfig.model_validate(record["engine"])
+        policy = ModelConfig.model_validate(record["model"])
+        base = ModelConfig.model_validate(record.get("base_model") or record["model"])
+        algorithm = str(record.get("algorithm") or "rl")
+        sft_dir = run / "sft_model"
+        if policy.path and Path(policy.path).name == "sft_model" and not Path(policy.path).is_dir():
+            policy = policy.model_copy(update={"path": str(sft_dir.resolve())})  # the run directory moved
+    else:
+        from geartrain.trainer.config import TrainConfig
+
+        echo(
+            f"note: {checkpoint} has no {ENGINE_RECORD} (saved by an older geartrain): building from {run}/config.json"
+        )
+        config = TrainConfig.model_validate(json.loads((run / "config.json").read_text(encoding="utf-8")))
+        engine, base, algorithm = config.actor.engine, config.model, config.algorithm.name
+        policy = base
+        sft_dir = run / "sft_model"
+        if config.sft.enabled and (sft_dir / "config.json").is_file():  # RL started from the warm start
+            policy = ModelConfig(
+                path=str(sft_dir.resolve()), dtype=base.dtype, attn_implementation=base.attn_implementation
+            )
+    for model in (policy, base):
+        if model.trust_remote_code and not trust_remote_code:
+            raise ExportError(
+                f"the run sets model.trust_remote_code for {model.path}: export runs no code from a run directory "
+                "unless told; pass --trust-remote-code if you trust that model's code"
+            )
+    return {"engine": engine, "policy": policy, "base": base, "algorithm": algorithm}
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    trust_remote_code: bool = False,
+    echo: Callable[[str], None] = print,
+) -> tuple[Path, int]:
+    """Load ``checkpoint`` (or a run directory's newest intact one) into the actor engine it
+    records and write it to ``out_dir`` as a complete Hugging Face directory (weights, config
+    with ``architectures``, ``generation_config.json``, the tokenizer, a model card; a LoRA
+    run: the adapter directory) plus :data:`EXPORT_RECORD` with the exported step. Returns
+    ``(out_dir, step)``. See the module docstring for what is refused."""
     from geartrain.engine import Engine
     from geartrain.modeling import load_tokenizer
-    from geartrain.trainer.config import TrainConfig
     from geartrain.types import EngineContext
 
-    checkpoint, run = run_of(Path(checkpoint))
-    config = TrainConfig.model_validate(json.loads((run / "config.json").read_text(encoding="utf-8")))
-    policy = config.model
-    sft_dir = run / "sft_model"
-    if config.sft.enabled and (sft_dir / "config.json").is_file():  # RL started from the warm start
-        policy = ModelConfig(
-            path=str(sft_dir.resolve()), dtype=policy.dtype, attn_implementation=policy.attn_implementation
-        )
-    tokenizer = load_tokenizer(config.model)
-    engine = Engine(config.actor.engine, policy, EngineContext(role="actor", seed=config.trainer.seed))
+    checkpoint, run = run_of(Path(checkpoint), echo)
+    out = Path(out_dir)
+    stale = check_target(out, run, checkpoint, overwrite=overwrite)
+    built = what_built(checkpoint, run, trust_remote_code=trust_remote_code, echo=echo)
+    tokenizer = load_tokenizer(built["base"])
+    engine = Engine(built["engine"], built["policy"], EngineContext(role="actor", seed=0))
     extra = engine.load_checkpoint(checkpoint)
-    out = engine.export_hf(Path(out_dir), tokenizer)
+    step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
+    _remove(stale)  # only now: everything that could refuse has run
+    out = engine.export_hf(out, tokenizer)
     if (out / "adapter_config.json").is_file():
         finish_adapter_export(out)
     if (out / "config.json").is_file():  # a LoRA export is an adapter directory
-        step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
         card = ModelCard(
-            base_model=base_model_name(config.model),
-            algorithm=config.algorithm.name.upper(),
+            base_model=base_model_name(built["base"]),
+            algorithm=built["algorithm"].upper(),
             steps=step,
             source=str(checkpoint),
         )
         finish_hf_export(out, card, tokenizer)
-    return out
+    write_export_record(out, step, checkpoint)
+    return out, step

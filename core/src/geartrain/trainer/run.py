@@ -34,6 +34,7 @@ from geartrain.trainer.completions import CompletionsLogger
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
+from geartrain.trainer.export import write_export_record
 from geartrain.trainer.generation import stop_rules
 from geartrain.trainer.interrupt import (
     EXIT_INTERRUPTED,
@@ -444,6 +445,11 @@ class Job:
             "kl_coef": trainer.kl_ctrl.value if trainer.kl_ctrl is not None else None,
             "python_random": random.getstate(),
             "sft_model": self._sft_fingerprint(),
+            # read by `geartrain export` from the checkpoint's engine.json, not from config.json
+            "record": {
+                "base_model": self.config.model.model_dump(mode="json"),
+                "algorithm": self.config.algorithm.name,
+            },
         }
         if roles.critic is not None:
             roles.critic.call("save_checkpoint", str(self.ckpt_root / "critic"), step, {"step": step}, keep)
@@ -645,6 +651,7 @@ class Job:
                     base_model=base_model_name(cfg.model), algorithm=self.algo_label, steps=total, metrics=final
                 )
                 finish_hf_export(path, card, tokenizer)
+            write_export_record(path, total, self.out)
             self.echo(f"exported the policy to {path}")
         if cfg.trainer.plot:
             png = plot_curves(

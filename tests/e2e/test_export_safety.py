@@ -1,0 +1,201 @@
+"""``geartrain export`` runs no code from a run directory and destroys nothing (issue 35,
+items 1, 4, 5 and 11): it builds from what the checkpoint records (its ``engine.json``),
+refuses ``trust_remote_code`` from a run unless told on the command line, refuses a
+non-empty target unless ``--overwrite`` (then removes only its own files), never writes
+into a run or checkpoint directory, says when it falls back from a damaged newest
+checkpoint and records the step it exported; a file or read-only target is one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from e2e_helpers import MAIN_CONFIG, run_geartrain
+from geartrain.cli import main
+from geartrain.manifest import write_manifest
+
+RUN = [
+    "sft.enabled=false",
+    "trainer.progress=false",
+    "trainer.plot=false",
+    "trainer.tensorboard=false",
+    "trainer.export_hf=false",
+    "trainer.total_steps=2",
+    "trainer.save_every=1",
+    "validation.every_n_steps=0",
+    "validation.max_prompts=8",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("export-safety") / "run"
+    proc = run_geartrain("train", str(MAIN_CONFIG), *RUN, f"trainer.output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture
+def run(trained: Path, tmp_path: Path) -> Path:
+    """A copy of the trained run, for a test to tamper with."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    return copy
+
+
+@pytest.fixture
+def geartrain(capsys: pytest.CaptureFixture[str]):  # noqa: ANN201
+    """``geartrain ARGS`` through the CLI's entry point, in this process: (rc, stdout, stderr)."""
+
+    def call(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        rc = main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["geartrain", *args], rc, out.out, out.err)
+
+    return call
+
+
+def _step(run: Path, n: int) -> Path:
+    return run / "checkpoints" / "actor" / f"step_{n:08d}"
+
+
+def _evil_model(tmp_path: Path) -> tuple[Path, Path]:
+    """A model directory whose config names a Python file (``auto_map``) that leaves a marker
+    when it runs."""
+    evil, marker = tmp_path / "evil", tmp_path / "code-ran"
+    evil.mkdir()
+    (evil / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {"AutoConfig": "evil.Cfg"}}))
+    (evil / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nclass Cfg: pass\n")
+    return evil, marker
+
+
+def _point_config_at(run: Path, model: Path) -> None:
+    config = json.loads((run / "config.json").read_text())
+    config["model"] = {"path": str(model), "trust_remote_code": True}
+    (run / "config.json").write_text(json.dumps(config))
+
+
+def _one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    return done.stderr
+
+
+def test_export_builds_from_the_checkpoint_not_from_the_runs_config(
+    run: Path, tmp_path: Path, geartrain, trained: Path
+) -> None:  # noqa: ANN001
+    from safetensors.torch import load_file
+
+    evil, marker = _evil_model(tmp_path)
+    _point_config_at(run, evil)
+    done = geartrain("export", str(run), str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists()
+    assert done.stdout.strip().endswith(f"exported step 2 of {run} to {tmp_path / 'out'}")
+    # the weights are the checkpoint's: a second export of the untouched run gives the same tensors
+    assert geartrain("export", str(trained), str(tmp_path / "clean")).returncode == 0
+    a, b = (
+        load_file(str(tmp_path / "out" / "model.safetensors")),
+        load_file(str(tmp_path / "clean" / "model.safetensors")),
+    )
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_old_checkpoint_without_a_record_takes_no_trust_remote_code_from_the_run(
+    run: Path, tmp_path: Path, geartrain
+) -> None:  # noqa: ANN001
+    evil, marker = _evil_model(tmp_path)
+    _point_config_at(run, evil)
+    for step in (run / "checkpoints" / "actor").glob("step_*"):  # as an older geartrain saved them:
+        (step / "engine.json").unlink()  # no engine.json, and a manifest to match
+        (step / "COMPLETE").unlink()
+        write_manifest(step, exclude=frozenset({"COMPLETE"}))
+        (step / "COMPLETE").write_text("")
+    text = _one_line_error(geartrain("export", str(run), str(tmp_path / "out")))
+    assert f"the run sets model.trust_remote_code for {evil}: export runs no code from a run directory" in text
+    assert "--trust-remote-code" in text and not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_export_never_writes_into_a_run_or_a_checkpoint(run: Path, geartrain) -> None:  # noqa: ANN001
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for target in (run, _step(run, 2), _step(run, 1) / "sub", run / "checkpoints"):
+        text = _one_line_error(geartrain("export", str(_step(run, 2)), str(target), "--overwrite"))
+        assert "choose" in text, text
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_non_empty_target_needs_overwrite_which_removes_only_an_exports_files(
+    trained: Path, tmp_path: Path, geartrain
+) -> None:  # noqa: ANN001
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    text = _one_line_error(geartrain("export", str(trained), str(out)))
+    assert "is not empty (1 entries, e.g. notes.txt); nothing was written. Pass --overwrite" in text
+    text = _one_line_error(geartrain("export", str(trained), str(out), "--overwrite"))
+    assert "holds files no geartrain export wrote there (notes.txt)" in text
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    assert geartrain("export", str(_step(trained, 1)), str(out)).returncode == 0
+    # a file an earlier export wrote (here: a LoRA export's adapter) goes with --overwrite
+    (out / "adapter_config.json").write_text("{}")
+    record = json.loads((out / ".geartrain-export.json").read_text())
+    record["files"].append("adapter_config.json")
+    (out / ".geartrain-export.json").write_text(json.dumps(record))
+    assert geartrain("export", str(trained), str(out), "--overwrite").returncode == 0
+    assert not (out / "adapter_config.json").exists()
+    assert json.loads((out / ".geartrain-export.json").read_text())["step"] == 2
+
+
+def test_a_damaged_newest_checkpoint_is_said_and_the_exported_step_recorded(
+    run: Path, tmp_path: Path, geartrain
+) -> None:  # noqa: ANN001
+    victim = max(
+        (p for p in _step(run, 2).rglob("*") if p.is_file() and p.suffix == ".distcp"), key=lambda p: p.stat().st_size
+    )
+    victim.write_bytes(b"\0" * victim.stat().st_size)
+    done = geartrain("export", str(run), str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert f"checkpoint {_step(run, 2)} is damaged: " in done.stdout
+    assert "falling back to the previous checkpoint" in done.stdout
+    assert f"exported step 1 of {run}" in done.stdout
+    assert json.loads((tmp_path / "out" / ".geartrain-export.json").read_text())["step"] == 1
+    assert "- steps: 1" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_file_or_read_only_target_is_one_line(trained: Path, tmp_path: Path, geartrain) -> None:  # noqa: ANN001
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    assert "is a file, not a directory" in _one_line_error(geartrain("export", str(trained), str(target)))
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"], check=False).returncode:
+        return  # no user namespaces here: the read-only case needs a mount
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    import sys
+
+    script = f'mount --bind "{ro}" "{ro}" && mount -o remount,ro,bind "{ro}" "{ro}" && exec "$@"'
+    done = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            sys.executable,
+            "-m",
+            "geartrain.cli",
+            "export",
+            str(trained),
+            str(ro / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "is on a read-only file system" in _one_line_error(done)
