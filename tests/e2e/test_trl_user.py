@@ -178,3 +178,81 @@ def test_sft_stop_at_accuracy_reads_the_declared_accuracy(tmp_path: Path) -> Non
     out = tmp_path / "b" / "run"
     assert [m["sft/dev_accuracy"] for m in _steps(out, "sft") if "sft/dev_accuracy" in m] == [0.0, 0.0, 0.0]
     assert all(m["reward/accuracy"] == 0.0 for m in _steps(out))
+
+
+class Recorder:
+    """Every event it gets, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
+        self.events.append(("step", step, metrics["reward/mean"]))
+
+    def on_evaluate(self, step: int, metrics: dict[str, float]) -> None:
+        self.events.append(("evaluate", step, metrics["val/accuracy"]))
+
+    def on_save(self, step: int, path: Path) -> None:
+        self.events.append(("save", step, path.name == f"step_{step:08d}" and (path / "dcp").is_dir()))
+
+    def on_train_end(self, steps: int, metrics: dict[str, Any]) -> None:
+        self.events.append(("end", steps, metrics["accuracy_after"]))
+
+
+CALLBACK_FILE = """
+import json, os
+
+class Lines:
+    def on_step_end(self, step, metrics):
+        with open(os.environ["CALLBACK_OUT"], "a") as f:
+            f.write(json.dumps({"step": step, "loss": metrics["actor/pg_loss"]}) + "\\n")
+"""
+
+
+def test_callbacks_from_python_and_from_the_job_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 5: a callback gets each step's metrics, each validation, each saved checkpoint
+    and the end, as the run logged them; one named in the job file runs too; a callback
+    that fails ends the run with one line naming it."""
+    (tmp_path / "cb.py").write_text(CALLBACK_FILE)
+    monkeypatch.setenv("CALLBACK_OUT", str(tmp_path / "lines.jsonl"))
+    recorder = Recorder()
+    config = _config(
+        tmp_path,
+        "trainer.total_steps=3",
+        "trainer.save_every=2",
+        "validation.every_n_steps=2",
+        f"trainer.callbacks=['{tmp_path / 'cb.py'}:Lines']",
+    )
+    result = run_job(config, callbacks=[recorder])
+    metrics = {m["step"]: m for m in _rows(tmp_path / "run" / "metrics.jsonl")}
+    assert recorder.events == [
+        ("evaluate", 0, metrics[0]["val/accuracy"]),
+        ("save", 0, True),
+        ("step", 1, metrics[1]["reward/mean"]),
+        ("evaluate", 2, metrics[2]["val/accuracy"]),
+        ("step", 2, metrics[2]["reward/mean"]),
+        ("save", 2, True),
+        ("evaluate", 3, metrics[3]["val/accuracy"]),
+        ("step", 3, metrics[3]["reward/mean"]),
+        ("save", 3, True),
+        ("end", 3, result.accuracy_after),
+    ]
+    lines = _rows(tmp_path / "lines.jsonl")
+    assert [(r["step"], r["loss"]) for r in lines] == [(s, metrics[s]["actor/pg_loss"]) for s in (1, 2, 3)]
+
+
+class Failing:
+    def on_step_end(self, step: int, metrics: dict[str, float]) -> None:
+        raise RuntimeError("disk quota")
+
+
+def test_a_failing_callback_is_one_line_and_a_bad_one_is_refused_before_training(tmp_path: Path) -> None:
+    """Item 5: a callback's error names the callback and the event; a callback spec that
+    cannot be loaded is a config problem before anything is trained."""
+    from geartrain.errors import GeartrainError
+
+    with pytest.raises(GeartrainError, match=r"^callback Failing.on_step_end failed: RuntimeError: disk quota$"):
+        run_job(_config(tmp_path / "a"), callbacks=[Failing()])
+    with pytest.raises(ConfigError, match=r"trainer.callbacks: .*has none of the callback methods"):
+        run_job(_config(tmp_path / "b"), callbacks=[object()])
+    assert not (tmp_path / "b" / "run").exists()

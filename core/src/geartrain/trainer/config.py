@@ -443,6 +443,11 @@ class TrainerConfig(Section):
     """MLflow tracking server or store; default: ``<output_dir>/mlruns`` (local, no network)."""
     plot: bool = True
     """Write the PNG of curves at the end."""
+    callbacks: list[str] = Field(default_factory=list)
+    """Code run after each step, validation and checkpoint and at the end (TRL's
+    ``TrainerCallback``): ``file.py:Name`` (relative to the job file) or
+    ``package.module:Name``, a class built with no arguments or an object
+    (:mod:`geartrain.trainer.callbacks`)."""
     log_completions: int = Field(0, ge=0)
     """Write this many sampled episodes of every step (prompt, response, reward, each reward
     function's value, advantage), and every greedy validation output, to

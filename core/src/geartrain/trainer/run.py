@@ -18,18 +18,19 @@ from typing import Any
 
 import torch
 
-from geartrain.checkpoint import CheckpointManager
+from geartrain.checkpoint import CheckpointManager, step_dir_name
 from geartrain.cluster import Dispatch, InlineWorkerGroup, Placement, WorkerGroup, make_placement
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
 from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
-from geartrain.errors import CheckpointError, GeartrainError, NonFiniteError
+from geartrain.errors import CheckpointError, ConfigError, GeartrainError, NonFiniteError
 from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.rewards import RewardResult
 from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.accuracy import Accuracy, accuracy_of
+from geartrain.trainer.callbacks import Callbacks, load_callbacks
 from geartrain.trainer.completions import CompletionsLogger
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
@@ -165,6 +166,7 @@ class Job:
         overwrite: bool = False,
         reward_fn: Callable[..., Any] | Sequence[Any] | None = None,
         reward_weights: Sequence[float] | None = None,
+        callbacks: Sequence[Any] = (),
         echo: Callable[[str], None] = print,
         data: DataSource | None = None,
         validation_data: DataSource | None = None,
@@ -174,6 +176,8 @@ class Job:
         self.rundir = RunDirectory(Path(config.trainer.output_dir), resume=resume, overwrite=overwrite)
         self.reward_fn = reward_fn
         self.reward_weights = reward_weights
+        self.extra_callbacks = list(callbacks)
+        self.callbacks = Callbacks([])
         self.data, self.validation_data = data, validation_data
         self.echo = echo
         self.out = Path(config.trainer.output_dir)
@@ -455,6 +459,7 @@ class Job:
             roles.critic.call("save_checkpoint", str(self.ckpt_root / "critic"), step, {"step": step}, keep)
         roles.actor.call("save_checkpoint", str(self.ckpt_root / "actor"), step, extra, keep)
         self.position.checkpoint = step  # only once the save returned: it is complete on disk
+        self.callbacks("on_save", step, self.ckpt_root / "actor" / step_dir_name(step))
 
     def _sft_fingerprint(self) -> str | None:
         """SHA-256 of the SFT warm start's manifest (``None``: the run has none). Saved with
@@ -523,6 +528,10 @@ class Job:
         )
         for note in pre.notes:
             self.echo(f"note: {note}")
+        try:
+            self.callbacks = Callbacks(load_callbacks([*cfg.trainer.callbacks, *self.extra_callbacks], cfg.base_dir))
+        except GeartrainError as exc:
+            raise ConfigError([("trainer.callbacks", str(exc))]) from None
         self.reward_fn = pre.reward
         tokenizer = pre.tokenizer
         latest = self._latest_checkpoint()
@@ -587,6 +596,8 @@ class Job:
             if completions is not None and val0:
                 completions.validation(0, trainer.last_validation)
             accuracy_before = val0.get("val/accuracy")
+            if val0:
+                self.callbacks("on_evaluate", 0, dict(val0))
             log(
                 {
                     "phase": "rl",
@@ -615,7 +626,10 @@ class Job:
                 if completions is not None and val_metrics:
                     completions.validation(step, trainer.last_validation)
                 accuracy_after = metrics.get("val/accuracy", accuracy_after)
+                if val_metrics:
+                    self.callbacks("on_evaluate", step, dict(val_metrics))
             log({"phase": "rl", "step": step, **metrics})
+            self.callbacks("on_step_end", step, dict(metrics))
             try:
                 watchdog.observe(step, metrics)  # after logging, so the step that stops the run is on record
             except TrainingStalledError:
@@ -667,6 +681,8 @@ class Job:
             self.echo(f"accuracy before {self.algo_label}: {100 * accuracy_before:.1f}%")
         if accuracy_after is not None:
             self.echo(f"accuracy after {self.algo_label}: {100 * accuracy_after:.1f}%")
+        end = {"accuracy_before": accuracy_before, "accuracy_after": accuracy_after, "output_dir": str(self.out)}
+        self.callbacks("on_train_end", total, end)
         return JobResult(
             accuracy_before=accuracy_before,
             accuracy_after=accuracy_after,
@@ -685,6 +701,7 @@ def run_job(
     reward_weights: Sequence[float] | None = None,
     data: DataSource | None = None,
     validation_data: DataSource | None = None,
+    callbacks: Sequence[Any] = (),
 ) -> JobResult:
     """Run ``config`` end to end. An ``output_dir`` that holds a run is refused unless
     ``resume`` (continue from its newest intact checkpoint under
@@ -693,7 +710,9 @@ def run_job(
     overrides ``reward.function`` / ``[[reward.functions]]`` (per-sample or batched:
     docs/rewards.md): one function, or a list of them (TRL's ``reward_funcs``), each
     weighted by ``reward_weights`` (TRL's; default 1 each) and logged as
-    ``reward/<function name>/mean``; ``data`` and
+    ``reward/<function name>/mean``; ``callbacks`` (objects with some of
+    :class:`~geartrain.trainer.callbacks.Callback`'s methods) run after those of
+    ``trainer.callbacks``; ``data`` and
     ``validation_data`` (a ``datasets.Dataset``, a list of dicts or a path) replace
     ``data.path`` and ``validation.path``."""
     return Job(
@@ -704,6 +723,7 @@ def run_job(
         reward_weights=reward_weights,
         data=data,
         validation_data=validation_data,
+        callbacks=callbacks,
     ).run()
 
 
