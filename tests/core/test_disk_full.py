@@ -93,3 +93,77 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path: Path) -> None:
 
     with pytest.raises(PermissionError):
         CheckpointManager(tmp_path / "ckpt").save(0, denied)
+
+
+# ----------------------------------------------------------------------------- issue 35, item 6
+
+
+def _dcp_writer(mib: int):  # noqa: ANN202
+    """A save through torch.distributed.checkpoint, which wraps a rank's write error in its
+    CheckpointException, a BaseException."""
+    import torch.distributed.checkpoint as dcp
+
+    return lambda d: dcp.save({"w": torch.ones(mib << 18)}, checkpoint_id=str(d / "model"), no_dist=True)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_full_disk_under_dcp_is_one_line_and_the_partial_save_goes(small_disk: Path) -> None:
+    mgr = CheckpointManager(small_disk / "ckpt", keep_last=2)
+    mgr.save(1, _dcp_writer(1))
+    before = _tree(small_disk / "ckpt")
+    with pytest.raises(DiskFullError) as err:
+        mgr.save(2, _dcp_writer(8))
+    assert str(err.value).startswith(f"no space left on tmpfs (mounted at {small_disk}) while saving step 2; ")
+    assert _tree(small_disk / "ckpt") == before
+    assert sorted(p.name for p in (small_disk / "ckpt").iterdir()) == ["step_00000001"]  # no .partial-step_2
+
+
+def _checkpoint_exception(inner: BaseException) -> BaseException:
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException("write", {0: (inner, traceback.StackSummary())})
+
+
+def test_an_injected_dcp_enospc_is_one_line(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "ckpt")
+
+    def full(d: Path) -> None:
+        (d / "half").write_bytes(b"x" * 100)
+        raise _checkpoint_exception(OSError(errno.ENOSPC, "No space left on device", str(d / "x.distcp")))
+
+    with pytest.raises(DiskFullError, match="while saving step 0; no checkpoint was completed"):
+        mgr.save(0, full)
+    assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit], ids=["ctrl-c", "exit"])
+@pytest.mark.parametrize("wrapped", [False, True], ids=["raw", "dcp-wrapped"])
+def test_ctrl_c_or_exit_during_a_save_on_a_full_disk_goes_on_as_it_is(tmp_path: Path, stop, wrapped: bool) -> None:  # noqa: ANN001
+    def interrupted(d: Path) -> None:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(d))
+        except OSError:
+            raise (_checkpoint_exception(stop()) if wrapped else stop()) from None
+
+    with pytest.raises(BaseException) as err:
+        CheckpointManager(tmp_path / "ckpt").save(0, interrupted)
+    assert not isinstance(err.value, DiskFullError)
+    assert isinstance(err.value, stop) or type(err.value).__name__ == "CheckpointException"
+
+
+def test_a_full_disk_during_the_hf_export_is_one_line_and_removes_the_partial_export(small_disk: Path) -> None:
+    from geartrain.checkpoint import export_disk_full
+    from geartrain.export import write_safetensors
+
+    out = small_disk / "hf"
+    with pytest.raises(BaseException) as err:  # safetensors' own error: "No space left on device (os error 28)"
+        write_safetensors(out, [("w", torch.ones(8 << 18))])
+    full = export_disk_full(err.value, out, "run")
+    assert full is not None and str(full) == (
+        f"no space left on tmpfs (mounted at {small_disk}) while exporting the model to {out} (the partial export "
+        f"was removed; the checkpoints are untouched); free space there, then: geartrain export run {out}"
+    )
+    assert not out.exists()
+    assert export_disk_full(PermissionError(errno.EACCES, "denied"), small_disk / "x", "run") is None

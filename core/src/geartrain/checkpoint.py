@@ -80,8 +80,8 @@ class CheckpointManager:
         full = False
         try:
             write(partial)
-        except Exception as exc:
-            if not disk_is_full(exc, self.root):
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            if not full_disk_error(exc, self.root):
                 raise
             full = True  # raised below, once the failed writer's frames (and open files) are gone
         if full:
@@ -95,8 +95,8 @@ class CheckpointManager:
                     json.dump({"step": step, "time": time.time()}, fh)
                     fh.flush()
                     os.fsync(fh.fileno())
-            except Exception as exc:
-                if not disk_is_full(exc, self.root):
+            except BaseException as exc:
+                if not full_disk_error(exc, self.root):
                     raise
                 full = True
             if full:
@@ -229,6 +229,31 @@ def disk_is_full(exc: BaseException, where: str | Path) -> bool:
     except OSError:
         return False
     return stat.f_bavail * stat.f_frsize < _FULL_BELOW
+
+
+def full_disk_error(exc: BaseException, where: str | Path) -> bool:
+    """Whether ``exc``, raised by a write under ``where``, is to be reported as a full disk:
+    any form of it (an ``OSError``, a writer's own message, DCP's ``CheckpointException`` --
+    a ``BaseException`` -- wrapping it), but never Ctrl-C or an exit (``KeyboardInterrupt``,
+    ``SystemExit``, also as DCP wraps them), which go on as they are."""
+    if any(isinstance(e, KeyboardInterrupt | SystemExit) for e in exception_chain(exc)):
+        return False
+    if not isinstance(exc, Exception) and type(exc).__name__ != "CheckpointException":
+        return False  # GeneratorExit and the like
+    return disk_is_full(exc, where)
+
+
+def export_disk_full(exc: BaseException, path: Path, source: str | Path) -> DiskFullError | None:
+    """The one-line :class:`DiskFullError` for an export of ``source`` (a checkpoint or a
+    run) into ``path`` that failed because the disk is full (``None``: it failed otherwise);
+    the partial export is removed first."""
+    if not full_disk_error(exc, path.parent if not path.exists() else path):
+        return None
+    shutil.rmtree(path, ignore_errors=True)
+    return DiskFullError(
+        f"no space left on {device_of(path.parent)} while exporting the model to {path} (the partial export was "
+        f"removed; the checkpoints are untouched); free space there, then: geartrain export {source} {path}"
+    )
 
 
 def device_of(path: str | Path) -> str:

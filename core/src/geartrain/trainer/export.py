@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from geartrain.checkpoint import CheckpointManager
+from geartrain.checkpoint import CheckpointManager, export_disk_full
 from geartrain.config import EngineConfig, ModelConfig
 from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
@@ -186,6 +186,21 @@ def what_built(checkpoint: Path, run: Path, *, trust_remote_code: bool, echo: Ca
     return {"engine": engine, "policy": policy, "base": base, "algorithm": algorithm}
 
 
+def _write(engine: Any, out: Path, tokenizer: Any, built: dict[str, Any], step: int, checkpoint: Path) -> None:
+    engine.export_hf(out, tokenizer)
+    if (out / "adapter_config.json").is_file():
+        finish_adapter_export(out)
+    if (out / "config.json").is_file():  # a LoRA export is an adapter directory
+        card = ModelCard(
+            base_model=base_model_name(built["base"]),
+            algorithm=built["algorithm"].upper(),
+            steps=step,
+            source=str(checkpoint),
+        )
+        finish_hf_export(out, card, tokenizer)
+    write_export_record(out, step, checkpoint)
+
+
 def export_checkpoint(
     checkpoint: str | Path,
     out_dir: str | Path,
@@ -212,16 +227,11 @@ def export_checkpoint(
     extra = engine.load_checkpoint(checkpoint)
     step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
     _remove(stale)  # only now: everything that could refuse has run
-    out = engine.export_hf(out, tokenizer)
-    if (out / "adapter_config.json").is_file():
-        finish_adapter_export(out)
-    if (out / "config.json").is_file():  # a LoRA export is an adapter directory
-        card = ModelCard(
-            base_model=base_model_name(built["base"]),
-            algorithm=built["algorithm"].upper(),
-            steps=step,
-            source=str(checkpoint),
-        )
-        finish_hf_export(out, card, tokenizer)
-    write_export_record(out, step, checkpoint)
+    try:
+        _write(engine, out, tokenizer, built, step, checkpoint)
+    except BaseException as exc:  # a full disk (any form of it) is one line, the partial export removed
+        full = export_disk_full(exc, out, checkpoint)
+        if full is None:
+            raise
+        raise full from None
     return out, step

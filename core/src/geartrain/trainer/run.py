@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from geartrain.checkpoint import CheckpointManager, step_dir_name
+from geartrain.checkpoint import CheckpointManager, export_disk_full, step_dir_name
 from geartrain.cluster import Dispatch, InlineWorkerGroup, Placement, WorkerGroup, make_placement
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
@@ -461,6 +461,20 @@ class Job:
         self.position.checkpoint = step  # only once the save returned: it is complete on disk
         self.callbacks("on_save", step, self.ckpt_root / "actor" / step_dir_name(step))
 
+    def _export(self, roles: RLRoles, tokenizer: Any, total: int, last_validation: dict[str, Any]) -> Path:
+        """The final policy as ``<output_dir>/hf`` (a LoRA run: its adapter directory)."""
+        path = Path(roles.actor.call("export_hf", str(self.out / "hf"), tokenizer))
+        if (path / "adapter_config.json").is_file():
+            finish_adapter_export(path)
+        if (path / "config.json").is_file():  # a LoRA export is an adapter directory
+            final = {k: v for k, v in last_validation.items() if k.startswith("val/")}
+            card = ModelCard(
+                base_model=base_model_name(self.config.model), algorithm=self.algo_label, steps=total, metrics=final
+            )
+            finish_hf_export(path, card, tokenizer)
+        write_export_record(path, total, self.out)
+        return path
+
     def _sft_fingerprint(self) -> str | None:
         """SHA-256 of the SFT warm start's manifest (``None``: the run has none). Saved with
         every checkpoint, so a resume notices a warm start swapped for another run's."""
@@ -656,16 +670,13 @@ class Job:
             completions.close()
         sinks.close()
         if cfg.trainer.export_hf:
-            path = Path(roles.actor.call("export_hf", str(self.out / "hf"), tokenizer))
-            if (path / "adapter_config.json").is_file():
-                finish_adapter_export(path)
-            if (path / "config.json").is_file():  # a LoRA export is an adapter directory
-                final = {k: v for k, v in last_validation.items() if k.startswith("val/")}
-                card = ModelCard(
-                    base_model=base_model_name(cfg.model), algorithm=self.algo_label, steps=total, metrics=final
-                )
-                finish_hf_export(path, card, tokenizer)
-            write_export_record(path, total, self.out)
+            try:
+                path = self._export(roles, tokenizer, total, last_validation)
+            except BaseException as exc:  # a full disk (any form of it) is one line; the checkpoints stay
+                full = export_disk_full(exc, self.out / "hf", self.out)
+                if full is None:
+                    raise
+                raise full from None
             self.echo(f"exported the policy to {path}")
         if cfg.trainer.plot:
             png = plot_curves(
