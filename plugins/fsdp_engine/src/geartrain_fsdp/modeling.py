@@ -16,11 +16,24 @@ class TokenOutputs(nn.Module):
     of that distribution for a causal LM; the per-token value for a value model. The logits
     over the vocabulary are only ever computed in chunks of ``chunk_tokens``."""
 
-    def __init__(self, hf: nn.Module, *, value_head: bool, chunk_tokens: int) -> None:
+    def __init__(
+        self,
+        hf: nn.Module,
+        *,
+        value_head: bool,
+        chunk_tokens: int,
+        fused_head: bool = True,
+        compile_backend: str | None = None,
+    ) -> None:
+        """``fused_head`` / ``compile_backend``: how
+        :func:`~geartrain_fsdp.logprobs.token_log_probs` computes the head (its ``fused``
+        and ``backend``)."""
         super().__init__()
         self.hf = hf
         self.value_head = value_head
         self.chunk_tokens = chunk_tokens
+        self.fused_head = fused_head
+        self.compile_backend = compile_backend
 
     def forward(
         self,
@@ -52,6 +65,8 @@ class TokenOutputs(nn.Module):
             chunk_tokens=self.chunk_tokens,
             need_entropy=need_entropy,
             need_sum_pi_squared=need_sum_pi_squared,
+            fused=self.fused_head,
+            backend=self.compile_backend,
         )
         # clones: FSDP hooks its pre-backward on the outputs, which must not be views
         return {key: value.view(targets.shape).clone() for key, value in flat.items()}

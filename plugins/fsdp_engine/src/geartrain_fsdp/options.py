@@ -28,6 +28,11 @@ class FSDPOptions(BaseModel):
     logits_chunk_tokens: int = Field(1024, ge=1)
     """Tokens per chunk of the vocabulary projection: log-probs and entropy never
     materialise more than ``chunk x vocab`` logits (recomputed in backward)."""
+    fused_log_probs: bool = True
+    """Train through the log-prob / entropy head with its own closed-form backward
+    (:class:`geartrain_fsdp.logprobs.LinearLogProbs`: each chunk's logits recomputed once,
+    one ``chunk x vocab`` fp32 buffer at a time) instead of autograd through checkpointed
+    chunks. With ``compile`` its per-chunk functions are compiled too."""
     meta_init: bool = False
     """Build the model on the meta device on ranks > 0 and broadcast rank 0's weights
     while sharding (large models: one full copy in host memory instead of one per rank)."""

@@ -105,7 +105,13 @@ def shard_model(
     if config.gradient_checkpointing:
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     hf.train()
-    module = TokenOutputs(hf, value_head=value_head, chunk_tokens=options.logits_chunk_tokens)
+    module = TokenOutputs(
+        hf,
+        value_head=value_head,
+        chunk_tokens=options.logits_chunk_tokens,
+        fused_head=options.fused_log_probs,
+        compile_backend=options.compile_backend if options.compile else None,
+    )
 
     if meshes.distributed:
         broadcast = options.meta_init or _any_rank_on_meta(module, meshes)
