@@ -256,3 +256,27 @@ def test_a_failing_callback_is_one_line_and_a_bad_one_is_refused_before_training
     with pytest.raises(ConfigError, match=r"trainer.callbacks: .*has none of the callback methods"):
         run_job(_config(tmp_path / "b"), callbacks=[object()])
     assert not (tmp_path / "b" / "run").exists()
+
+
+def test_a_table_of_a_few_completions_is_printed_each_step(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Item 8: ``trainer.print_completions = N`` prints N of each step's samples as a table
+    (TRL's completions table): the same samples, rewards and advantages as completions.jsonl."""
+    config = _config(tmp_path, "trainer.print_completions=2", "trainer.log_completions=2")
+    run_job(config, reward_fn=[exact, brevity], reward_weights=[1.0, 0.1])
+    out = capsys.readouterr().out.splitlines()
+    heads = [i for i, line in enumerate(out) if line.startswith("step") and "| completion" in line]
+    assert len(heads) == 2, out
+    head = [c.strip() for c in out[heads[0]].split(" | ")]
+    assert head == ["step", "prompt", "completion", "reward", "brevity", "exact", "advantage"]
+    assert all(len(line) <= 100 for line in out[heads[0] : heads[0] + 4])
+    records = [r for r in _rows(tmp_path / "run" / "completions.jsonl") if r["kind"] == "train"]
+    rows = [[c.strip() for c in line.split(" | ")] for h in heads for line in out[h + 2 : h + 4]]
+    assert len(rows) == len(records) == 4
+    for row, r in zip(rows, records, strict=True):
+        assert row[0] == str(r["step"]) and r["prompt"].startswith(row[1].rstrip("…"))
+        assert row[3:] == [
+            f"{r['reward']:.3g}",
+            f"{r['rewards']['brevity']:.3g}",
+            f"{r['rewards']['exact']:.3g}",
+            f"{r['advantage']:.3g}",
+        ]

@@ -83,8 +83,7 @@ class CompletionsLogger:
 
     def train(self, step: int, batch: Batch) -> None:
         """``per_step`` of the step's samples, drawn with the step's own seed."""
-        n = len(batch)
-        picked = sorted(random.Random(self.seed * 1_000_003 + step).sample(range(n), min(self.per_step, n)))
+        picked = pick(len(batch), self.per_step, self.seed, step)
         self._write(episodes(batch, picked, step=step, kind="train"), step, "train")
 
     def validation(self, step: int, batch: Batch) -> None:
@@ -123,4 +122,42 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CompletionsLogger", "episodes", "markdown_table"]
+def pick(n: int, k: int, seed: int, step: int) -> list[int]:
+    """``k`` of a step's ``n`` samples, drawn with the step's own seed (the same on resume)."""
+    return sorted(random.Random(seed * 1_000_003 + step).sample(range(n), min(k, n)))
+
+
+def console_table(records: list[dict[str, Any]], width: int = 100) -> str:
+    """The records as a plain-text table for the console (TRL's completions table): step,
+    prompt and completion (shortened to fit ``width``, newlines as ``⏎``), reward, each
+    reward function's score (when there are several) and the advantage."""
+    terms = sorted({k for r in records for k in r["rewards"]})
+    terms = terms if len(terms) > 1 else []  # one function's score is the reward
+    numbers = ["reward", *terms, *(["advantage"] if any("advantage" in r for r in records) else [])]
+
+    def number(r: dict[str, Any], key: str) -> str:
+        value = r.get(key) if key in ("reward", "advantage") else r["rewards"].get(key)
+        return "" if value is None else f"{value:.3g}"
+
+    num_w = [max(len(k), 6) for k in numbers]
+    step_w = max(4, *(len(str(r["step"])) for r in records))
+    text_w = max(20, width - step_w - sum(w + 3 for w in num_w) - 7)
+    prompt_w = text_w * 2 // 5
+    response_w = text_w - prompt_w
+
+    def fit(text: str, w: int) -> str:
+        text = text.replace("\n", "⏎")
+        return (text if len(text) <= w else text[: w - 1] + "…").ljust(w)
+
+    head = [fit("step", step_w), fit("prompt", prompt_w), fit("completion", response_w)]
+    head += [k[:w].rjust(w) for k, w in zip(numbers, num_w, strict=True)]
+    rule = "-+-".join("-" * len(h) for h in head)
+    lines = [" | ".join(head), rule]
+    for r in records:
+        row = [str(r["step"]).rjust(step_w), fit(r["prompt"], prompt_w), fit(r["response"], response_w)]
+        row += [number(r, k).rjust(w) for k, w in zip(numbers, num_w, strict=True)]
+        lines.append(" | ".join(row))
+    return "\n".join(lines)
+
+
+__all__ = ["CompletionsLogger", "console_table", "episodes", "markdown_table", "pick"]

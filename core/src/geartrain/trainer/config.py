@@ -448,6 +448,10 @@ class TrainerConfig(Section):
     ``TrainerCallback``): ``file.py:Name`` (relative to the job file) or
     ``package.module:Name``, a class built with no arguments or an object
     (:mod:`geartrain.trainer.callbacks`)."""
+    print_completions: int = Field(0, ge=0)
+    """Print this many of each step's samples on the console as a table (TRL's
+    ``log_completions`` table): prompt, completion, reward, each reward function's score and
+    the advantage."""
     log_completions: int = Field(0, ge=0)
     """Write this many sampled episodes of every step (prompt, response, reward, each reward
     function's value, advantage), and every greedy validation output, to

@@ -125,6 +125,13 @@ class Progress:
             self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
             self.bar.update(1)
 
+    def write(self, text: str) -> None:
+        """Print ``text`` on stdout above the bar (through tqdm, which redraws the bar under it)."""
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stdout)
+        else:
+            print(text, flush=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

@@ -31,7 +31,7 @@ from geartrain.rewards import RewardResult
 from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.accuracy import Accuracy, accuracy_of
 from geartrain.trainer.callbacks import Callbacks, load_callbacks
-from geartrain.trainer.completions import CompletionsLogger
+from geartrain.trainer.completions import CompletionsLogger, console_table, episodes, pick
 from geartrain.trainer.config import TrainConfig, load_train_config
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
@@ -633,6 +633,9 @@ class Job:
             metrics = trainer.step(step)
             if completions is not None:
                 completions.train(step, trainer.last_batch)
+            if cfg.trainer.print_completions:  # TRL's console table of a few samples
+                picked = pick(len(trainer.last_batch), cfg.trainer.print_completions, cfg.trainer.seed, step)
+                progress.write(console_table(episodes(trainer.last_batch, picked, step=step, kind="train")))
             if _due(step, cfg.validation.every_n_steps, total):
                 val_metrics = trainer.validate()
                 last_validation = dict(val_metrics)
