@@ -53,6 +53,36 @@ CALL_TIMEOUTS = {"build": 600.0, "step": 1800.0, "checkpoint": 900.0}
 _CHECKPOINT_CALLS = frozenset({"save_checkpoint", "load_checkpoint", "export_hf"})
 
 
+#: What a rank does in each start-up call, for the messages (they are no user's method names)
+_START_UP = {
+    "where": "start-up (reporting its host)",
+    "rendezvous_address": "start-up (the rendezvous address)",
+    "init_distributed": "start-up (joining torch.distributed)",
+    "init_alone": "start-up (a replacement rank's process group)",
+}
+#: the setting of the start-up calls' deadline
+STARTUP_SETTING = "cluster.startup_timeout_s"
+
+
+def doing(method: str) -> str:
+    """``method`` as the messages name it: a start-up call by what it does."""
+    return _START_UP.get(method, method)
+
+
+def deadline_setting(method: str) -> str:
+    """The setting whose value is the deadline of a call of ``method``."""
+    return STARTUP_SETTING if method in _START_UP else f"cluster.call_timeout_s.{call_phase(method)}"
+
+
+def deadline_reason(limit: float, method: str) -> str:
+    """Why a rank that did not answer ``method`` within ``limit`` seconds, heartbeat going,
+    is reported: the deadline and the setting it comes from."""
+    return (
+        f"it did not answer within the {limit:g} s deadline of this phase ({deadline_setting(method)}) although "
+        "its heartbeat goes on (a deadlock, or the phase needs longer)"
+    )
+
+
 def call_phase(method: str) -> str:
     """The phase whose deadline a call of ``method`` gets."""
     if method == "build":
@@ -406,9 +436,7 @@ class RankPool:
                     waiting,
                     role,
                     method,
-                    f"it did not answer within the {limit:g} s deadline of this "
-                    f"phase (cluster.call_timeout_s.{call_phase(method)}) although its heartbeat goes on "
-                    "(a deadlock, or the phase needs longer)",
+                    deadline_reason(limit, method),
                 )
         return results
 
@@ -422,7 +450,7 @@ class RankPool:
     def _no_answer(self, ranks: list[int], role: str, method: str, why: str) -> None:
         """Raise the :class:`RankFailure` for ``ranks``, which did not answer ``method``."""
         parts = [
-            f"{self._who(r, role)} did not answer during {method}: {why}; last lines of its log "
+            f"{self._who(r, role)} did not answer during {doing(method)}: {why}; last lines of its log "
             f"{self.log_paths[r]}:\n{_tail(self.log_paths[r])}"
             for r in ranks
         ]
@@ -465,7 +493,7 @@ class RankPool:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, GeartrainError):
             # geartrain's own errors already say what is wrong and how to fix it: keep their type
-            cause.add_note(f"(raised by {who} during {method})")
+            cause.add_note(f"(raised by {who} during {doing(method)})")
             raise cause from None
         if isinstance(exc, ray.exceptions.RayActorError):
             what = "died (its process ended: killed, out of memory or crashed)"
@@ -473,7 +501,7 @@ class RankPool:
             lines = str(exc).strip().splitlines()
             what = "raised an error:\n" + "\n".join(f"  {line}" for line in lines[-12:])
         raise RankFailure(
-            f"{who} {what}\nduring {method}; last lines of its log {self.log_paths[rank]}:\n"
+            f"{who} {what}\nduring {doing(method)}; last lines of its log {self.log_paths[rank]}:\n"
             f"{_tail(self.log_paths[rank])}",
             role=role,
             rank=rank,

@@ -1,0 +1,38 @@
+"""Issue 35, item 12: a rank that does not finish start-up in time is reported with the
+setting that bounds start-up, ``cluster.startup_timeout_s`` (the message named
+``cluster.call_timeout_s.step`` and said "during where")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from geartrain.cluster.ray_placement import RankFailure, RankPool, deadline_reason, deadline_setting
+
+
+@pytest.mark.parametrize("method", ["where", "rendezvous_address", "init_distributed", "init_alone"])
+def test_a_start_up_call_past_its_deadline_names_startup_timeout_s(tmp_path: Path, method: str) -> None:
+    reason = deadline_reason(120.0, method)
+    assert reason.startswith("it did not answer within the 120 s deadline of this phase (cluster.startup_timeout_s)")
+    pool = RankPool.__new__(RankPool)  # the message alone: no Ray needed
+    pool.name, pool.size = "actor", 1
+    pool.where = [{"host": "node-a", "node_id": "0123456789abcdef", "pid": 7}]
+    pool.log_paths = [str(tmp_path / "actor-rank0.log")]
+    (tmp_path / "actor-rank0.log").write_text("loading\n")
+    with pytest.raises(RankFailure) as info:
+        pool._no_answer([0], "(start-up)", method, reason)
+    text = str(info.value)
+    assert " did not answer during start-up (" in text and f"during {method}:" not in text, text
+    assert "cluster.startup_timeout_s" in text and "call_timeout_s" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("method", "setting"),
+    [
+        ("step", "cluster.call_timeout_s.step"),
+        ("build", "cluster.call_timeout_s.build"),
+        ("save_checkpoint", "cluster.call_timeout_s.checkpoint"),
+    ],
+)
+def test_other_calls_name_their_phase(method: str, setting: str) -> None:
+    assert deadline_setting(method) == setting
