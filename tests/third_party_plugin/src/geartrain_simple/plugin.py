@@ -1,6 +1,7 @@
 """The ``simple`` engine: every engine hook, in plain PyTorch, on one process.
 
-No parallelism and no packing: micro-batches are padded rows grouped under a token budget.
+No parallelism and no packing: micro-batches are padded rows grouped under a token budget
+(``geartrain.micro_batches.plan_micro_batches``).
 It is small enough to read in one sitting, and it passes geartrain's engine conformance
 suite — the tutorial in docs/plugins.md builds it step by step.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 import geartrain
 import torch
+from geartrain.micro_batches import plan_micro_batches
 from geartrain.modeling import build_hf_model
 from geartrain.optim import build_optimizer, clipped_step
 from geartrain.weights import send_weights
@@ -70,19 +72,6 @@ def shard(
     return SimpleModel(module.train(), config, ctx, optimizer, scheduler, model_config.value_head)
 
 
-def _micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Consecutive rows whose real tokens fit ``budget`` (a longer row goes alone)."""
-    groups: list[list[int]] = [[]]
-    used = 0
-    for row, n in enumerate(lengths):
-        if groups[-1] and used + n > budget:
-            groups.append([])
-            used = 0
-        groups[-1].append(row)
-        used += n
-    return groups
-
-
 def _per_token(model: SimpleModel, micro: geartrain.Batch, need_entropy: bool) -> dict[str, torch.Tensor]:
     ids, mask = micro["input_ids"], micro["attention_mask"]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -116,7 +105,9 @@ def forward_backward(
     if loss_fn is not None and "loss_mask" not in batch:
         raise KeyError("a batch trained with a loss_fn needs 'loss_mask'")
     lengths = batch["attention_mask"].sum(-1).tolist()
-    groups = _micro_batches(lengths, model.config.max_tokens_per_micro_batch)
+    # rows grouped under the token budget, first-fit decreasing: a group's rows need not be
+    # consecutive (rows 0 and 3, then 1 and 2), so the outputs are put back in batch order below
+    groups = plan_micro_batches(lengths, model.config.max_tokens_per_micro_batch)
     ctx_counts = dict(
         global_tokens=int(batch["loss_mask"].sum()) if "loss_mask" in batch else 0,
         global_sequences=len(batch),
@@ -136,7 +127,8 @@ def forward_backward(
                 for k, v in loss_metrics.items():
                     metrics[k] = metrics.get(k, 0.0) + float(v)
         pieces.append({k: v.detach() for k, v in outputs.items()})
-    merged = {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
+    order = torch.tensor([row for rows in groups for row in rows]).argsort()  # piece order -> batch order
+    merged = {k: torch.cat([p[k] for p in pieces])[order] for k in pieces[0]}
     metrics.update(tokens=float(sum(lengths)), micro_batches=float(len(groups)))
     return geartrain.StepOutput(outputs=merged, metrics=metrics)
 
