@@ -26,7 +26,7 @@ from geartrain.types import (
 if TYPE_CHECKING:
     from geartrain.batch import Batch
     from geartrain.config import EngineConfig, ModelConfig
-    from geartrain.rollout import WeightReceiver
+    from geartrain.types import WeightReceiver
 
     from geartrain_megatron.engine import MegatronModel
     from geartrain_megatron.options import MegatronOptions

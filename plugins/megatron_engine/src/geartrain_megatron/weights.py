@@ -20,8 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from geartrain.export import write_safetensors
-from geartrain.rollout import WeightReceiver
-from geartrain.types import SyncStats
+from geartrain.types import SyncStats, WeightReceiver
 from geartrain.weights import BucketStats, drain, plan_buckets, stream_buckets
 
 from geartrain_megatron import parallel
