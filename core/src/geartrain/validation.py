@@ -71,6 +71,20 @@ def validate_backend_sections(config: BaseModel) -> list[tuple[str, str]]:
             problems.append((f"{path}.backend", str(exc)))
             continue
         problems += [(f"{path}.{p}", m) for p, m in capability_problems(section, set(info.capabilities))]
+        engine_needs = getattr(config, "engine_needs", None)
+        if kind == "engine" and callable(engine_needs):
+            for section_path, key, cap in engine_needs():
+                if section_path == path and cap not in info.capabilities:
+                    able = sorted(
+                        i.name for i in plugins.list_plugins() if i.kind == "engine" and cap in i.capabilities
+                    )
+                    problems.append(
+                        (
+                            key,
+                            f"needs the '{section.backend}' engine ({path}) to declare '{cap}', which it does not; "
+                            f"engines that do: {', '.join(able) or 'none installed'}",
+                        )
+                    )
         needs = getattr(config, "rollout_needs", None)
         if kind == "rollout" and callable(needs):
             for key, cap in needs():

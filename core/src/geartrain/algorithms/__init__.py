@@ -39,6 +39,7 @@ from geartrain.algorithms.losses import (
     value_loss,
 )
 from geartrain.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from geartrain.algorithms.otb import optimal_token_baseline, tir_optimal_token_baseline
 from geartrain.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLoss,
@@ -104,10 +105,12 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "mismatch_metrics",
+    "optimal_token_baseline",
     "ppo_clip_loss",
     "register_advantage",
     "register_policy_loss",
     "sequence_scores",
+    "tir_optimal_token_baseline",
     "truncated_is_weights",
     "masked_is_weights",
     "value_loss",

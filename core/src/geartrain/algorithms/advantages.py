@@ -25,7 +25,10 @@ An estimator that needs ``baselines`` (ReMax: the reward of a greedy response) s
 with a ``needs_baselines = True`` attribute; the trainer then generates and scores one
 greedy response per prompt and passes its reward. One that needs the reward's components
 (GDPO: one per reward term) declares ``needs_reward_components = True`` and receives them
-as ``components=`` ``[B, K]``.
+as ``components=`` ``[B, K]``. One that needs the policy's distribution at each token
+(the optimal token baseline) declares ``needs_sum_pi_squared = True`` and receives
+``old_log_probs``, ``sum_pi_squared`` (``Σ_v π(v)²`` per token, from the engine) and
+``is_weights`` (the rollout importance weights, or ``None``), all ``[B, T]``.
 
 Add your own with :func:`register_advantage`::
 
@@ -70,6 +73,10 @@ class AdvantageConfig:
     unbiased_var: bool = True
     """Whitening (GAE, REINFORCE++ and its baseline variant): the variance's ``N - 1``
     divisor (verl's default); ``False``: the biased ``/N`` variance."""
+    otb_handle_zero_tail: bool | None = None
+    """Optimal token baseline: no baseline past the second-longest response of a group for
+    its single longest one (:mod:`geartrain.algorithms.otb`); ``None``: verl's default,
+    off for ``optimal_token_baseline``, on for ``tir_optimal_token_baseline``."""
 
 
 class AdvantageEstimator(Protocol):
@@ -110,12 +117,19 @@ def compute_advantages(
     values: torch.Tensor | None = None,
     baselines: torch.Tensor | None = None,
     components: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Look up ``name`` and call it; ``config`` defaults to :class:`AdvantageConfig()`.
     ``components`` (``[B, K]``, the reward's components per sample) reach only estimators
-    that declare ``needs_reward_components``."""
-    extra = {"components": components} if components is not None else {}
-    return get_advantage(name)(
+    that declare ``needs_reward_components``; ``old_log_probs``, ``sum_pi_squared`` and
+    ``is_weights`` only those that declare ``needs_sum_pi_squared``."""
+    estimator = get_advantage(name)
+    extra: dict[str, torch.Tensor | None] = {"components": components} if components is not None else {}
+    if getattr(estimator, "needs_sum_pi_squared", False):
+        extra.update(old_log_probs=old_log_probs, sum_pi_squared=sum_pi_squared, is_weights=is_weights)
+    return estimator(
         token_rewards,
         mask,
         group_ids=group_ids,

@@ -177,6 +177,12 @@ class AlgorithmConfig(Section):
         "policy_loss = 'dro'.",
     )
     gpg_f_norm: float = Field(1.0, gt=0, description="GPG estimator: the advantage is divided by this (verl's f_norm).")
+    otb_handle_zero_tail: bool | None = Field(
+        None,
+        description="Optimal token baseline estimators: give the single longest response of a group no baseline "
+        "past the second-longest one; null: verl's default (off for optimal_token_baseline, on for "
+        "tir_optimal_token_baseline).",
+    )
     gdpo_reward_keys: list[str] | None = Field(
         None,
         description="GDPO estimator: the reward terms (reward.terms names) normalised one by one; null: every term.",
@@ -738,6 +744,15 @@ class TrainConfig(Section):
         if self.sampling.min_p > 0:
             needs.append(("sampling.min_p", "min_p"))
         return needs
+
+    def engine_needs(self) -> list[tuple[str, str, str]]:
+        """``(engine section, key, capability)`` for each setting of this job that the
+        section's engine must declare (checked with the backend sections)."""
+        from geartrain.algorithms import get_advantage
+
+        if getattr(get_advantage(self.algorithm.estimator), "needs_sum_pi_squared", False):
+            return [("actor.engine", "algorithm.advantage", "sum_pi_squared")]
+        return []
 
     def optimizer_steps(self) -> dict[str, tuple[OptimConfig, int, str]]:
         """Each trained optimizer's section (by path) with the number of optimizer steps the

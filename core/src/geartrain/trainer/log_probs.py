@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from geartrain.algorithms import get_advantage
 from geartrain.batch import Batch
 from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.trainer.config import TrainConfig
@@ -22,14 +23,23 @@ def reuses_update_log_probs(config: TrainConfig) -> bool:
     """Whether a step skips the separate old-log-prob forward: the batch gets exactly one
     optimizer step (one epoch, one mini-batch), so the old log-probs are the detached
     log-probs of the update's own forward; nothing before the update needs them (no KL
-    penalty in the reward); ``trainer.reuse_update_log_probs`` is on."""
+    penalty in the reward, no ``Σπ²`` for the advantages); ``trainer.reuse_update_log_probs``
+    is on."""
     algo = config.algorithm
     return (
         config.trainer.reuse_update_log_probs
         and algo.ppo_epochs == 1
         and algo.mini_batches == 1
         and not algo.use_kl_in_reward
+        and not needs_sum_pi_squared(config)
     )
+
+
+def needs_sum_pi_squared(config: TrainConfig) -> bool:
+    """Whether the job's advantage estimator reads the old policy's ``Σ_v π(v)²`` per token
+    (the optimal token baseline): the old log-prob forward then returns it too, and it
+    runs before the advantages (never reused from the update)."""
+    return bool(getattr(get_advantage(config.algorithm.estimator), "needs_sum_pi_squared", False))
 
 
 def forward(
@@ -39,16 +49,20 @@ def forward(
     reference: WorkerGroup | None,
     critic: WorkerGroup | None,
     reference_call: str = "compute_log_probs",
+    sum_pi_squared: bool = False,
 ) -> dict[str, Any]:
     """Add ``old_log_probs`` (from ``actor``; ``None``: the update gives them),
     ``ref_log_probs`` (``reference``'s ``reference_call`` method: ``compute_ref_log_probs``
     when the reference is the LoRA actor's base) and ``old_values`` to ``batch``, for the
-    roles given. Returns the metrics of the old log-probs
-    (:func:`~geartrain.trainer.step_metrics.policy_metrics`)."""
+    roles given; with ``sum_pi_squared``, also the old policy's ``sum_pi_squared``. Returns
+    the metrics of the old log-probs (:func:`~geartrain.trainer.step_metrics.policy_metrics`)."""
     entropy = None
     if actor is not None:
-        old = actor.call("compute_log_probs", batch, dispatch=Dispatch.DP)
+        extra = {"sum_pi_squared": True} if sum_pi_squared else {}
+        old = actor.call("compute_log_probs", batch, dispatch=Dispatch.DP, **extra)
         batch["old_log_probs"] = old.outputs["log_probs"]
+        if sum_pi_squared:
+            batch["sum_pi_squared"] = old.outputs["sum_pi_squared"]
         if "routed_experts" in old.outputs:  # MoE router replay: the update routes as this forward did
             batch["routed_experts"] = old.outputs["routed_experts"]
         entropy = old.outputs.get("entropy")

@@ -23,7 +23,9 @@ from geartrain.algorithms import (
     compute_advantages,
     get_advantage,
     make_kl_controller,
+    masked_is_weights,
     masked_mean,
+    truncated_is_weights,
 )
 from geartrain.algorithms.dapo import overlong_penalty
 from geartrain.batch import Batch
@@ -36,7 +38,7 @@ from geartrain.trainer.accuracy import accuracy_of
 from geartrain.trainer.config import TrainConfig
 from geartrain.trainer.episodes import EpisodeGeneration, log_sample
 from geartrain.trainer.generation import Generation
-from geartrain.trainer.log_probs import forward, reuses_update_log_probs, update_reusing
+from geartrain.trainer.log_probs import forward, needs_sum_pi_squared, reuses_update_log_probs, update_reusing
 from geartrain.trainer.loss_config import actor_loss_config
 from geartrain.trainer.roles import plan_mini_batches
 from geartrain.trainer.sampling import collect_informative
@@ -117,6 +119,8 @@ class RLTrainer:
         self.needs_baselines = bool(getattr(get_advantage(algo.estimator), "needs_baselines", False))
         # GDPO-style estimators normalise each reward term on its own
         self.needs_components = bool(getattr(get_advantage(algo.estimator), "needs_reward_components", False))
+        # the optimal token baseline reads the old policy's Σπ² (and old log-probs) per token
+        self.needs_sum_pi_squared = needs_sum_pi_squared(config)
 
     def loader_state(self) -> dict[str, Any]:
         """The data loader's position for a checkpoint (see :meth:`Generation.loader_state`)."""
@@ -232,6 +236,7 @@ class RLTrainer:
                     reference=self.roles.reference,
                     critic=self.roles.critic,
                     reference_call=self.roles.reference_call,
+                    sum_pi_squared=self.needs_sum_pi_squared,
                 )
             )
         metrics.update(self.advantages(batch))
@@ -273,16 +278,36 @@ class RLTrainer:
                 norm_by_std=algo.norm_by_std,
                 unbiased_var=algo.unbiased_var,
                 gpg_f_norm=algo.gpg_f_norm,
+                otb_handle_zero_tail=algo.otb_handle_zero_tail,
                 gdpo_weights=tuple(algo.gdpo_reward_weights) if algo.gdpo_reward_weights else None,
             ),
             group_ids=batch["uid"],
             values=batch.get("old_values"),
             baselines=torch.tensor(batch["reward_baseline"]) if self.needs_baselines else None,
             components=reward_components(batch, algo.gdpo_reward_keys) if self.needs_components else None,
+            **(self._policy_inputs(batch) if self.needs_sum_pi_squared else {}),
         )
         # 0: no learning signal (the watchdog stops the run)
         metrics["advantages/abs_mean"] = float(masked_mean(batch["advantages"].abs(), mask))
         return metrics
+
+    def _policy_inputs(self, batch: Batch) -> dict[str, torch.Tensor | None]:
+        """What the optimal token baseline reads: the old policy's log-probs and ``Σπ²``,
+        and the rollout importance weights the actor's loss applies (verl's
+        ``rollout_is_weights``: with ``tis_cap``, truncated or masked as the loss does)."""
+        loss = actor_loss_config(self.config)
+        weights = None
+        if loss.tis_cap is not None:
+            old, rollout, mask = batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+            if loss.is_correction == "mask":
+                weights = masked_is_weights(old, rollout, mask, low=loss.is_mask_low, high=loss.tis_cap)
+            else:
+                weights = truncated_is_weights(old, rollout, mask, cap=loss.tis_cap)
+        return {
+            "old_log_probs": batch["old_log_probs"],
+            "sum_pi_squared": batch["sum_pi_squared"],
+            "is_weights": weights,
+        }
 
     def update(self, batch: Batch, step: int, *, actor: bool, reuse: bool) -> dict[str, Any]:
         """The critic's update, then the actor's (when ``actor``; ``reuse``: one optimizer

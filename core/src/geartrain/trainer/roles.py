@@ -257,8 +257,9 @@ class ActorRolloutWorker:
         return {"timing/weight_snapshot_s": self._queue_weights()}
 
     # ------------------------------------------------------------------ training
-    def compute_log_probs(self, batch: Batch, entropy: bool = True) -> StepOutput:
-        return self.engine.compute_log_probs(batch, entropy=entropy)
+    def compute_log_probs(self, batch: Batch, entropy: bool = True, sum_pi_squared: bool = False) -> StepOutput:
+        """The old policy's per-token outputs (``sum_pi_squared``: also ``Σ_v π(v)²``)."""
+        return self.engine.compute_log_probs(batch, entropy=entropy, sum_pi_squared=sum_pi_squared)
 
     def compute_ref_log_probs(self, batch: Batch) -> StepOutput:
         """The reference policy's log-probs when the actor trains LoRA adapters: its base
