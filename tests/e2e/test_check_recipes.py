@@ -24,6 +24,7 @@ ARITHMETIC_RECIPES = {
     "reinforce_pp": "reinforce_plus_plus",
     "gspo": "grpo",
     "ppo": "gae",
+    "otb": "optimal_token_baseline",
 }
 
 
@@ -93,6 +94,13 @@ def test_packaged_recipes_validate(name: str) -> None:
     config = load_train_config(str(files("geartrain") / "recipes" / f"{name}.toml"), ["data.path=x.jsonl"])
     assert config.algorithm.name == name.split("_")[0]
     assert config.actor.engine.backend == "fsdp" and config.rollout.backend == "torch"
+
+
+def test_agent_otb_recipe_checks_with_the_multi_turn_estimator() -> None:
+    config = ROOT / "examples" / "calculator" / "tir_otb.toml"
+    proc = run_geartrain("check", "--overwrite", str(config), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok (grpo with actor engine 'fsdp' and rollout 'torch')" in proc.stdout
 
 
 def test_agent_job_config_checks_and_a_missing_environment_is_named(tmp_path) -> None:  # noqa: ANN001
