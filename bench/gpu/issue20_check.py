@@ -208,9 +208,9 @@ def update_mfu_variant(a: argparse.Namespace, model: str, micro_tokens: int, *, 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    options: dict[str, Any] = {"share_prompt_prefix": False}
+    options: dict[str, Any] = {"share_prompt_prefix": False, "compile": compiled}
     if compiled:
-        options.update(compile=True, compile_backend=a.compile_backend)
+        options.update(compile_backend=a.compile_backend)
     engine, _ = make_engine(a, model, micro_tokens, **options)
     record(f"{key}_build_s", round(time.perf_counter() - t0, 1))
     n_params = sum(p.numel() for p in engine.handle.hf.parameters())
@@ -247,7 +247,7 @@ def update_mfu_variant(a: argparse.Namespace, model: str, micro_tokens: int, *, 
             "mfu": round(flops / step / peak, 3) if peak == peak else None,
             "grad_norm": stats.get("grad_norm"),
             "attention_kernel": engine.handle.attention_kernel,
-            "compile": engine.handle.options.compile_backend if engine.handle.options.compile else "off",
+            "compile": engine.handle.options.compile_backend if compiled else "off",
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if a.device == "cuda" else None,
         },
     )
@@ -381,7 +381,7 @@ def grpo_geartrain(a: argparse.Namespace, response_tokens: int | None = None) ->
 
     tokens = response_tokens or a.response_tokens
     tag = "" if response_tokens is None else f"_{tokens}"
-    options = {"compile": True, "compile_backend": a.compile_backend} if a.grpo_compile == "on" else {}
+    options = {"compile": True, "compile_backend": a.compile_backend} if a.grpo_compile == "on" else {"compile": False}
     engine, mc = make_engine(a, "qwen2.5-0.5b", a.micro_tokens, **options)
     a_saved, a.response_tokens = a.response_tokens, tokens
     ro = make_rollout(a, mc, a.grpo_prompts * a.n, static=a.device == "cuda", graph=a.grpo_decode_graph)

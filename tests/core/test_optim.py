@@ -82,3 +82,23 @@ def test_a_decaying_schedule_without_total_steps_is_refused() -> None:
     object.__setattr__(cfg, "lr_schedule", "cosine")  # bypass the config check: the function checks too
     with pytest.raises(ValueError, match="total_steps"):
         lr_factor(0, cfg)
+
+
+def test_adamw_is_fused_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 item 6: every parameter on CUDA -> AdamW(fused=True); a CPU (or a mix, as
+    under CPU offload) keeps torch's default implementation."""
+    from geartrain.optim import fused_adamw
+
+    assert fused_adamw({"cuda"}) and not fused_adamw({"cpu"}) and not fused_adamw({"cuda", "cpu"})
+    seen: list[object] = []
+    real = torch.optim.AdamW
+
+    def spy(params: object, **kwargs: object) -> torch.optim.Optimizer:
+        seen.append(kwargs.get("fused"))
+        return real(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", spy)
+    build_optimizer([torch.nn.Parameter(torch.zeros(3))], OptimConfig(lr=0.1))
+    monkeypatch.setattr("geartrain.optim.fused_adamw", lambda types: True)  # as on a GPU machine
+    build_optimizer([torch.nn.Parameter(torch.zeros(3))], OptimConfig(lr=0.1))  # fused CPU AdamW exists too
+    assert seen == [None, True]

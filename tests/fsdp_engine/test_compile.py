@@ -21,9 +21,19 @@ from geartrain.config import EngineConfig, LoraConfig, ModelConfig
 from geartrain.engine import Engine
 from geartrain.errors import ConfigError
 from geartrain.types import EngineContext
+from geartrain_fsdp.options import FSDPOptions
 from torch._dynamo.utils import counters
 
-from .common import engine_config, full_grads, full_params, make_batch, run_ranks, token_mean_loss, value_loss
+from .common import (
+    engine_config,
+    full_grads,
+    full_params,
+    make_batch,
+    make_engine,
+    run_ranks,
+    token_mean_loss,
+    value_loss,
+)
 from .test_prefix_sharing import group_batch
 from .workers import compile_pair_step
 
@@ -166,3 +176,15 @@ def test_two_ranks_fsdp_and_sequence_parallel_match_eager() -> None:
 def test_unknown_backend_is_refused_with_the_option_named() -> None:
     with pytest.raises(ConfigError, match="compile_backend.*unknown torch.compile backend 'nope'"):
         build(True, backend="nope")
+
+
+def test_compile_is_on_by_default_on_cuda_only() -> None:
+    """Issue 33 item 6: unset, ``options.compile`` is on for CUDA engines, off on CPU; set,
+    it is what it says. The CPU engine built with the default compiles nothing."""
+    default = FSDPOptions()
+    assert default.compile is None
+    assert default.compiles(torch.device("cuda", 0)) and not default.compiles(torch.device("cpu"))
+    assert not FSDPOptions(compile=False).compiles(torch.device("cuda", 0))
+    assert FSDPOptions(compile=True).compiles(torch.device("cpu"))
+    engine = make_engine()
+    assert not any(getattr(layer, "_geartrain_compiled", False) for layer in engine.handle.hf.model.layers)

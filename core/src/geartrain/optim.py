@@ -34,7 +34,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from geartrain.config import OptimConfig
 
-__all__ = ["StepResult", "build_optimizer", "clipped_step", "lr_factor"]
+__all__ = ["StepResult", "build_optimizer", "clipped_step", "fused_adamw", "lr_factor"]
 
 
 def lr_factor(step: int, cfg: OptimConfig) -> float:
@@ -55,10 +55,22 @@ def lr_factor(step: int, cfg: OptimConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
 
 
+def fused_adamw(device_types: set[str]) -> bool:
+    """Whether AdamW runs its fused kernel (one kernel per parameter group instead of
+    several foreach passes): when every parameter is on CUDA. Elsewhere (CPU, CPU offload)
+    torch's default implementation, whose numbers the CPU tests compare against."""
+    return device_types == {"cuda"}
+
+
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> tuple[torch.optim.Optimizer, LambdaLR]:
     """AdamW over ``params`` (``lr``, ``betas``, ``eps``, ``weight_decay`` from ``cfg``) and
-    its LR scheduler (:func:`lr_factor`). Parameters may be DTensors (FSDP2)."""
-    optimizer = torch.optim.AdamW(list(params), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    its LR scheduler (:func:`lr_factor`). Parameters may be DTensors (FSDP2). Fused on
+    CUDA (:func:`fused_adamw`)."""
+    params = list(params)
+    fused = fused_adamw({p.device.type for p in params})
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
+    )
     scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -51,12 +52,19 @@ class FSDPOptions(BaseModel):
     :mod:`geartrain_fsdp.attention_kernels`."""
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the gradient reduce-scatter under mixed precision (``param_dtype``)."""
-    compile: bool = False
-    """Regional compilation: ``torch.compile`` each decoder layer's forward (dynamic token
-    counts; the packed attention stays eager between two compiled graphs per layer). Fuses
+    compile: bool | None = None
+    """Regional compilation (default: on for CUDA, off elsewhere; :meth:`compiles`):
+    ``torch.compile`` each decoder layer's forward (dynamic token counts; the packed
+    attention stays eager between two compiled graphs per layer). Fuses
     the elementwise work around the matmuls, which dominates small hidden sizes on GPU.
     Composes with FSDP2, gradient checkpointing, LoRA and sequence parallel.
     :mod:`geartrain_fsdp.compiling`."""
     compile_backend: str = "inductor"
     """``torch.compile`` backend of ``compile`` (``aot_eager``: same graphs, no code
     generation; for tests)."""
+
+    def compiles(self, device: torch.device) -> bool:
+        """Whether ``compile`` is on for an engine on ``device``: as set, else on CUDA only
+        (the GPU run measured the uncompiled step's elementwise work as a large share of
+        it; a CPU compiles slowly and gains little)."""
+        return self.compile if self.compile is not None else device.type == "cuda"

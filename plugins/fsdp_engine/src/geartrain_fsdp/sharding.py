@@ -89,7 +89,8 @@ def shard_model(
         kernel = choose_kernel(options.attention, meshes.device, torch_dtype(config.param_dtype))
     except ValueError as exc:
         raise ConfigError([("options.attention", str(exc))]) from None
-    if options.compile:
+    compiles = options.compiles(meshes.device)
+    if compiles:
         from geartrain_fsdp.compiling import check_backend
 
         problem = check_backend(options.compile_backend, meshes.device)
@@ -110,7 +111,7 @@ def shard_model(
         value_head=value_head,
         chunk_tokens=options.logits_chunk_tokens,
         fused_head=options.fused_log_probs,
-        compile_backend=options.compile_backend if options.compile else None,
+        compile_backend=options.compile_backend if compiles else None,
     )
 
     if meshes.distributed:
@@ -138,7 +139,7 @@ def shard_model(
             module.to(meshes.device)
     else:
         module.to(meshes.device)
-    if options.compile:
+    if compiles:
         from geartrain_fsdp.compiling import compile_decoder_layers
 
         # after sharding (FSDP2's hooks wrap the compiled forward and stay eager)
