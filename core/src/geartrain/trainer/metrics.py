@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +139,11 @@ class Progress:
             self.bar.close()
 
 
-#: Curves drawn in the PNG, when present: (title, metric keys).
+#: Curves drawn in the PNG, when present: (title, metric keys). The reward panel also gets
+#: each reward function's ``reward/<name>/mean`` (see :func:`plotted`).
 PLOTS: list[tuple[str, list[str]]] = [
-    ("reward", ["reward/mean"]),
-    ("validation accuracy", ["val/accuracy"]),
+    ("reward", ["reward/mean", "val/reward_mean"]),
+    ("accuracy", ["reward/accuracy", "val/accuracy"]),
     ("KL / entropy", ["actor/ppo_kl", "actor/kl_loss", "actor/entropy"]),
     ("response length", ["response/length_mean"]),
     ("grad norm", ["actor/grad_norm"]),
@@ -150,21 +153,57 @@ PLOTS: list[tuple[str, list[str]]] = [
     ),
 ]
 
+#: Series that are 0 throughout when their feature is off (no KL loss, one PPO epoch, no
+#: weight sync): left out then. Any other series is drawn even when it is 0 throughout (an
+#: accuracy of 0 is a result).
+OFF_WHEN_ZERO = frozenset({"actor/ppo_kl", "actor/kl_loss", "timing/weight_sync_s"})
+
+#: Panels whose values are fractions: their y axis is 0 to 1, not autoscaled to the data's
+#: range (which drew 0.992 to 1.000 as a cliff).
+FRACTION_PANELS = frozenset({"accuracy"})
+
+#: A training series with at least this many points is drawn faint with its smoothed curve
+#: over it (an exponential moving average, TensorBoard's, debiased).
+SMOOTH_FROM = 20
+SMOOTHING = 0.8
+
+_TERM_MEAN = re.compile(r"^reward/(.+)/mean$")
+
 
 def plotted(records: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
-    """The panels of :data:`PLOTS` to draw for the RL ``records``, each with the series that
-    carry information: a series missing from every record, or 0 in every record (e.g.
-    ``actor/kl_loss`` without a KL loss), is left out, and so is a panel left empty."""
+    """The panels of :data:`PLOTS` to draw for the RL ``records``, each with its series that
+    appear in some record (each reward function's ``reward/<name>/mean`` in the reward panel,
+    after ``reward/mean``); a series of :data:`OFF_WHEN_ZERO` that is 0 in every record is
+    left out, and so is a panel left empty."""
+    present = list(dict.fromkeys(k for r in records for k in r))
+    terms = [k for k in present if _TERM_MEAN.match(k)]
     panels = []
     for title, keys in PLOTS:
-        shown = [k for k in keys if any(r.get(k) not in (None, 0, 0.0) for r in records)]
+        keys = [keys[0], *terms, *keys[1:]] if title == "reward" else keys
+        shown = [
+            k
+            for k in keys
+            if k in present and not (k in OFF_WHEN_ZERO and all(r.get(k) in (None, 0, 0.0) for r in records))
+        ]
         if shown:
             panels.append((title, shown))
     return panels
 
 
+def smoothed(values: Sequence[float], weight: float = SMOOTHING) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average, debiased at the start."""
+    out, last, norm = [], 0.0, 0.0
+    for v in values:
+        last = last * weight + (1 - weight) * v
+        norm = norm * weight + (1 - weight)
+        out.append(last / norm)
+    return out
+
+
 def plot_curves(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
-    """Write a PNG of the RL curves (and the SFT loss) in ``records``."""
+    """Write a PNG of the RL curves (and the SFT loss) in ``records``: the panels of
+    :func:`plotted`, noisy training series smoothed over their faint raw values, validation
+    series (``val/*``, a point per validation) with markers, fractions on a 0-1 axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,12 +221,21 @@ def plot_curves(records: list[dict[str, Any]], path: str | Path, *, title: str =
         source = sft if name == "SFT loss" else rl
         for key in keys:
             points = [(r["step"], r[key]) for r in source if r.get(key) is not None]
-            if points:
-                xs, ys = zip(*points, strict=True)
-                ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3, label=key)
+            if not points:
+                continue
+            xs, ys = zip(*points, strict=True)
+            if key.startswith("val/"):
+                ax.plot(xs, ys, marker="s", markersize=4, linestyle="--", label=key)
+            elif len(points) >= SMOOTH_FROM:
+                (line,) = ax.plot(xs, ys, alpha=0.25, linewidth=1)
+                ax.plot(xs, smoothed(ys), color=line.get_color(), label=key)
+            else:
+                ax.plot(xs, ys, marker="o", markersize=3, label=key)
         ax.set_title(name)
         ax.set_xlabel("SFT step" if name == "SFT loss" else "RL step")
         ax.grid(alpha=0.3)
+        if name in FRACTION_PANELS:
+            ax.set_ylim(-0.03, 1.03)
         if len(keys) > 1:
             ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
