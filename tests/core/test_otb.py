@@ -245,3 +245,81 @@ def test_check_refuses_otb_on_an_engine_without_sum_pi_squared(tmp_path, capsys)
             assert "algorithm.advantage: needs the 'fake' engine (actor.engine) to declare 'sum_pi_squared'" in err
             assert "Traceback" not in err
         assert not [c for c in fakes.calls if c.hook == "build_model"]
+
+
+def _trainer_advantages(overrides, batch):
+    """``RLTrainer.advantages`` (the trainer's own code) on ``batch`` under a job config with
+    ``overrides``; no roles are needed for it."""
+    from geartrain.trainer import load_train_config
+    from geartrain.trainer.log_probs import needs_sum_pi_squared
+    from geartrain.trainer.rl import RLTrainer
+
+    trainer = object.__new__(RLTrainer)
+    trainer.config = load_train_config(None, overrides, check_plugins=False)
+    trainer.kl_ctrl = None
+    trainer.needs_baselines = trainer.needs_components = False
+    trainer.needs_sum_pi_squared = needs_sum_pi_squared(trainer.config)
+    trainer.advantages(batch)
+    return batch["advantages"]
+
+
+def _step_batch():
+    from geartrain.batch import Batch
+
+    rewards, mask, logp, spp, _ = verl_shaped(8, [5, 3, 7, 4, 4, 6], gaps=True)
+    rollout = logp + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(9), dtype=F64)
+    tensors = {"response_mask": mask, "old_log_probs": logp, "rollout_log_probs": rollout, "sum_pi_squared": spp}
+    scores = [1.0, 0.0, 2.0, 0.5, 0.5, 3.0]
+    return Batch(tensors, meta={"score": scores, "uid": ["a", "a", "a", "b", "b", "c"]}), mask
+
+
+@pytest.mark.parametrize("name", [SINGLE, MULTI])
+@pytest.mark.parametrize("correction", [None, "truncate", "mask"])
+def test_the_trainer_feeds_otb_the_loss_importance_weights(name, correction):
+    """The trainer's advantages: the estimator on the batch's old log-probs and Σπ², with the
+    rollout IS weights the actor's loss applies when ``tis_cap`` is set (verl's
+    rollout_is_weights)."""
+    from geartrain.algorithms import masked_is_weights, truncated_is_weights
+    from geartrain.rewards import token_level_scores
+
+    batch, mask = _step_batch()
+    overrides = [f"algorithm.advantage={name}"]
+    weights = None
+    if correction is not None:
+        overrides += ["algorithm.tis_cap=1.2", f"algorithm.off_policy_correction={correction}"]
+        old, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
+        weights = (
+            truncated_is_weights(old, rollout, mask, cap=1.2)
+            if correction == "truncate"
+            else masked_is_weights(old, rollout, mask, low=0.5, high=1.2)
+        )
+    got = _trainer_advantages(overrides, batch)
+    rewards = token_level_scores(torch.tensor(batch["score"], dtype=torch.float32), mask)
+    want, _ = compute_advantages(
+        name,
+        rewards,
+        mask,
+        group_ids=batch["uid"],
+        old_log_probs=batch["old_log_probs"],
+        sum_pi_squared=batch["sum_pi_squared"],
+        is_weights=weights,
+    )
+    torch.testing.assert_close(got, want.to(got.dtype), atol=1e-6, rtol=0)
+    if correction is not None:  # the weights matter here: without them the result differs
+        plain, _ = compute_advantages(
+            name,
+            rewards,
+            mask,
+            group_ids=batch["uid"],
+            old_log_probs=batch["old_log_probs"],
+            sum_pi_squared=batch["sum_pi_squared"],
+        )
+        assert (got - plain.to(got.dtype)).abs().max() > 1e-3
+
+
+def test_the_trainer_divides_gpg_by_the_configured_f_norm():
+    batch, mask = _step_batch()
+    one = _trainer_advantages(["algorithm.advantage=gpg"], batch)
+    four = _trainer_advantages(["algorithm.advantage=gpg", "algorithm.gpg_f_norm=4"], batch)
+    assert one.abs().max() > 0.1
+    torch.testing.assert_close(four, one / 4)

@@ -93,7 +93,9 @@ def _otb(
     m = mask.bool()
     zero = torch.zeros_like(rewards)
     returns = torch.where(m, rewards, zero).flip(-1).cumsum(-1).flip(-1)
-    cumulative = path_variance(old_log_probs.to(rewards.device), sum_pi_squared.to(rewards.device), m, is_weights)
+    weights = None if is_weights is None else is_weights.to(rewards.device)
+    cumulative = path_variance(old_log_probs.to(rewards.device), sum_pi_squared.to(rewards.device), m, weights)
+    cumulative = cumulative.to(rewards.dtype)  # the inputs may come in another float dtype
     index, valid = (_model_token_frame if multi_turn else _response_frame)(m)
     # everything below is in the frame: column j of a row is its step j
     in_mask = valid & m.gather(1, index)
