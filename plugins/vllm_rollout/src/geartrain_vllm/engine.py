@@ -86,7 +86,7 @@ def engine_kwargs(
         max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
         tensor_parallel_size=config.tensor_parallel_size,
-        enforce_eager=options.enforce_eager,
+        enforce_eager=options.eager(device),
         seed=options.seed,
         enable_prefix_caching=options.enable_prefix_caching,
         # sampling comes only from the request, never from the checkpoint's generation_config

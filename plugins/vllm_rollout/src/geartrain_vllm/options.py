@@ -13,10 +13,19 @@ class VllmOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    enforce_eager: bool = True
-    """No CUDA graphs / torch.compile: fast start-up, and the only mode on CPU."""
+    enforce_eager: bool | None = None
+    """No CUDA graphs / torch.compile: fast start-up, and the only mode on CPU. Default: on
+    CPU only (:meth:`eager`); on a GPU vLLM captures its decode in CUDA graphs."""
     seed: int = 0
     """Engine seed (used by requests that carry no seed of their own)."""
+    seeded_requests: Literal["per_sample", "per_prompt"] = "per_sample"
+    """How a seeded call (``sampling.seed`` set) asks for its ``n`` samples of a prompt:
+    ``per_sample``: ``n`` requests of one sample, each seeded with
+    :func:`geartrain.seeding.sample_seed` (a sample is the same whichever rank generates it
+    and whatever else is in the call, but vLLM samples every seeded request with its own
+    generator, row by row); ``per_prompt``: one request of ``n`` samples per prompt with no
+    seed of its own, drawn from the engine's ``seed`` (vLLM's batched sampler; a run
+    repeats only as a whole). Greedy and unseeded calls are unaffected."""
     enable_prefix_caching: bool = True
     """Share the KV cache of common prompt prefixes (GRPO's n samples share their prompt)."""
     max_num_batched_tokens: int | None = Field(None, ge=1)
@@ -42,3 +51,7 @@ class VllmOptions(BaseModel):
     """Id written into padding positions; default: the model config's ``pad_token_id``, else 0."""
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for ``vllm.LLM`` (they override the ones geartrain sets)."""
+
+    def eager(self, device: str) -> bool:
+        """``enforce_eager`` for an engine on ``device``: as set, else on CPU only."""
+        return self.enforce_eager if self.enforce_eager is not None else device == "cpu"

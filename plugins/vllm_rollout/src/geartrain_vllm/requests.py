@@ -25,7 +25,7 @@ class Requests:
     """Index of the geartrain prompt each request samples for."""
 
 
-def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Requests:
+def build_requests(prompts: list[list[int]], sampling: SamplingParams, *, per_prompt: bool = False) -> Requests:
     """vLLM requests for ``sampling.n`` samples of each prompt.
 
     * Log-probs: ``logprobs=0`` returns the sampled token's log-prob only, in vLLM's default
@@ -41,13 +41,15 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
       :func:`geartrain.seeding.sample_seed` of (seed, the prompt's index in the step, the
       sample's index), so a sample is the same whichever rank generates it and whatever
       else is in the call (vLLM's prefix cache shares the prompt between them).
+      With ``per_prompt`` (``options.seeded_requests = "per_prompt"``) a seeded call is one
+      request of ``n`` samples per prompt without a seed of its own (the engine's seed).
     * Greedy with ``n > 1`` (which vLLM refuses): ``n`` requests with ``n = 1`` each.
     """
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.inputs import TokensPrompt
 
     greedy = sampling.temperature < GREEDY_TEMPERATURE
-    seeded = sampling.seed is not None
+    seeded = sampling.seed is not None and not per_prompt
     copies, per_request = (sampling.n, 1) if (greedy or seeded) and sampling.n > 1 else (1, sampling.n)
     global_index = prompt_indices(sampling.prompt_indices, len(prompts))
     budgets = max_tokens_of(sampling, len(prompts))
@@ -72,10 +74,10 @@ def build_requests(prompts: list[list[int]], sampling: SamplingParams) -> Reques
 
     owners = [i for i in range(len(prompts)) for _ in range(copies)]
     tokens = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
-    if sampling.seed is None and sampling.max_tokens_per_prompt is None:
+    if not seeded and sampling.max_tokens_per_prompt is None:
         return Requests(prompts=tokens, params=params(sampling.max_tokens, None), owners=owners)
     per_request_params = [
-        params(budgets[i], None if sampling.seed is None else sample_seed(sampling.seed, global_index[i], j))
+        params(budgets[i], sample_seed(sampling.seed, global_index[i], j) if seeded else None)
         for i in range(len(prompts))
         for j in range(copies)
     ]

@@ -74,7 +74,7 @@ class VllmRollout:
         check_generate_inputs(
             "vllm", prompts, sampling, max_model_len=self.config.max_model_len, vocab_size=self.vocab_size
         )
-        requests = build_requests(prompts, sampling)
+        requests = build_requests(prompts, sampling, per_prompt=self.options.seeded_requests == "per_prompt")
         outputs = self.llm.generate(
             requests.prompts, requests.params, use_tqdm=False, lora_request=self.adapter.request
         )

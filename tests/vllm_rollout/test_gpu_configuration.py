@@ -1,0 +1,43 @@
+"""The vLLM rollout's GPU configuration (issue 33 item 7), checked as configuration on CPU:
+CUDA graphs on by default on a GPU, and one ``n``-sample request per prompt with the
+engine's seed as an option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from geartrain import ModelConfig, RolloutConfig, SamplingParams
+from geartrain_vllm.engine import engine_kwargs
+from geartrain_vllm.options import VllmOptions
+from geartrain_vllm.requests import build_requests
+
+
+def _kwargs(device: str, **options: object) -> dict:
+    config = RolloutConfig(backend="vllm", max_model_len=64)
+    return engine_kwargs(config, ModelConfig(tiny="qwen2"), VllmOptions(**options), Path("/nonexistent"), device)
+
+
+def test_cuda_graphs_on_by_default_on_a_gpu_only() -> None:
+    assert _kwargs("cuda")["enforce_eager"] is False
+    assert _kwargs("cpu")["enforce_eager"] is True
+    assert _kwargs("cuda", enforce_eager=True)["enforce_eager"] is True
+    assert _kwargs("cuda", seed=7)["seed"] == 7
+
+
+def test_per_prompt_requests_carry_n_samples_and_no_seed() -> None:
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    sampling = SamplingParams(n=4, temperature=1.0, max_tokens=9, seed=11)
+    per_sample = build_requests(prompts, sampling)
+    assert len(per_sample.prompts) == 12 and per_sample.owners == [i for i in range(3) for _ in range(4)]
+    assert {p.n for p in per_sample.params} == {1} and len({p.seed for p in per_sample.params}) == 12
+    per_prompt = build_requests(prompts, sampling, per_prompt=True)
+    assert per_prompt.owners == [0, 1, 2]
+    assert [p["prompt_token_ids"] for p in per_prompt.prompts] == prompts
+    assert per_prompt.params.n == 4 and per_prompt.params.seed is None and per_prompt.params.max_tokens == 9
+    budgets = build_requests(
+        prompts, SamplingParams(n=2, seed=1, max_tokens_per_prompt=[3, 5, 7]), per_prompt=True
+    ).params
+    assert [(p.n, p.seed, p.max_tokens) for p in budgets] == [(2, None, 3), (2, None, 5), (2, None, 7)]
+    greedy = build_requests(prompts, SamplingParams(n=2, temperature=0.0, seed=1), per_prompt=True)
+    assert len(greedy.owners) == 6  # vLLM refuses greedy n > 1: still one request per sample
+    assert VllmOptions(seeded_requests="per_prompt").seeded_requests == "per_prompt"
