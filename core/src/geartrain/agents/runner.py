@@ -97,6 +97,10 @@ class EpisodeRunner:
         self.final_rewards: dict[int, tuple[Any, BaseException | None]] = {}
         """``final_reward`` outcomes computed on a worker thread with an episode's last step,
         by ``id`` of the episode, until :meth:`_finish` takes them."""
+        self.observations_cut = 0
+        """Observations cut to their episode's remaining budget before tokenizing
+        (``agent/observation_truncated``)."""
+        self._chars_per_token: int | None = None
         self.logged_failures: set[str] = set()
         """Kinds of environment failure (``what: type``) already logged by this runner: the
         first of each kind is logged with its traceback, the rest are only counted."""
@@ -131,6 +135,44 @@ class EpisodeRunner:
         else:
             text = "".join(texts)
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def _token_chars(self) -> int:
+        """The most characters one token of the tokenizer stands for (its longest vocabulary
+        entry; 64 where the vocabulary cannot be read): a text longer than ``n`` times this
+        has more than ``n`` tokens."""
+        if self._chars_per_token is None:
+            try:
+                vocab = self.tokenizer.get_vocab()
+                self._chars_per_token = max(8, max((len(t) for t in vocab), default=1))
+            except Exception:  # noqa: BLE001 - any tokenizer: an upper bound is enough
+                self._chars_per_token = 64
+        return self._chars_per_token
+
+    def _cut(self, ep: Episode, obs: str | Sequence[str]) -> str | Sequence[str]:
+        """``obs`` cut to what the episode's remaining token budget could hold, before it is
+        tokenized: a megabyte from a tool must not be tokenized whole to be thrown away (a
+        cut observation still does not fit, so its episode ends as truncated, as it would
+        have). Counted in ``agent/observation_truncated``, said once per runner."""
+        texts = [obs] if isinstance(obs, str) else list(obs)
+        total = sum(len(t) for t in texts)
+        limit = (max(self._room(ep), 0) + 1) * self._token_chars()
+        if total <= limit:
+            return obs
+        kept, left = [], limit
+        for text in texts:
+            kept.append(text[:left])
+            left -= len(kept[-1])
+        self.observations_cut += 1
+        if "observation cut" not in self.logged_failures:
+            self.logged_failures.add("observation cut")
+            logger.warning(
+                "an observation of %d characters was cut to %d before tokenizing (the episode had room for %d "
+                "tokens; more like it are counted in agent/observation_truncated, not logged)",
+                total,
+                limit,
+                max(self._room(ep), 0),
+            )
+        return kept[0] if isinstance(obs, str) else kept
 
     def _room(self, ep: Episode) -> int:
         """Tokens the episode may still add after its prompt."""
@@ -235,6 +277,8 @@ class EpisodeRunner:
         if self._room(ep) < 1:  # a turn needs at least one token
             self._finish(ep, "truncated", truncated=True)
             return False
+        if obs:
+            obs = self._cut(ep, obs)
         ids = None
         if first and obs and getattr(ep.env, "reset_extends_prompt", False):
             self._extend_prompt(ep, obs)
@@ -281,6 +325,7 @@ class EpisodeRunner:
             for i, g, p, t in zip(indices, list(groups) if groups is not None else indices, prompts, tasks, strict=True)
         ]
         started = time.perf_counter()
+        cut_before = self.observations_cut
         generate_s = 0.0
         calls = 0
         batch_sizes: list[int] = []
@@ -354,6 +399,7 @@ class EpisodeRunner:
             "agent/generate_calls": float(calls),
             "agent/episodes_per_call": sum(batch_sizes) / max(calls, 1),
             "agent/stop_text_cut_turns": float(text_cuts),
+            "agent/observation_truncated": float(self.observations_cut - cut_before),
             "timing/agent_generate_s": generate_s,
             "timing/agent_episodes_s": total,
         }
@@ -365,6 +411,8 @@ class EpisodeRunner:
             result = fut.result()
         except Exception as exc:  # an environment's bug ends its episode, not the run
             return self._fail(ep, f"{type(exc).__name__}: {exc}", what, exc)
+        except SystemExit as exc:  # sys.exit in an environment ends its episode, not the training process
+            return self._fail(ep, f"SystemExit: {what} called sys.exit({exc.code!r})", what, exc)
         if what == "truncated":
             self._finish(ep, "truncated", truncated=True)
             return False
@@ -398,14 +446,17 @@ class EpisodeRunner:
         kind = f"{what or 'result'}: {type(exc).__name__ if exc else error.split(' ', 1)[0]}"
         if kind not in self.logged_failures:
             self.logged_failures.add(kind)
+            # one line (where it raised, not a traceback at every step); the traceback at DEBUG
             logger.warning(
-                "environment %s (its episode %d ends as an error; more like it in this step are counted in "
+                "environment %s%s (its episode %d ends as an error; more like it in this step are counted in "
                 "agent/env_errors, not logged): %s",
                 f"{what} raised" if exc else "returned a bad result",
+                f" at {raised_at(exc)}" if exc is not None and raised_at(exc) else "",
                 ep.index,
-                error,
-                exc_info=exc,
+                error.splitlines()[0][:500] if error else error,
             )
+            if exc is not None:
+                logger.debug("the environment's traceback:", exc_info=exc)
         return False
 
     def _generate(self, episodes: list[Episode], sampling: SamplingParams) -> list[tuple[list[int], list[float], str]]:
@@ -427,6 +478,17 @@ class EpisodeRunner:
             lps = batch["rollout_log_probs"][row, width : width + n].tolist()
             out.append((ids, lps, batch["finish_reason"][row]))
         return out
+
+
+def raised_at(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frame ``exc`` passed through ("" if none)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
 
 
 class EnvironmentTimeout(TimeoutError):

@@ -137,7 +137,12 @@ def run_with_timeout(
             box.append((True, fn(**kwargs)))
         except Exception as exc:  # a tool's bug is an observation, not a dead run
             box.append((False, f"{type(exc).__name__}: {exc}"))
-        done.set()
+        except SystemExit as exc:  # would end the thread silently: the call then read as a timeout
+            box.append((False, f"SystemExit: the tool called sys.exit({exc.code!r})"))
+        except BaseException as exc:  # noqa: BLE001 - anything else a tool raises is its error too
+            box.append((False, f"{type(exc).__name__}: {exc}"))
+        finally:
+            done.set()
 
     start = time.perf_counter()
     threading.Thread(target=target, name="geartrain-tool", daemon=True).start()

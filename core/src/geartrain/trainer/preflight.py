@@ -243,7 +243,10 @@ def _environment_tools(factory: Callable[[], Any]) -> list[dict[str, Any]]:
     finally:
         close = getattr(env, "close", None)
         if callable(close):
-            close()
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - closing a probe must not fail start-up (episodes' close is the same)
+                pass
 
 
 def preflight(

@@ -1,0 +1,144 @@
+"""Agent runs under a hostile or unlucky environment (issue 35, items 3 and 7): a huge
+observation is cut to the episode's remaining budget before it is tokenized (counted in
+``agent/observation_truncated``, said once); an environment's failure is one line naming
+where it raised, not a traceback at every step; ``close()`` raising does not fail start-up;
+``sys.exit`` in a tool or an environment is reported as such at once, not as a timeout."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from geartrain import SamplingParams
+from geartrain.agents import Environment, EpisodeRunner, RunnerLimits, StepResult, ToolEnvironment
+from geartrain.agents.tools import run_with_timeout
+from geartrain.cli import main
+from geartrain.testing.tiny import tiny_tokenizer
+from scripted_turns import scripted_generate
+
+ROOT = Path(__file__).resolve().parents[2]
+GUESS = ROOT / "examples" / "guess_number" / "grpo.toml"
+MAX_MODEL_LEN = 128
+
+
+class Recording:
+    """The tiny tokenizer, recording the longest text it was asked to encode (a pass-through)."""
+
+    def __init__(self) -> None:
+        self.tok = tiny_tokenizer()
+        self.longest = 0
+
+    def encode(self, text: str, **kw: Any) -> list[int]:
+        self.longest = max(self.longest, len(text))
+        return self.tok.encode(text, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tok, name)
+
+
+def _run(factory: Any, model_turns: list[str], tok: Any = None) -> tuple[Any, dict[str, float], Any]:
+    tok = tok or Recording()
+    runner = EpisodeRunner(
+        scripted_generate(tok.tok if isinstance(tok, Recording) else tok, list(model_turns)),
+        tok,
+        factory,
+        RunnerLimits(max_turns=3, max_model_len=MAX_MODEL_LEN),
+    )
+    (ep,), metrics = runner.run([tok.encode("q=", add_special_tokens=False)], [{"prompt": "q="}], SamplingParams())
+    return ep, metrics, runner
+
+
+# ----------------------------------------------------------------------------- item 3
+
+
+class Flood(Environment):
+    def __init__(self, first: int = 0, then: int = 1_000_000) -> None:
+        self.first, self.then = first, then
+
+    def reset(self, task: dict) -> str:
+        return "r" * self.first
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(observation="x" * self.then)
+
+
+@pytest.mark.parametrize(("first", "then"), [(0, 1_000_000), (200_000, 0)], ids=["step-1MB", "reset-200k"])
+def test_a_huge_observation_is_cut_before_it_is_tokenized(caplog: Any, first: int, then: int) -> None:
+    tok = Recording()
+    with caplog.at_level(logging.WARNING, logger="geartrain"):
+        ep, metrics, runner = _run(lambda: Flood(first, then), ["1", "2", "3"], tok)
+    bound = (MAX_MODEL_LEN + 1) * runner._token_chars()  # the budget, in the most characters a token holds
+    assert tok.longest <= bound < 100_000, tok.longest
+    assert ep.finish == "truncated" and ep.truncated  # as it ended before: the cut part does not fit either
+    assert metrics["agent/observation_truncated"] == 1.0
+    said = [r.getMessage() for r in caplog.records if "before tokenizing" in r.getMessage()]
+    assert len(said) == 1 and f"an observation of {max(first, then)} characters was cut to" in said[0], said
+
+
+def test_a_tool_returning_100k_characters_is_cut_too() -> None:
+    def dump(n: str) -> str:
+        """A tool that floods."""
+        return "y" * 100_000
+
+    tok = Recording()
+    ep, metrics, _ = _run(lambda: ToolEnvironment([dump], call_format="compact", timeout_s=5.0), ["[dump 1]"], tok)
+    assert tok.longest < 100_000 and metrics["agent/observation_truncated"] == 1.0 and ep.truncated
+
+
+# ----------------------------------------------------------------------------- item 7
+
+
+class Raises(Environment):
+    def reset(self, task: dict) -> str:
+        return ""
+
+    def step(self, action: str) -> StepResult:
+        raise ValueError("the sandbox is gone")
+
+
+def test_an_environment_failure_is_one_line_naming_where_it_raised(caplog: Any) -> None:
+    with caplog.at_level(logging.WARNING, logger="geartrain"):
+        ep, _, _ = _run(Raises, ["1"])
+    assert ep.finish == "error"
+    (record,) = [r for r in caplog.records if "environment step raised" in r.getMessage()]
+    assert record.exc_info is None and "\n" not in record.getMessage()
+    assert f"at {__file__}:" in record.getMessage() and "in step" in record.getMessage()
+    assert record.getMessage().endswith("ValueError: the sandbox is gone")
+
+
+def test_sys_exit_in_an_environment_ends_its_episode_not_the_process() -> None:
+    class Exits(Raises):
+        def step(self, action: str) -> StepResult:
+            sys.exit(3)
+
+    ep, _, _ = _run(Exits, ["1"])
+    assert ep.finish == "error" and ep.error == "SystemExit: step called sys.exit(3)"
+
+
+def test_a_tool_calling_sys_exit_is_reported_as_such_at_once() -> None:
+    def leave() -> str:
+        sys.exit(4)
+
+    # it was "timed out after 10.0s" once the whole timeout had passed
+    ok, result, _ = run_with_timeout(leave, {}, 10.0)
+    assert (ok, result) == (False, "SystemExit: the tool called sys.exit(4)")
+    ok, result, _ = run_with_timeout(leave, {}, None)  # no timeout: it waited forever
+    assert (ok, result) == (False, "SystemExit: the tool called sys.exit(4)")
+
+
+def test_close_raising_does_not_fail_start_up(tmp_path: Path, capsys: Any) -> None:
+    env = tmp_path / "env.py"
+    env.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(GUESS.parent)!r})\n"
+        "from env import GuessNumber\n"
+        "class Leaky(GuessNumber):\n"
+        "    def close(self):\n        raise RuntimeError('cannot release the sandbox')\n"
+    )
+    rc = main(["check", str(GUESS), "--no-plugins", f"rollout.agent.environment={env}:Leaky", "sft.enabled=false"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "Traceback" not in out.err
