@@ -84,8 +84,13 @@ class EngineRank:
     def forward_backward(self, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> StepOutput:
         return self._same_as_peers(self.engine.forward_backward(batch, loss_fn, forward_only=forward_only))
 
-    def compute_log_probs(self, batch: Batch, entropy: bool, adapters_off: bool = False) -> StepOutput:
-        return self._same_as_peers(self.engine.compute_log_probs(batch, entropy=entropy, adapters_off=adapters_off))
+    def compute_log_probs(
+        self, batch: Batch, entropy: bool, adapters_off: bool = False, sum_pi_squared: bool = False
+    ) -> StepOutput:
+        out = self.engine.compute_log_probs(
+            batch, entropy=entropy, adapters_off=adapters_off, sum_pi_squared=sum_pi_squared
+        )
+        return self._same_as_peers(out)
 
     def _same_as_peers(self, out: StepOutput) -> StepOutput:
         """Raise ``AssertionError`` unless every rank of this rank's data-parallel slice
@@ -181,8 +186,10 @@ class RankedEngine:
     ) -> StepOutput:
         return self.group.call("forward_backward", batch, loss_fn, forward_only, dispatch=Dispatch.DP)
 
-    def compute_log_probs(self, batch: Batch, *, entropy: bool = False, adapters_off: bool = False) -> StepOutput:
-        return self.group.call("compute_log_probs", batch, entropy, adapters_off, dispatch=Dispatch.DP)
+    def compute_log_probs(
+        self, batch: Batch, *, entropy: bool = False, adapters_off: bool = False, sum_pi_squared: bool = False
+    ) -> StepOutput:
+        return self.group.call("compute_log_probs", batch, entropy, adapters_off, sum_pi_squared, dispatch=Dispatch.DP)
 
     def optimizer_step(self) -> dict[str, float]:
         return self.group.call("optimizer_step")
