@@ -5,9 +5,8 @@ FSDP2 group (as a one-GPU job runs).
 Each configuration runs in a child process of its own, so one's memory never counts in the
 other's (on CPU the resident set is what is measured, and the allocator keeps what it
 freed). Per configuration: the model is built, one warm-up step runs, then ``--steps``
-timed steps; the peak is taken over the timed steps, above the process's state after the
-engine was built (so it is what training adds: gradients, optimizer state, activations),
-and separately the total (weights included).
+timed steps; the peak is taken over the timed steps, above the process's state before the
+model was built: the weights, gradients, optimizer state and activations together.
 
     python bench/bench_lora.py --model tiny                  # the main job's model (CPU)
     python bench/bench_lora.py --model qwen2.5-0.5b --rows 4 --prompt-tokens 32 --response-tokens 32
