@@ -32,10 +32,16 @@ def _result() -> RewardResult:
 
 def test_rows_round_trip_keeps_scores_terms_errors_and_metrics() -> None:
     result = _result()
-    assert result.errors == [1] and len(result.term_scores) == 2
+    # 'fmt' fails on sample 1, which 'exact' still scores (issue 35 item 8): a term's error, not the sample's
+    assert result.errors == [] and result.term_errors == {"fmt": [1]} and len(result.term_scores) == 2
     again = RewardResult.from_rows(result.rows())
     assert again.scores.tolist() == result.scores.tolist()
-    assert (again.errors, again.term_scores, again.extras) == (result.errors, result.term_scores, result.extras)
+    assert (again.errors, again.term_scores, again.extras, again.term_errors) == (
+        result.errors,
+        result.term_scores,
+        result.extras,
+        result.term_errors,
+    )
     assert again.metrics == result.metrics
     assert correctness(again) == correctness(result) == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
 
@@ -46,7 +52,7 @@ def test_shares_gathered_in_order_summarise_the_whole_batch() -> None:
     first, second = RewardResult.from_rows(rows[:3]), RewardResult.from_rows(rows[3:])
     whole = RewardResult.from_rows(first.rows() + second.rows())
     assert whole.metrics == result.metrics  # errors and means over all samples, not one share's
-    assert first.metrics["reward/errors"] == 1.0 and second.metrics["reward/errors"] == 0.0
+    assert first.metrics["reward/fmt/errors"] == 1.0 and "reward/fmt/errors" not in second.metrics
 
 
 def test_reward_workers_need_ray_and_no_reward_model() -> None:

@@ -57,6 +57,9 @@ class RewardResult:
     columns: dict[str, list[Any]] = field(default_factory=dict)
     """Columns the functions logged for the completions log (TRL's ``log_extra``), one
     value per sample."""
+    term_errors: dict[str, list[int]] = field(default_factory=dict)
+    """Several terms: by term name, the samples it failed on that the others still scored
+    (``reward/<term>/errors``)."""
     _exact: list[float] | None = field(default=None, repr=False)
     """The scores as the function returned them (``scores`` is float32)."""
 
@@ -72,6 +75,7 @@ class RewardResult:
                 "error": i in failed,
                 "timeout": i in late,
                 "columns": {key: values[i] for key, values in self.columns.items()},
+                "failed_terms": [name for name, rows in self.term_errors.items() if i in rows],
             }
             for i in range(len(self.scores))
         ]
@@ -91,7 +95,11 @@ class RewardResult:
                 extras.setdefault(key, [None] * n)[i] = value
         errors = [i for i, row in enumerate(rows) if row["error"]]
         timeouts = [i for i, row in enumerate(rows) if row["timeout"]]
-        metrics = summarize(exact, extras, term_scores, errors, timeouts)
+        term_errors: dict[str, list[int]] = {}
+        for i, row in enumerate(rows):
+            for name in row.get("failed_terms") or ():
+                term_errors.setdefault(name, []).append(i)
+        metrics = summarize(exact, extras, term_scores, errors, timeouts, term_errors)
         columns: dict[str, list[Any]] = {}
         for i, row in enumerate(rows):
             for key, value in (row.get("columns") or {}).items():
@@ -104,6 +112,7 @@ class RewardResult:
             term_scores=term_scores,
             timeouts=timeouts,
             columns=columns,
+            term_errors=term_errors,
             _exact=exact,
         )
 
@@ -120,11 +129,13 @@ def summarize(
     term_scores: Mapping[str, Sequence[float | None]],
     errors: Sequence[int],
     timeouts: Sequence[int],
+    term_errors: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """A batch's reward metrics: ``reward/mean``, ``reward/errors``, ``reward/timeouts``,
     ``reward/error_fraction``, each term's ``reward/<term>/mean`` when there are several
     (the mean over the samples it scored: absent and failed ones are left out, and a term
-    that scored none of the batch has no such metric that step), and ``reward/<extra>``
+    that scored none of the batch has no such metric that step) and ``reward/<term>/errors``
+    (the samples it failed on that the others scored), and ``reward/<extra>``
     (the mean over the samples that reported it)."""
     n = len(scores)
     metrics = {
@@ -138,6 +149,8 @@ def summarize(
             present = [v for v in values if v is not None]
             if present:
                 metrics[f"reward/{name}/mean"] = sum(present) / len(present)
+        for name, failed in (term_errors or {}).items():
+            metrics[f"reward/{name}/errors"] = float(len(failed))
     for key, values in extras.items():
         present = [v for v in values if v is not None]
         if present:
@@ -217,9 +230,12 @@ class RewardScorer:
     :mod:`geartrain.rewards.terms`) over a run.
 
     A sample's reward is ``sum(weight x score)`` over the terms that apply to it (a term
-    that returns ``None`` for a sample is absent from its sum, as TRL's ``nansum``); a
-    sample for which any term raises or returns something unusable, or every term returns
-    ``None``, gets reward 0 and is counted in ``reward/errors``.
+    that returns ``None`` for a sample is absent from its sum, as TRL's ``nansum``). A term
+    that raises or returns something unusable for a sample is left out of its sum too, named
+    (its first failure logged) and counted in ``reward/<term>/errors``, while the others
+    still score it; a sample no term scored (every term failed or returned ``None``, or the
+    job's one function failed) gets reward 0 and is counted in ``reward/errors``. A term
+    that returns ``None`` for every sample of a batch is said once.
     ``timeout_s`` bounds the time one batch's calls may take together: when it runs out,
     the call in progress and the samples not yet scored get reward 0 and are counted in
     ``reward/timeouts`` (and ``reward/errors``), and the run goes on. (A Python thread
@@ -233,7 +249,9 @@ class RewardScorer:
         self.reward = self.terms[0].fn
         self.name = "+".join(t.name for t in self.terms)
         self.timeout_s = timeout_s
-        self._failure_logged = False
+        self._failures_logged: set[str] = set()
+        """Terms whose first failure was logged (with its traceback), once in the scorer's life."""
+        self._never_scored_said: set[str] = set()
         self._timeout_logged = False
 
     def _calls(
@@ -285,12 +303,20 @@ class RewardScorer:
         prompts: Sequence[str],
         responses: Sequence[str],
         truths: list[str],
+        *,
+        others_scored: bool = False,
     ) -> None:
+        consequence = (
+            f"left out of the sample's reward, the other functions still score it; this traceback is logged once, "
+            f"further failures are counted in reward/{name}/errors"
+            if others_scored
+            else "reward 0; this traceback is logged once, further failures are counted in reward/errors"
+        )
         logger.warning(
-            "reward function %s failed on sample %d (reward 0; this traceback is logged once, further "
-            "failures are counted in reward/errors): %s: %s\n  prompt=%r\n  response=%r\n  ground_truth=%r",
+            "reward function %s failed on sample %d (%s): %s: %s\n  prompt=%r\n  response=%r\n  ground_truth=%r",
             name,
             i,
+            consequence,
             type(out).__name__,
             out,
             prompts[i][:500],
@@ -348,33 +374,44 @@ class RewardScorer:
                 outcome[t][i] = out
         timed_out = sorted({i for row in outcome for i, out in enumerate(row) if out is None})
         failed: list[int] = []
-        logged_now = False
+        logged_now: set[str] = set()
         scores = [0.0] * n
         term_scores: dict[str, list[float | None]] = {term.name: [None] * n for term in self.terms}
+        term_errors: dict[str, list[int]] = {}
         extras: dict[str, list[float | None]] = {}
         several = len(self.terms) > 1
         for i in range(n):
             outs = [row[i] for row in outcome]
-            bad = next((out for out in outs if isinstance(out, BaseException)), None)
-            name = self.name
-            if bad is not None:
-                name = self.terms[next(t for t, out in enumerate(outs) if out is bad)].name
-            elif all(out is ABSENT for out in outs):
+            broken = [t for t, out in enumerate(outs) if isinstance(out, BaseException)]
+            scored = [t for t, out in enumerate(outs) if isinstance(out, tuple)]
+            bad: BaseException | None = outs[broken[0]] if broken else None
+            name = self.terms[broken[0]].name if broken else self.name
+            if broken and scored and i not in timed_out:  # the others still score it; the failing one is named
+                for t in broken:
+                    term = self.terms[t].name
+                    term_errors.setdefault(term, []).append(i)
+                    if term not in self._failures_logged:
+                        self._log_failure(term, i, outs[t], prompts, responses, truths, others_scored=True)
+                        self._failures_logged.add(term)
+                        logged_now.add(term)
+                bad = None
+            elif not broken and all(out is ABSENT for out in outs):
                 bad = _BadOutput(
                     f"every reward function ({len(outs)}) returned None for this sample; "
                     "at least one must return a score for each sample"
                 )
             if bad is not None:
-                if not self._failure_logged:
+                if name not in self._failures_logged:
                     self._log_failure(name, i, bad, prompts, responses, truths)
-                    self._failure_logged = logged_now = True
+                    self._failures_logged.add(name)
+                    logged_now.add(name)
                 failed.append(i)
                 continue
             if i in timed_out:
                 continue
             total = 0.0
             for term, out in zip(self.terms, outs, strict=True):
-                if out is ABSENT:
+                if not isinstance(out, tuple):  # absent, or failed while the others scored
                     continue
                 score, numeric = out
                 total += term.weight * score
@@ -401,10 +438,33 @@ class RewardScorer:
             )
             self._timeout_logged = True
         if logged_now and len(failed) > 1:
+            names = "+".join(sorted(logged_now - set(term_errors))) or self.name
             logger.warning(
-                "reward function %s failed on %d of %d samples (rows %s)", self.name, len(failed), n, failed[:20]
+                "reward function %s failed on %d of %d samples (rows %s)", names, len(failed), n, failed[:20]
             )
-        metrics = summarize(scores, extras, term_scores, errors, timed_out)
+        for name in sorted(logged_now & set(term_errors)):
+            rows = term_errors[name]
+            if len(rows) > 1:
+                logger.warning(
+                    "reward function %s failed on %d of %d samples (rows %s); the other functions scored them",
+                    name,
+                    len(rows),
+                    n,
+                    rows[:20],
+                )
+        if several and n and not timed_out:
+            for term in self.terms:
+                if term.name not in self._never_scored_said and all(
+                    row is ABSENT for row in outcome[self.terms.index(term)]
+                ):
+                    self._never_scored_said.add(term.name)
+                    logger.warning(
+                        "reward function %s returned None for every one of the %d samples of this batch: it scores "
+                        "nothing (None leaves a function out of a sample's reward); said once",
+                        term.name,
+                        n,
+                    )
+        metrics = summarize(scores, extras, term_scores, errors, timed_out, term_errors)
         return RewardResult(
             scores=torch.tensor(scores, dtype=torch.float32),
             extras=extras,
@@ -413,6 +473,7 @@ class RewardScorer:
             term_scores=term_scores,
             timeouts=timed_out,
             columns=dict(context.columns),
+            term_errors=term_errors,
             _exact=scores,
         )
 

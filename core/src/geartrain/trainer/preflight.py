@@ -146,6 +146,11 @@ def _probe_rewards(
             max_steps=config.trainer.total_steps,
         )
         unscored &= set(absent)
+        if len(terms) > 1 and rows and len(set(absent)) == len(rows) and not problem and notes is not None:
+            notes.append(
+                f"{key}: '{term.name}' returned None for every probed row ({len(rows)}): a function that always "
+                "does scores nothing (None leaves it out of a sample's reward)"
+            )
         if problem:
             refused = True
             problems.append((key, f"'{term.name}' {problem}"))

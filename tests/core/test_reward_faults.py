@@ -1,0 +1,78 @@
+"""Issue 35, item 8: one failing reward function of several is named and the others still
+score the sample (it was reward 0 for the sample, and the warning blamed ``good+bad``); a
+function that returns ``None`` for every sample says so (it was silent)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from geartrain.rewards import RewardResult, RewardScorer, make_term
+from test_reward_contract import _job, geartrain  # noqa: F401 - the fixture
+
+
+def good(response: str, ground_truth: str) -> float:
+    return float(response == ground_truth)
+
+
+def bad(response: str, ground_truth: str) -> float:
+    raise KeyError("judge_url")
+
+
+def never(completions: list[str], **kwargs: Any) -> list[float | None]:
+    return [None] * len(completions)
+
+
+def test_one_failing_function_of_several_is_named_and_the_others_still_score(caplog: Any) -> None:
+    scorer = RewardScorer([make_term(good, name="good"), make_term(bad, name="bad", weight=2.0)])
+    with caplog.at_level(logging.WARNING, logger="geartrain.rewards"):
+        result = scorer.score(["4", "5", "4"], ["4", "4", "4"])
+    assert result.scores.tolist() == [1.0, 0.0, 1.0]  # good's scores: bad is left out, not the sample
+    assert result.errors == [] and result.metrics["reward/errors"] == 0.0
+    assert result.metrics["reward/bad/errors"] == 3.0 and "reward/good/errors" not in result.metrics
+    assert result.term_scores == {"good": [1.0, 0.0, 1.0], "bad": [None, None, None]}
+    text = caplog.text
+    assert "reward function bad failed on sample 0 (left out of the sample's reward, the other functions" in text
+    assert "KeyError: 'judge_url'" in text
+    assert "reward function bad failed on 3 of 3 samples (rows [0, 1, 2]); the other functions scored them" in text
+    assert "good+bad" not in text
+    # across reward workers (rows), the count survives
+    assert RewardResult.from_rows(result.rows()).metrics["reward/bad/errors"] == 3.0
+
+
+def test_a_sample_no_function_scores_is_still_a_counted_failure_named_by_the_one_that_failed(caplog: Any) -> None:
+    scorer = RewardScorer([make_term(bad, name="bad"), make_term(never, name="never")])
+    with caplog.at_level(logging.WARNING, logger="geartrain.rewards"):
+        result = scorer.score(["4"], ["4"])
+    assert result.errors == [0] and result.scores.tolist() == [0.0]
+    assert "reward function bad failed on sample 0 (reward 0;" in caplog.text
+
+
+def test_a_function_that_never_scores_says_so_once(caplog: Any) -> None:
+    scorer = RewardScorer([make_term(good, name="good"), make_term(never, name="never")])
+    with caplog.at_level(logging.WARNING, logger="geartrain.rewards"):
+        scorer.score(["4", "5"], ["4", "4"])
+        scorer.score(["4", "5"], ["4", "4"])
+    said = [r.getMessage() for r in caplog.records if "returned None for every one" in r.getMessage()]
+    assert said == [
+        "reward function never returned None for every one of the 2 samples of this batch: it scores nothing "
+        "(None leaves a function out of a sample's reward); said once"
+    ]
+
+
+def test_check_notes_a_function_that_returned_none_on_every_probed_row(geartrain, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    body = (
+        "def exact(response, ground_truth):\n    return float(response == ground_truth)\n"
+        "def never(completions, **kwargs):\n    return [None] * len(completions)\n"
+    )
+    toml = (
+        '[[reward.functions]]\nname = "exact"\nfunction = "reward.py:exact"\n'
+        '[[reward.functions]]\nname = "never"\nfunction = "reward.py:never"\n'
+    )
+    proc = geartrain("check", str(_job(tmp_path, body, toml)), "--no-plugins")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "note: reward.functions[1].function: 'never' returned None for every probed row (4): a function that "
+        "always does scores nothing" in proc.stdout
+    ), proc.stdout
