@@ -2,9 +2,13 @@
 the recording fakes that test the core's own plumbing, and (re-exported from
 :mod:`geartrain.modeling`) the tiny models and tokenizer built in code."""
 
+import sys
 from typing import Any
 
 from geartrain.modeling import tiny_config, tiny_model, tiny_tokenizer
+
+if "pytest" in sys.modules:  # under pytest, the suites' bare asserts show their values, as a test module's do
+    sys.modules["pytest"].register_assert_rewrite("geartrain.testing.engine_suite", "geartrain.testing.rollout_suite")
 
 __all__ = ["EngineConformance", "RolloutConformance", "tiny_config", "tiny_model", "tiny_tokenizer"]
 

@@ -88,6 +88,108 @@ class EngineConformance(StandardSuite):
     ``options``, ``families`` and tolerances)."""
 
     _standard_suite = True
+    contract_items: ClassVar[dict[str, tuple[str, str]]] = {
+        "test_forward_log_probs_match_transformers": (
+            "forward_backward(forward_only) returns per-token log_probs (and entropy when asked) equal to a plain "
+            "transformers forward of the same config, aligned with input_ids, 0 where undefined (logprob_atol)",
+            "the model you build (build_model from the ModelConfig), position_ids from the attention mask with left "
+            "padding, the shift (log_probs[:, t] scores input_ids[:, t]), and the dtype you compute log-softmax in",
+        ),
+        "test_one_rank_consumes_the_whole_batch": (
+            "data_parallel_coordinates: one data-parallel slice per dp rank; peers of sequence/tensor/pipeline "
+            "parallelism share one",
+            "data_parallel_coordinates' rank and size for this rank's mesh",
+        ),
+        "test_outputs_follow_the_batch_order": (
+            "forward_backward returns its per-token outputs for the whole batch in the batch's row order",
+            "micro-batching: plan_micro_batches groups rows that are not consecutive ([[0, 3], [1, 2]]), so put each "
+            "micro-batch's outputs back at its rows' indices instead of concatenating the pieces",
+        ),
+        "test_training_matches_plain_adamw": (
+            "forward_backward + optimizer_step train as plain PyTorch AdamW on the same model: the same losses, grad "
+            "norms and weights (metric_atol, param_atol)",
+            "backpropagating the share of the loss loss_fn returns (not a mean over micro-batches), the optimizer "
+            "and schedule from geartrain.optim.build_optimizer, clipping with clipped_step",
+        ),
+        "test_micro_batching_does_not_change_the_step": (
+            "the step is the same whatever max_tokens_per_micro_batch: micro-batching changes memory, not the update",
+            "LossContext's global counts (the same in every micro-batch), gradients accumulated across micro-batches "
+            "before optimizer_step, and the metrics summed over micro-batches",
+        ),
+        "test_loss_context_counts_are_global": (
+            "every loss_fn call gets LossContext counts over the whole batch on all data-parallel ranks "
+            "(global_tokens, global_sequences), micro_batch_index and num_micro_batches",
+            "the counts: computed once from the whole batch's loss_mask before the first micro-batch, all-reduced "
+            "over the data-parallel group",
+        ),
+        "test_non_finite_loss_skips_the_step": (
+            "a step whose loss or gradients are not finite changes no weight and reports the skip",
+            "optimizer_step: use geartrain.optim.clipped_step, which skips a non-finite step and reports it",
+        ),
+        "test_reported_lr_follows_the_schedule": (
+            "optimizer_step reports the lr its update used, on geartrain.optim's schedule",
+            "report the lr before scheduler.step() (clipped_step does), not the next step's",
+        ),
+        "test_weight_export_names_shapes_values": (
+            "reshard_for_rollout sends every weight under its transformers name, shape and value",
+            "the names (no FSDP/DDP/compile prefixes), tied weights sent once under the model's own name, "
+            "full (unsharded) tensors",
+        ),
+        "test_weight_export_casts_to_the_rollout_dtype": (
+            "reshard_for_rollout sends tensors in the receiver's dtype",
+            "cast each tensor to the receiving rollout's dtype before sending (send_weights does)",
+        ),
+        "test_checkpoint_resume_reproduces_training": (
+            "save_checkpoint + load_checkpoint continue training exactly as the uninterrupted run (resume_atol)",
+            "that the checkpoint holds the optimizer state, the scheduler step and the RNG state, and load_checkpoint "
+            "restores all of them",
+        ),
+        "test_saving_before_the_first_step_does_not_change_training": (
+            "saving an engine that has not stepped does not touch its optimizer; resuming from it continues like a "
+            "fresh engine",
+            "save_checkpoint on a fresh optimizer (no state yet): do not create state to save it",
+        ),
+        "test_incomplete_checkpoint_is_refused": (
+            "load_checkpoint refuses a directory that is not a complete checkpoint with CheckpointError",
+            "check the completion marker (geartrain.checkpoint) before reading anything",
+        ),
+        "test_hf_export_loads_in_transformers": (
+            "export_hf writes a directory AutoModelForCausalLM loads with the engine's weights",
+            "config.json, the safetensors names (transformers names), tied weights once",
+        ),
+        "test_sum_pi_squared_matches_full_logits": (
+            "an engine declaring sum_pi_squared returns Σ_v π(v)² per token when batch.info['need_sum_pi_squared'], "
+            "equal to plain PyTorch over the full logits (sum_pi_squared_atol)",
+            "the same logits as log_probs, exp(logsumexp(2 z) - 2 logsumexp(z)) per chunk, aligned like log_probs",
+        ),
+        "test_value_model_outputs_values": (
+            "an engine declaring value_head returns per-token values for a value model (model_config.value_head)",
+            "the value head's output aligned like log_probs, 0 where undefined",
+        ),
+        "test_offload_then_onload_keeps_training_identical": (
+            "offload + onload leave training bit-identical",
+            "that onload restores parameters, gradients and optimizer state in place (same tensors the optimizer "
+            "holds)",
+        ),
+        "test_lora_trains_only_the_adapters": (
+            "with LoRA only the adapters train; adapters off is the base model",
+            "frozen base (requires_grad False, no optimizer state), batch.info['adapters_off'] disabling every adapter",
+        ),
+        "test_lora_adapter_sync_equals_merged_sync": (
+            "sync='adapter' and sync='merged' serve the same policy; adapter sync moves only the adapter after the "
+            "first",
+            "adapters initialised identically from one config (seed from ctx.seed), the base sent once per engine "
+            "(a flag on your model, not keyed by the rollout object) (docs/lora.md, For plugin authors)",
+        ),
+        "test_lora_checkpoint_round_trip": (
+            "a LoRA checkpoint holds the adapters and their optimizer state only, and resumes exactly",
+            "save only the adapter parameters and their optimizer state; load them onto the same base",
+        ),
+        "test_batch_without_input_ids_is_a_clear_error": (
+            "a batch missing input_ids is an error that names it",
+            "forward_backward's check of the batch's keys before computing",
+        ),
+    }
 
     backend: ClassVar[str]
     options: ClassVar[dict[str, Any]] = {}

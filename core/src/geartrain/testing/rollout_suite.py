@@ -134,6 +134,115 @@ class RolloutConformance(StandardSuite):
     """Standard tests for a rollout backend; subclass and set ``backend``."""
 
     _standard_suite = True
+    contract_items: ClassVar[dict[str, tuple[str, str]]] = {
+        "test_batch_layout": (
+            "generate returns len(prompts) * n rows, prompt-major, with input_ids, attention_mask, response_mask, "
+            "rollout_log_probs, info['prompt_length'] and meta prompt_index / finish_reason",
+            "build the batch with geartrain.layout.rollout_batch (one prompt per row, prompt_index, finish_reason, "
+            "pad_token_id; docs/plugins.md, generate)",
+        ),
+        "test_logprobs_match_reference": (
+            "rollout_log_probs are the model's own, unscaled log-probs of the sampled tokens, equal to a plain "
+            "transformers forward (logprob_atol)",
+            "log-probs taken before temperature / top-k / top-p, from the same weights and dtype, aligned with the "
+            "response tokens",
+        ),
+        "test_greedy_matches_reference": (
+            "temperature 0 is greedy: the argmax continuation of a plain transformers model, identical across samples",
+            "temperature 0 handled as argmax (not a division by 0), position ids under left padding",
+        ),
+        "test_seed_reproducible": (
+            "the same seed, prompts and weights give the same samples and log-probs",
+            "sampling draws from geartrain.seeding's per-sample streams, not the global RNG",
+        ),
+        "test_different_seeds_differ": (
+            "different seeds, and the samples of one prompt, differ",
+            "that the seed (and the sample index j) reaches the sampler",
+        ),
+        "test_samples_do_not_depend_on_the_split": (
+            "placement-invariant sampling: a sample's tokens depend on (seed, prompt_indices[i], j) only, not on the "
+            "call it is in",
+            "geartrain.seeding.sample_seed(seed, prompt_indices[i], j) per sample, with SamplingParams.prompt_indices",
+        ),
+        "test_max_tokens": (
+            "a sample ends after max_tokens tokens with finish_reason 'length'",
+            "the budget and the finish_reason of a sample its budget ended",
+        ),
+        "test_max_model_len_caps_generation": (
+            "prompt + response never exceed max_model_len; a sample it cut has finish_reason 'length'",
+            "each prompt's room (max_model_len - its length) as its budget",
+        ),
+        "test_stop_token_greedy": (
+            "a stop token ends its sample, kept as its last token, finish_reason 'stop'",
+            "stop_token_ids: keep the stop token, stop that row only",
+        ),
+        "test_stop_tokens_sampled": (
+            "no sampled row goes on after a stop token",
+            "stop_token_ids checked on every row of a sampled batch",
+        ),
+        "test_continuation_matches_one_shot": (
+            "generating from prompt + the first k tokens continues as one call of k + m tokens (greedy)",
+            "position ids and any prefix cache when a prompt is a previous call's output",
+        ),
+        "test_stop_sequences_greedy": (
+            "multi-token stop sequences are matched in this call's tokens only, kept, finish_reason 'stop'",
+            "geartrain.layout.native_stop_token_ids / stop_after_generation when the engine stops on single tokens",
+        ),
+        "test_stop_sequences_cut_the_same_samples": (
+            "seeded samples with stop sequences are the samples without them, cut after the first match",
+            "cut after the first match with the tokens and log-probs up to it (stop_after_generation)",
+        ),
+        "test_budget_per_prompt": (
+            "max_tokens_per_prompt: each prompt's samples are its own budget long, or shorter when a stop ends them",
+            "each prompt's budget from geartrain.layout.max_tokens_of(sampling), not sampling.max_tokens",
+        ),
+        "test_episode_logprobs_match_reference": (
+            "three-turn episodes (EpisodeRunner): the row's rollout log-probs equal the teacher-forced log-probs",
+            "continuation from token ids, stop sequences and per-prompt budgets together (the tests above)",
+        ),
+        "test_update_weights_resets_prefix_cache": (
+            "a turn after update_weights is scored with the new weights only",
+            "reset the prefix (KV) cache in update_weights",
+        ),
+        "test_top_k_restricts_support": (
+            "top_k keeps the k most likely tokens",
+            "the order: temperature, then top-k, then top-p of what is left",
+        ),
+        "test_top_p_restricts_support": (
+            "top_p keeps the smallest nucleus of what top-k left",
+            "the order: temperature, then top-k, then top-p of what top-k left",
+        ),
+        "test_sampling_frequencies_match_reference": (
+            "sample frequencies follow softmax(top-k logits / temperature)",
+            "temperature applied to the logits before top-k/top-p and sampling",
+        ),
+        "test_update_weights_and_sync_back": (
+            "update_weights replaces the weights: samples follow the new model; syncing the old weights back "
+            "reproduces the old samples",
+            "that update_weights writes into the tensors generate reads (and resets caches)",
+        ),
+        "test_partial_update_keeps_other_tensors": (
+            "an update of some tensors keeps the others (the tied input embedding updates the output layer too)",
+            "apply only the named tensors; a tied weight under each of its names (geartrain.weights.with_aliases)",
+        ),
+        "test_release_resume_keeps_weights": (
+            "release then resume serves the same weights (and returns MemoryStats)",
+            "what release frees and resume restores (geartrain.weights.WeightCopy for a CPU engine)",
+        ),
+        "test_update_adapter_serves_base_plus_scaled_BA": (
+            "update_adapter: samples follow W + alpha/r B A; a second adapter of the same name replaces the first; it "
+            "survives release/resume",
+            "the scale alpha / r from the adapter config, replacement (not stacking) under one name",
+        ),
+        "test_unknown_tensor_name_raises": (
+            "update_weights refuses a tensor name the model does not have, naming it, and keeps its weights",
+            "geartrain.weights.checked (UnknownTensorError) before applying anything",
+        ),
+        "test_prompt_longer_than_max_model_len_raises": (
+            "a prompt with no room under max_model_len is refused, giving the limit, before generating",
+            "geartrain.layout.check_generate_inputs at the start of generate",
+        ),
+    }
 
     backend: ClassVar[str] = ""
     """The rollout plugin name (``geartrain.rollouts`` entry point or registered name)."""
