@@ -115,6 +115,11 @@ def test_a_lora_export_loads_with_auto_peft_and_names_its_base_portably(
     monkeypatch.chdir(export)  # the base is named relative to the export directory
     model = AutoPeftModelForCausalLM.from_pretrained(".")
     assert isinstance(model, PeftModel) and model.peft_config["default"].r == config.actor.lora.rank
+    from geartrain.modeling import tiny_tokenizer
+    from transformers import AutoTokenizer
+
+    text = "user: 12 + 3\nassistant: 15"  # item 2: the adapter directory's tokenizer round-trips too
+    assert AutoTokenizer.from_pretrained(".").encode(text) == tiny_tokenizer().encode(text)
 
 
 def test_portable_base_names(tmp_path: Path) -> None:
@@ -280,3 +285,50 @@ def test_a_table_of_a_few_completions_is_printed_each_step(tmp_path: Path, capsy
             f"{r['rewards']['exact']:.3g}",
             f"{r['advantage']:.3g}",
         ]
+
+
+CHAT = ["data.apply_chat_template=true", "data.max_prompt_length=40", "rollout.max_model_len=48"]
+
+
+def test_every_export_round_trips_through_auto_tokenizer(tmp_path: Path) -> None:
+    """Item 2: the run's export, its warm start and ``geartrain export`` of a checkpoint load
+    with ``AutoTokenizer`` to the same encodings as the run's tokenizer (a chat job's export
+    loaded a Qwen2Tokenizer that dropped spaces and newlines), and a job on the export
+    (``model.path``) validates to the same greedy outputs and accuracy as the run ended with."""
+    from geartrain.modeling import tiny_tokenizer
+    from geartrain.trainer.export import export_checkpoint
+    from transformers import AutoTokenizer
+
+    sft = ["sft.enabled=true", "sft.steps=2", "sft.min_steps=0", "sft.eval_every=100"]
+    first = run_job(
+        _config(
+            tmp_path / "a",
+            *sft,
+            *CHAT,
+            "trainer.export_hf=true",
+            "trainer.save_every=1",
+            "trainer.total_steps=1",
+            "validation.max_prompts=8",
+        )
+    )
+    run = tmp_path / "a" / "run"
+    exported, _ = export_checkpoint(run, tmp_path / "exported")
+    ours = tiny_tokenizer()
+    val = [r for r in _rows(run / "completions.jsonl") if r["kind"] == "validation"]
+    texts = [r["prompt"] for r in val] + ["user: 12 + 3\nassistant:  15 \n"]
+    assert any(" " in t and "\n" in t for t in texts)
+    messages = [{"role": "user", "content": "two words\nand a line"}]
+    for directory in (run / "hf", run / "sft_model", exported):
+        theirs = AutoTokenizer.from_pretrained(directory)
+        assert [theirs.encode(t) for t in texts] == [ours.encode(t) for t in texts], (directory, type(theirs))
+        assert theirs.decode(theirs.encode(texts[-1])) == texts[-1]
+        chat = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert chat == ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert (theirs.eos_token_id, theirs.pad_token_id) == (ours.eos_token_id, ours.pad_token_id)
+
+    overrides = ["model.tiny=null", "model.config_overrides={}", f"model.path={run / 'hf'}"]
+    second = run_job(_config(tmp_path / "b", *CHAT, *overrides, "validation.max_prompts=8"))
+    again = [r for r in _rows(tmp_path / "b" / "run" / "completions.jsonl") if r["kind"] == "validation"]
+    last = max(r["step"] for r in val)
+    assert [r["response"] for r in again if r["step"] == 0] == [r["response"] for r in val if r["step"] == last]
+    assert second.accuracy_before == first.accuracy_after
