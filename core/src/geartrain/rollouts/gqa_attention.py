@@ -16,6 +16,11 @@ else it does not cover go to transformers' own ``sdpa`` function unchanged.
 
 It is registered with transformers as attention implementation :data:`GQA_DECODE` (its
 mask function is ``sdpa``'s); :func:`use_gqa_decode` switches a model to it.
+
+A decode step of a static cache may also pass :data:`KV_LEN` (a Python int, through the
+model's forward keyword arguments, which transformers hands to the attention function):
+only the first ``KV_LEN`` cache columns are read (the filled part, rounded up to a bucket by
+the caller), not the cache's whole width; the columns left out are masked anyway.
 """
 
 from __future__ import annotations
@@ -24,10 +29,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["GQA_DECODE", "gqa_decode_attention", "register", "use_gqa_decode"]
+__all__ = ["GQA_DECODE", "KV_LEN", "gqa_decode_attention", "kv_bucket", "register", "use_gqa_decode"]
 
 #: The attention implementation name registered with transformers.
 GQA_DECODE = "geartrain_gqa_decode"
+#: The forward keyword argument that bounds a decode step's keys to the cache's first columns.
+KV_LEN = "geartrain_kv_len"
+
+
+def kv_bucket(needed: int, bucket: int, width: int) -> int:
+    """The key length a step that needs ``needed`` cache columns reads: ``needed`` rounded up
+    to a multiple of ``bucket`` (one compiled / captured graph per bucket), at most the
+    cache's ``width``."""
+    return min(width, -(-needed // bucket) * bucket)
 
 
 def gqa_decode_attention(
@@ -44,7 +58,8 @@ def gqa_decode_attention(
     ``value`` ``[B, kv_heads, L, d]``, ``attention_mask`` a boolean (or additive) mask
     broadcastable to ``[B, 1, Q, L]``; returns ``([B, Q, heads, d], None)``. With one query
     token, a grouped model (``heads > kv_heads``) and no dropout, the keys and values are
-    read where they are (no ``repeat_kv``); otherwise transformers' ``sdpa`` computes it."""
+    read where they are (no ``repeat_kv``), the first ``kwargs[KV_LEN]`` columns only when
+    given; otherwise transformers' ``sdpa`` computes it."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, q_len, dim = query.shape
@@ -62,6 +77,9 @@ def gqa_decode_attention(
         )
     group = heads // kv_heads
     q = query.reshape(batch, kv_heads, group, dim)  # head h = kv * group + g, as repeat_kv orders them
+    kv_len = kwargs.get(KV_LEN)
+    if kv_len is not None and kv_len < key.shape[2]:  # the filled part of a static cache
+        key, value = key[:, :, :kv_len], value[:, :, :kv_len]
     mask = attention_mask
     if mask is not None and mask.dim() == 4:
         mask = mask[:, :, :, : key.shape[2]]  # [B, 1, 1, L]: broadcast over kv heads and the group

@@ -41,6 +41,7 @@ import torch
 
 from geartrain.rollouts.decode_record import DeviceDecodeRecord, last_logits_only, prefill_rows
 from geartrain.rollouts.fused_sampler import sample_with_log_prob
+from geartrain.rollouts.gqa_attention import GQA_DECODE, KV_LEN, kv_bucket
 from geartrain.types import SamplingParams
 
 __all__ = ["GraphMode", "decode_chunk_static", "decode_step", "drop_static_caches", "graph_mode"]
@@ -162,6 +163,8 @@ class _StepState:
         self.counter = torch.zeros((), dtype=torch.long, device=device)
         """The index of the token the next :meth:`choose` samples."""
         self.all_done = torch.zeros((), dtype=torch.bool, device=device)
+        self.kv_len: int | None = None
+        """Cache columns the next :meth:`advance` reads (None: all); set by the loop."""
 
     def choose(self, logits: torch.Tensor) -> None:
         """Sample token ``counter`` of every row from ``logits`` ``[rows, V]`` (any float
@@ -176,12 +179,14 @@ class _StepState:
         """One decode step: feed the last sampled tokens, then :meth:`choose` the next."""
         fed = (self.width + self.counter - 1).view(1, 1).expand(len(self.seeds), 1)
         self.mask.scatter_(1, fed, 1)
+        bounded = {KV_LEN: self.kv_len} if self.kv_len is not None else {}
         out = self.forward(
             input_ids=self.step_ids,
             attention_mask=self.mask,
             position_ids=self.positions,
             past_key_values=self.cache,
             use_cache=True,
+            **bounded,
         )
         logits = out.logits[:, -1, :]  # the model's dtype: the sampler reads it in fp32
         self.positions += 1
@@ -239,10 +244,11 @@ def _marking_steps(compiled: Callable[..., Any]) -> Callable[..., Any]:
     return forward
 
 
-def _capture(state: _StepState) -> torch.cuda.CUDAGraph | None:
+def _capture(state: _StepState, pool: Any = None) -> torch.cuda.CUDAGraph | None:
     """Run one step on a side stream (warm-up: compilation, library handles), then capture
-    the next as a CUDA graph (capturing runs nothing). ``None``, with a warning, when the
-    step cannot be captured."""
+    the next as a CUDA graph (capturing runs nothing), in memory ``pool`` (an earlier
+    graph's, shared) when given. ``None``, with a warning, when the step cannot be
+    captured."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -252,7 +258,7 @@ def _capture(state: _StepState) -> torch.cuda.CUDAGraph | None:
     try:
         # thread_local: another thread's CUDA work (trainer.async_rollout trains while this
         # thread decodes) does not invalidate this capture
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             state.advance()
     except Exception as exc:  # noqa: BLE001 - any capture failure falls back to the uncaptured step
         warnings.warn(
@@ -277,11 +283,15 @@ def decode_chunk_static(
     pad_token_id: int,
     mode: GraphMode | None = None,
     step_fn: Callable[..., Any] | None = None,
+    kv_bucket_tokens: int | None = None,
 ) -> list[tuple[list[int], list[float], str]]:
     """Decode one chunk of rows (the contract of the torch rollout's dynamic
     ``_decode_chunk``); ``budgets`` are each row's token limits (already capped by the
     model length). ``mode`` is the requested :data:`GraphMode` (see :func:`graph_mode`);
-    ``step_fn`` overrides the decode forward (tests)."""
+    ``step_fn`` overrides the decode forward (tests). ``kv_bucket_tokens``: with the
+    GQA-native decode attention, each step reads only the cache's filled columns rounded up
+    to a multiple of it (one compiled / captured step per bucket) instead of its whole
+    width."""
     from transformers import DynamicCache
 
     b = len(prompts)
@@ -328,18 +338,31 @@ def decode_chunk_static(
     del logits
     watch = _DoneWatch(state.all_done)
     watch.post()
-    graph: torch.cuda.CUDAGraph | None = None
+    bucket = kv_bucket_tokens if kv_bucket_tokens and model.config._attn_implementation == GQA_DECODE else None
+
+    def kv_len(t: int) -> int | None:
+        """The cache columns step ``t`` reads: those filled once it fed token ``t - 1``
+        (``width + t``), rounded up to the bucket; None: the whole width."""
+        return None if bucket is None else kv_bucket(width + t, bucket, width + steps)
+
+    graphs: dict[int | None, Any] = {}  # one captured step per key length
+    capturing = mode == "step"
     for t in range(1, steps):
         if watch.finished():
             break
-        if mode == "step" and graph is None and t == 1 and steps > 2:
-            graph = _capture(state)  # runs step 1 itself; capturing step 2 ran nothing: replayed next
-            if graph is None:
-                _STEP_GRAPH_FAILED.add(id(model))
-            watch.post()
-            continue
+        state.kv_len = kv_len(t)
+        graph = graphs.get(state.kv_len)
         if graph is not None:
             graph.replay()
+        elif capturing and t + 1 < steps and kv_len(t + 1) == state.kv_len:
+            # runs step t itself; the captured step t + 1 ran nothing: replayed next
+            pool = next(iter(graphs.values())).pool() if graphs else None
+            graph = _capture(state) if pool is None else _capture(state, pool=pool)
+            if graph is None:
+                _STEP_GRAPH_FAILED.add(id(model))
+                capturing = False
+            else:
+                graphs[state.kv_len] = graph
         else:
             state.advance()
         watch.post()

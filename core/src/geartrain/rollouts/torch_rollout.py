@@ -77,6 +77,10 @@ class TorchRolloutOptions(BaseModel):
     """``"gqa"``: a model with grouped key/value heads that attends through ``sdpa`` decodes
     with :func:`geartrain.rollouts.gqa_attention.gqa_decode_attention` (the cache read
     without expanding it to every query head); ``"hf"``: transformers' own ``sdpa``."""
+    kv_bucket_tokens: int = Field(128, ge=0)
+    """Static-cache decode with the ``"gqa"`` attention: each step reads the cache's filled
+    columns rounded up to a multiple of this many (one compiled / captured step per
+    bucket), not its whole width. 0: the whole width every step."""
     simulated_token_s: float = Field(0.0, ge=0)
     """Benchmarks only: simulate generation time as if every sample decoded a heavy-tailed
     number of tokens at this many seconds each, in a continuous-batching engine: each
@@ -474,6 +478,7 @@ def _decode_chunk(
             budgets=limits,
             pad_token_id=rollout.pad_token_id,
             mode=rollout.options.decode_graph,
+            kv_bucket_tokens=rollout.options.kv_bucket_tokens,
         )
     unique, expand, input_ids, mask, positions = prefill_rows(prompts, keys, rollout.pad_token_id, device)
     wanted = budgets if budgets is not None else [sampling.max_tokens] * b
