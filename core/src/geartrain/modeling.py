@@ -1,7 +1,9 @@
 """Building transformers models and tokenizers from a :class:`~geartrain.config.ModelConfig`.
 
 Backends call these so that every engine and rollout builds *the same* model from the same
-config: a tiny random model from its seed, or a checkpoint from a hub id / directory.
+config: a tiny random model from its seed, or a checkpoint from a hub id / directory / GGUF
+file (``model.path`` is read through :func:`geartrain.gguf_source.hf_path`, which turns a
+GGUF source into its dequantized Hugging Face directory).
 
 The tiny models (``model.tiny = "qwen2" | "llama"``) and the character tokenizer are built in
 code, with no download: the same ``(family, seed, overrides)`` always gives the same weights,
@@ -26,6 +28,7 @@ from transformers import (
 
 from geartrain.char_tokenizer import BOS, CHARACTERS, CHAT_TEMPLATE, EOS, PAD, UNK, char_tokenizer
 from geartrain.config import ModelConfig
+from geartrain.gguf_source import hf_path
 
 __all__ = [
     "BOS",
@@ -64,7 +67,7 @@ def hf_config(config: ModelConfig) -> PretrainedConfig:
 
         hf = preset_config(config.preset, **config.config_overrides)
     else:
-        hf = AutoConfig.from_pretrained(config.path, trust_remote_code=config.trust_remote_code)
+        hf = AutoConfig.from_pretrained(hf_path(config.path), trust_remote_code=config.trust_remote_code)
         for key, value in config.config_overrides.items():
             setattr(hf, key, value)
     if config.value_head:
@@ -95,7 +98,7 @@ def build_hf_model(config: ModelConfig, *, device: str | torch.device = "cpu", m
             model = auto.from_config(hf, dtype=dtype, **kwargs)
         return model
     if config.path is not None:
-        model = auto.from_pretrained(config.path, config=hf, dtype=dtype, **kwargs)
+        model = auto.from_pretrained(hf_path(config.path), config=hf, dtype=dtype, **kwargs)
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
@@ -106,7 +109,7 @@ def build_hf_model(config: ModelConfig, *, device: str | torch.device = "cpu", m
 def load_tokenizer(config: ModelConfig) -> Any:
     """The tokenizer for ``config``: ``tokenizer`` or ``path``, or the built-in character
     tokenizer for tiny models (padded to the real vocabulary size for presets)."""
-    source = config.tokenizer or config.path
+    source = hf_path(config.tokenizer or config.path)
     if source is None and config.preset is not None:
         from geartrain.presets import preset_tokenizer
 
@@ -128,7 +131,9 @@ def stop_token_ids(config: ModelConfig, tokenizer: Any) -> list[int]:
     from transformers import GenerationConfig
 
     try:
-        eos = GenerationConfig.from_pretrained(config.path, trust_remote_code=config.trust_remote_code).eos_token_id
+        eos = GenerationConfig.from_pretrained(
+            hf_path(config.path), trust_remote_code=config.trust_remote_code
+        ).eos_token_id
     except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS alone
         return ids
     for token in [eos] if isinstance(eos, int) else list(eos or []):
@@ -147,7 +152,7 @@ def model_directory(config: ModelConfig, work_dir: str | Path) -> Path:
     tokenizer, under ``work_dir/model``, by this process whatever its ``torch.distributed``
     rank (every rank of a multi-rank job starts its own engine from its own directory)."""
     if config.path is not None and not config.config_overrides:
-        return Path(config.path)
+        return Path(hf_path(config.path))  # type: ignore[arg-type]
     target = Path(work_dir) / "model"
     target.mkdir(parents=True, exist_ok=True)
     model = build_hf_model(config)
