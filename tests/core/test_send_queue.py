@@ -12,6 +12,10 @@ import torch
 from geartrain.cluster.send_queue import SendQueue
 from geartrain.cluster.update_group import UpdateGroup
 
+#: a hang guard only (a broken queue would block the test forever): far above any wait here on a
+#: loaded machine, so the order of events, not this bound, decides each test
+HANG_GUARD_S = 300.0
+
 
 def _port() -> int:
     with socket.socket() as s:
@@ -31,16 +35,19 @@ def test_a_busy_replica_holds_neither_the_other_replica_nor_the_trainer() -> Non
     release = threading.Event()
     received: dict[int, list[list[tuple[str, torch.Tensor]]]] = {0: [], 1: []}
     errors: list[BaseException] = []
+    finished = [threading.Event(), threading.Event()]
 
     def replica(r: int) -> None:
         try:
             group = UpdateGroup("127.0.0.1", ports[r], 1, 2, timeout_s=60)
             for _ in range(3):
                 if r == 1:
-                    release.wait(timeout=60)  # a long request: it joins no broadcast meanwhile
+                    release.wait()  # a long request: it joins no broadcast meanwhile (set in finally)
                 received[r].append([(n, t.clone()) for n, t in group.receive()])
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
+        finally:
+            finished[r].set()
 
     threads = [threading.Thread(target=replica, args=(r,)) for r in range(2)]
     for t in threads:
@@ -50,10 +57,8 @@ def test_a_busy_replica_holds_neither_the_other_replica_nor_the_trainer() -> Non
     try:
         for version in range(3):
             sends.put(_snapshot(version))  # returns at once: 3 may be in flight
-        for _ in range(600):
-            if len(received[0]) == 3:
-                break
-            threading.Event().wait(0.05)
+        finished[0].wait()  # replica 0 took all three, or its group's timeout_s ended its wait
+        assert not errors, errors
         assert len(received[0]) == 3 and received[1] == [], "replica 0 waited for the busy replica 1"
         release.set()
         sends.wait()
@@ -61,7 +66,7 @@ def test_a_busy_replica_holds_neither_the_other_replica_nor_the_trainer() -> Non
         release.set()
         sends.close()
         for t in threads:
-            t.join(timeout=60)
+            t.join()  # no clock of its own: each replica's waits end by its group's timeout_s
     assert not errors, errors
     for r in range(2):
         for version, got in enumerate(received[r]):
@@ -83,10 +88,10 @@ def test_at_most_max_in_flight_snapshots_are_undelivered() -> None:
     assert sends.put([("v", torch.tensor(1))]) == 2
     third = threading.Thread(target=sends.put, args=([("v", torch.tensor(2))],))
     third.start()
-    third.join(timeout=0.5)
+    third.join(timeout=0.5)  # a lower bound: on a loaded machine it only makes the check weaker
     assert third.is_alive(), "a third snapshot was queued while two were undelivered"
     gate.release()  # snapshot 0 reaches the slow replica: room for the third
-    third.join(timeout=30)
+    third.join(timeout=HANG_GUARD_S)
     assert not third.is_alive()
     gate.release()
     gate.release()
@@ -119,17 +124,17 @@ def test_a_replaced_replica_gets_only_what_is_sent_after_and_its_old_sender_is_f
     def dead(tensors: list[tuple[str, torch.Tensor]]) -> None:
         old.append(int(tensors[0][1].item()))
         entered.set()
-        stuck.wait(timeout=60)  # released at the end: its late failure must not count
+        stuck.wait()  # released at the end: its late failure must not count
         raise ConnectionError("peer closed")
 
-    sends = SendQueue([lambda tensors: None, dead], max_in_flight=1)
+    sends = SendQueue([lambda tensors: None, dead], max_in_flight=1)  # its threads are daemons
     sends.put([("v", torch.tensor(0))])
-    assert entered.wait(timeout=10)
+    assert entered.wait(timeout=HANG_GUARD_S)
     sends.replace(1, lambda tensors: new.append(int(tensors[0][1].item())))
     second = threading.Thread(target=sends.put, args=([("v", torch.tensor(1))], [1]))
     second.start()
-    second.join(timeout=10)
-    assert not second.is_alive(), "the trainer waited for the dead replica's snapshot"
+    second.join(timeout=HANG_GUARD_S)  # the dead sender stays stuck until the end: waiting on it never ends
+    assert not second.is_alive() and not stuck.is_set(), "the trainer waited for the dead replica's snapshot"
     sends.wait()
     assert old == [0] and new == [1]
 
@@ -139,7 +144,7 @@ def test_a_replaced_replica_gets_only_what_is_sent_after_and_its_old_sender_is_f
 
     sends.replace(0, broken)
     sends.put([("v", torch.tensor(2))])
-    failing.wait(timeout=10)
+    assert failing.wait(timeout=HANG_GUARD_S)
     with pytest.raises(RuntimeError, match="rollout replica 0 failed"):
         sends.wait()
     sends.replace(0, lambda tensors: None)

@@ -18,8 +18,8 @@ SAMPLING = SamplingParams(n=4, temperature=1.0, max_tokens=4, seed=7)
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 
 
-def _rollout() -> Rollout:
-    options = {"simulated_token_s": TOKEN_S, "simulated_tail_alpha": 0.8, "simulated_max_tokens": 60}
+def _rollout(token_s: float = TOKEN_S) -> Rollout:
+    options = {"simulated_token_s": token_s, "simulated_tail_alpha": 0.8, "simulated_max_tokens": 60}
     return Rollout(
         RolloutConfig(backend="torch", max_model_len=64, options=options),
         ModelConfig(tiny="qwen2", seed=0),
@@ -49,8 +49,12 @@ def test_each_sample_finishes_at_its_own_time_and_a_plain_call_waits_for_the_lon
 
 
 def test_a_weight_update_takes_effect_after_the_samples_in_flight() -> None:
-    rollout = _rollout()
-    shortest = TOKEN_S * min(_lengths(rollout))
+    # streamed calls only report finish times (nothing here waits on them), so a token can take
+    # a minute: the samples stay in flight whatever the machine's load (at 0.02 s a token they
+    # were done when two generate calls took longer than the longest sample, ~1 s)
+    token_s = 60.0
+    rollout = _rollout(token_s)
+    shortest = token_s * min(_lengths(rollout))
     first = rollout.generate(PROMPTS, SAMPLING, stream=True).meta[READY_AT]
     asked = time.time()
     second = rollout.generate(PROMPTS, SAMPLING, stream=True).meta[READY_AT]

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import torch
@@ -42,7 +41,7 @@ KILLED_SAVE = textwrap.dedent(
         # pickled while trainer.pt is written, i.e. in the middle of the checkpoint write
         def __reduce__(self):
             print("SAVING", flush=True)
-            time.sleep(120)
+            time.sleep(3600)  # until the test kills it: no clock decides when
             return (dict, ())
 
     engine = make_engine("qwen2")
@@ -66,19 +65,15 @@ def test_hook_save_checkpoint_killed_midway_leaves_previous_checkpoint(tmp_path:
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
-        deadline = time.monotonic() + 120
         line = ""
-        while "SAVING" not in line:
+        while "SAVING" not in line:  # an order of events: the second save's pickling, or the child's end
             line = proc.stdout.readline()
             assert line or proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the child never reached the second save"
         partial = root / ".partial-step_00000002"
         assert (partial / "dcp").exists()  # the model/optimizer shards were already being written
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.kill()  # SIGKILL, midway through the second save
+        proc.wait()
     assert proc.returncode == -signal.SIGKILL
     manager = CheckpointManager(root)
     latest = manager.latest()
