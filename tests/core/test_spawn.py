@@ -40,13 +40,13 @@ def _tensors_and_an_object(rank: int, world: int) -> dict[str, object]:
 
 
 def test_ranks_form_one_world_and_results_come_back_in_rank_order() -> None:
-    results = run_ranks(_sum_ranks, 2, 10.0, timeout=120)
+    results = run_ranks(_sum_ranks, 2, 10.0)
     assert results == [{"rank": r, "world": 2, "sum": 30.0, "threads": 1} for r in range(2)]
 
 
 def test_a_failing_rank_is_reported_with_its_traceback() -> None:
     with pytest.raises(RuntimeError, match=r"(?s)_fail_on_rank_one failed on 2 ranks:.*rank one broke"):
-        run_ranks(_fail_on_rank_one, 2, timeout=120)
+        run_ranks(_fail_on_rank_one, 2)
 
 
 def test_results_are_read_back_as_plain_data_only_and_anything_else_names_the_rank() -> None:
@@ -54,7 +54,7 @@ def test_results_are_read_back_as_plain_data_only_and_anything_else_names_the_ra
     containers come back as they were; a rank that returns another object (here a
     dataclass) is named, with the class, instead of having it unpickled."""
     with pytest.raises(RuntimeError, match=r"^_tensors_and_an_object on rank 1: .*test_spawn\._NotPlain\)$"):
-        run_ranks(_tensors_and_an_object, 2, timeout=120)
-    one = run_ranks(_tensors_and_an_object, 1, timeout=120)[0]
+        run_ranks(_tensors_and_an_object, 2)
+    one = run_ranks(_tensors_and_an_object, 1)[0]
     assert set(one) == {"t", "nested"} and one["nested"] == ([0, 0.5], {"s": "x", "none": None})
     assert one["t"].dtype == torch.bfloat16 and torch.equal(one["t"], torch.arange(3, dtype=torch.bfloat16))

@@ -99,7 +99,7 @@ def test_expert_parallel_2_matches_transformers(mixtral_dir: Path) -> None:
     """dp=2 with the experts split over the 2 ranks (megatron's all-to-all dispatcher over
     gloo, forward and backward): log-probs, a training step's loss and grad norm, and the
     log-probs after it equal plain transformers'."""
-    ranks = run_ranks(expert_parallel_step, 2, str(mixtral_dir), timeout=240)
+    ranks = run_ranks(expert_parallel_step, 2, str(mixtral_dir))
     assert sorted(tuple(r["experts"]) for r in ranks) == [(0, 1), (2, 3)]
     ref = _hf_step(mixtral_dir)
     by_dp = sorted(ranks, key=lambda r: r["dp"])
@@ -199,7 +199,7 @@ def test_router_replay_at_pp2_with_recompute_matches_one_rank(mixtral_dir: Path)
     """pp=2 (one MoE layer per stage), 1F1B over several micro-batches, gradient
     checkpointing: the recorded routing (gathered from both stages) equals one rank's, and a
     replayed training step gives one rank's log-probs, loss and grad norm."""
-    ranks = run_ranks(replay_run, 2, str(mixtral_dir), 2, True, timeout=240)
+    ranks = run_ranks(replay_run, 2, str(mixtral_dir), 2, True)
     one = replay_run(0, 1, str(mixtral_dir), 1, False)  # in this process: one rank
     assert ranks[0]["micro_batches"] > 1
     for r in ranks:

@@ -52,11 +52,21 @@ def records(path: Path) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("phase") == "rl"]
 
 
+#: a hang guard only, for a job (or a job's step, or a driver's exit) that the order of events
+#: ends: Ray's and the engines' start-up and steps on a loaded 2-core machine take minutes at
+#: most, so this bound never decides a test
+JOB_HANG_GUARD_S = 1800.0
+#: Ray's own timeouts left a dead driver's processes up to ~3 minutes (issue 24 item 7's
+#: probe); geartrain stops them in seconds (~3.5 s measured, load 2). A check that they were
+#: stopped, not left to Ray, is bounded by the midpoint of the two: RAY_OWN_CLEANUP_S / 2
+RAY_OWN_CLEANUP_S = 180.0
+
+
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "geartrain.cli", *args]
 
 
-def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = JOB_HANG_GUARD_S) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(cli(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -103,15 +113,19 @@ def kill_mid_run(
     seconds = float("nan")
     try:
         path = out / "logs" / rank_log
-        wait_for(lambda: steps_done(out) >= after_step or proc.poll() is not None, 600, f"step {after_step}")
+        wait_for(
+            lambda: steps_done(out) >= after_step or proc.poll() is not None, JOB_HANG_GUARD_S, f"step {after_step}"
+        )
         assert proc.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
         if next_call is not None:
             calls = path.read_text().count(next_call)
-            wait_for(lambda: path.read_text().count(next_call) > calls, 120, f"the next call in {rank_log}")
+            wait_for(
+                lambda: path.read_text().count(next_call) > calls, JOB_HANG_GUARD_S, f"the next call in {rank_log}"
+            )
         pid = int(re.search(r"pid (\d+)", path.read_text()).group(1))  # type: ignore[union-attr]
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=120)
+        proc.wait(timeout=JOB_HANG_GUARD_S)  # a hang guard: the callers bound `seconds`
         seconds = time.monotonic() - killed_at
     finally:
         if proc.poll() is None:

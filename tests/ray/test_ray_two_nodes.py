@@ -29,7 +29,6 @@ def test_two_rank_job_across_two_nodes(tmp_path: Path) -> None:
             "trainer.save_every=0",
             f"cluster.address={cluster.address}",
             f"trainer.output_dir={out}",
-            timeout=900,
         )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert [r["step"] for r in records(out / "metrics.jsonl")] == [0, 1, 2]

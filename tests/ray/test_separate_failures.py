@@ -26,7 +26,7 @@ ARGS = [
 ]
 #: A killed replica's heartbeat stops too: were its death not noticed at once, the heartbeat
 #: would end the wait on it this long after the kill. The bound is half of it (measured: ~3 s).
-KILLED_HEARTBEAT_S = 60
+KILLED_HEARTBEAT_S = 300
 
 
 def test_killed_replica_ends_the_job_and_resume_regenerates_what_was_in_flight(tmp_path: Path) -> None:
@@ -40,7 +40,7 @@ def test_killed_replica_ends_the_job_and_resume_regenerates_what_was_in_flight(t
     assert "role 'rollout' rank 1" in run.text and "died" in run.text, run.text[-3000:]
     assert steps_done(out) < STEPS
 
-    resumed = run_cli("train", str(MAIN_CONFIG), *ARGS, f"trainer.output_dir={out}", "--resume", timeout=600)
+    resumed = run_cli("train", str(MAIN_CONFIG), *ARGS, f"trainer.output_dir={out}", "--resume")
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "samples in flight at the checkpoint were not saved; they are discarded" in resumed.stdout
     steps = [r["step"] for r in records(out / "metrics.jsonl")]

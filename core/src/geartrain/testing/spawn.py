@@ -39,7 +39,13 @@ def _entry(rank: int, world: int, store_path: str, out_dir: str, fn: Callable[..
         dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
+#: the default ``timeout`` of :func:`run_ranks`: a hang guard only (a deadlocked collective
+#: would block a suite forever), far above what an engine test's ranks take on a loaded machine
+#: (minutes at most), so it never decides a test there
+HANG_GUARD_S = 1800.0
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = HANG_GUARD_S) -> list[Any]:
     """Run ``fn(rank, world, *args)`` in ``world`` spawned gloo processes (``fn`` must be a
     module-level function, its results tensors, numbers, strings, ``None`` and lists, tuples
     and dicts of them); return each rank's result in rank order. Raises ``RuntimeError``
