@@ -30,7 +30,6 @@ def check_agent_job_learns(backend: str, out: Path, *, steps: int = 50, min_gain
         f"trainer.output_dir={out}",
         *schedule,
         *SHORT,
-        timeout=1500,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)

@@ -29,7 +29,13 @@ def geartrain_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "geartrain.cli", *args]
 
 
-def run_geartrain(*args: str, timeout: float = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+#: a hang guard only, for a job or a check run by a test (or its start-up, or its exit after a
+#: signal): the e2e jobs take minutes even on a loaded 2-core machine, so this never decides a
+#: test; the order of events does
+JOB_HANG_GUARD_S = 3600.0
+
+
+def run_geartrain(*args: str, timeout: float = JOB_HANG_GUARD_S, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(geartrain_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 

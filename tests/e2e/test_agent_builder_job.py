@@ -82,7 +82,7 @@ def test_a_failing_environment_is_on_the_console_and_the_run_directory_says_how_
     )
     (tmp_path / "job.toml").write_text(JOB)
     out = tmp_path / "out"
-    proc = run_geartrain("train", str(tmp_path / "job.toml"), f"trainer.output_dir={out}", timeout=600)
+    proc = run_geartrain("train", str(tmp_path / "job.toml"), f"trainer.output_dir={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # one line per generation (validation at 0, 1, 2 and the two training steps), naming the kind
     lines = [x for x in proc.stderr.splitlines() if "environment error in" in x]
@@ -112,7 +112,6 @@ def test_a_failing_environment_is_on_the_console_and_the_run_directory_says_how_
         f"trainer.output_dir={out}",
         "trainer.total_steps=1",
         "--overwrite",
-        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = (out / "episodes.log").read_text()

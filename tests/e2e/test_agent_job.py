@@ -26,7 +26,7 @@ SHORT = (
 
 def test_agent_job_gains_30_points_and_the_control_does_not(tmp_path: Path) -> None:
     out = tmp_path / "agent"
-    proc = run_geartrain("train", str(AGENT_CONFIG), f"trainer.output_dir={out}", *SHORT, timeout=900)
+    proc = run_geartrain("train", str(AGENT_CONFIG), f"trainer.output_dir={out}", *SHORT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)
     assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"
@@ -61,7 +61,6 @@ def test_agent_job_gains_30_points_and_the_control_does_not(tmp_path: Path) -> N
         f"model.path={out / 'sft_model'}",
         "rollout.agent.environment_kwargs.enabled=false",
         *SHORT,
-        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     c_before, c_after = printed_accuracies(proc.stdout)

@@ -11,7 +11,7 @@ GSM8K = ROOT / "examples" / "gsm8k" / "grpo_qwen2.5_0.5b_vllm.toml"
 
 
 def test_main_job_config_checks_with_its_plugins() -> None:
-    proc = run_geartrain("check", "--overwrite", str(ROOT / "examples" / "arithmetic" / "grpo.toml"), timeout=120)
+    proc = run_geartrain("check", "--overwrite", str(ROOT / "examples" / "arithmetic" / "grpo.toml"))
     assert proc.returncode == 0, proc.stderr
     assert "ok (grpo with actor engine 'fsdp' and rollout 'torch')" in proc.stdout
 
@@ -34,7 +34,7 @@ def test_arithmetic_recipe_per_family_checks(name: str) -> None:
     from geartrain.trainer import load_train_config
 
     path = ROOT / "examples" / "arithmetic" / f"{name}.toml"
-    proc = run_geartrain("check", "--overwrite", str(path), timeout=120)
+    proc = run_geartrain("check", "--overwrite", str(path))
     assert proc.returncode == 0, proc.stderr
     algo = load_train_config(str(path)).algorithm
     assert algo.estimator == ARITHMETIC_RECIPES[name]
@@ -46,27 +46,27 @@ def test_arithmetic_recipe_per_family_checks(name: str) -> None:
 
 def test_an_unregistered_algorithm_fails_the_check() -> None:
     rloo = ROOT / "examples" / "arithmetic" / "rloo.toml"
-    proc = run_geartrain("check", "--overwrite", str(rloo), "algorithm.advantage=rlooo", timeout=120)
+    proc = run_geartrain("check", "--overwrite", str(rloo), "algorithm.advantage=rlooo")
     assert proc.returncode == 2
     assert "algorithm" in proc.stderr and "'rlooo' is not a registered estimator" in proc.stderr
 
 
 def test_gsm8k_vllm_recipe_checks_without_its_plugins() -> None:
-    proc = run_geartrain("check", "--overwrite", str(GSM8K), "--no-plugins", "--config-only", timeout=120)
+    proc = run_geartrain("check", "--overwrite", str(GSM8K), "--no-plugins", "--config-only")
     assert proc.returncode == 0, proc.stderr
     assert "ok (grpo with actor engine 'fsdp' and rollout 'vllm')" in proc.stdout
 
 
 @pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is not None, reason="vllm plugin installed here")
 def test_gsm8k_vllm_recipe_names_the_missing_plugin() -> None:
-    proc = run_geartrain("check", "--overwrite", str(GSM8K), timeout=120)
+    proc = run_geartrain("check", "--overwrite", str(GSM8K))
     assert proc.returncode == 2
     assert "rollout.backend" in proc.stderr and "pip install './plugins/vllm_rollout[cpu]'" in proc.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("geartrain_vllm") is None, reason="needs the vllm plugin")
 def test_gsm8k_vllm_recipe_checks_with_the_vllm_plugin() -> None:
-    proc = run_geartrain("check", "--overwrite", str(GSM8K), "--config-only", timeout=300)
+    proc = run_geartrain("check", "--overwrite", str(GSM8K), "--config-only")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -79,7 +79,6 @@ def test_a_typo_is_reported_with_its_path() -> None:
         "--config-only",
         "algorithm.clip_ratio=-1",
         "trainer.totl_steps=3",
-        timeout=120,
     )
     assert proc.returncode == 2
     assert "algorithm.clip_ratio" in proc.stderr and "trainer.totl_steps" in proc.stderr
@@ -105,11 +104,9 @@ def test_agent_otb_recipe_checks_with_the_multi_turn_estimator() -> None:
 
 def test_agent_job_config_checks_and_a_missing_environment_is_named(tmp_path) -> None:  # noqa: ANN001
     config = ROOT / "examples" / "calculator" / "grpo.toml"
-    proc = run_geartrain("check", "--overwrite", str(config), timeout=120)
+    proc = run_geartrain("check", "--overwrite", str(config))
     assert proc.returncode == 0, proc.stderr
     assert "ok (grpo with actor engine 'fsdp' and rollout 'torch')" in proc.stdout
-    proc = run_geartrain(
-        "check", "--overwrite", str(config), "rollout.agent.environment=missing.py:Calculator", timeout=120
-    )
+    proc = run_geartrain("check", "--overwrite", str(config), "rollout.agent.environment=missing.py:Calculator")
     assert proc.returncode != 0
     assert "rollout.agent.environment" in proc.stderr and "missing.py" in proc.stderr

@@ -83,7 +83,7 @@ def test_prompt_budget_that_cannot_fit_the_rollout_is_a_config_error() -> None:
 def test_malformed_row_stops_the_cli_with_the_file_and_line(tmp_path: Path) -> None:
     data = _write_jsonl(tmp_path / "train.jsonl", [*_rows(2), {"prompt": "1+1="}, *_rows(5, start=20)])
     proc = run_geartrain(
-        "train", str(MAIN_CONFIG), *FAST, f"data.path={data}", f"trainer.output_dir={tmp_path / 'run'}", timeout=300
+        "train", str(MAIN_CONFIG), *FAST, f"data.path={data}", f"trainer.output_dir={tmp_path / 'run'}"
     )
     assert proc.returncode == 2
     assert f"{data}, line 3" in proc.stderr and "ground_truth" in proc.stderr, proc.stderr[-2000:]

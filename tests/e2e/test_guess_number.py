@@ -59,7 +59,6 @@ def test_episodes_in_the_trainer_get_the_secret_s_hints_and_reward(tmp_path: Pat
         "trainer.log_completions=128",
         "trainer.export_hf=false",
         "trainer.tensorboard=false",
-        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import MAIN_CONFIG, ROOT, geartrain_cmd, rl_records
+from e2e_helpers import JOB_HANG_GUARD_S, MAIN_CONFIG, ROOT, geartrain_cmd, rl_records
 from geartrain import CheckpointManager
 from geartrain.trainer.run import train_from_cli
 
@@ -43,12 +43,12 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path: Path) -> None:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + JOB_HANG_GUARD_S  # a hang guard: step 4 ends the wait
         while not (out / "metrics.jsonl").exists() or len(rl_records(out / "metrics.jsonl")) < 4:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=JOB_HANG_GUARD_S)  # a hang guard: the Ctrl-C ends it
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -27,7 +27,7 @@ SCHEDULE = [
 
 
 def test_lora_main_job_gains_25_points(out_dir: Path) -> None:
-    proc = run_geartrain("train", str(LORA_CONFIG), *SCHEDULE, f"trainer.output_dir={out_dir}", timeout=1200)
+    proc = run_geartrain("train", str(LORA_CONFIG), *SCHEDULE, f"trainer.output_dir={out_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
     assert lines[-2].startswith("accuracy before GRPO: ") and lines[-1].startswith("accuracy after GRPO: ")
@@ -61,7 +61,6 @@ def test_lora_reference_is_the_actors_base_with_adapters_off(out_dir: Path) -> N
         "algorithm.use_kl_loss=true",
         "algorithm.kl_loss_coef=0.01",
         f"trainer.output_dir={out_dir}",
-        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reference policy: the actor's base with LoRA adapters off (no second copy:" in proc.stdout
@@ -84,7 +83,6 @@ def test_lora_job_with_vllm_in_adapter_only_mode(out_dir: Path) -> None:
         "actor.lora.sync=adapter",
         *SCHEDULE,
         f"trainer.output_dir={out_dir}",
-        timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)

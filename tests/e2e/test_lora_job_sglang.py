@@ -52,7 +52,6 @@ def test_lora_job_with_sglang_in_adapter_only_mode(out_dir: Path) -> None:
         "trainer.tensorboard=false",
         "trainer.export_hf=false",
         f"trainer.output_dir={out_dir}",
-        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed_accuracies(proc.stdout)  # make train's accuracy lines are there

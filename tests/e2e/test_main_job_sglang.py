@@ -29,7 +29,7 @@ SCHEDULE = [
 
 def test_main_job_with_the_sglang_rollout_gains_30_points(out_dir: Path) -> None:
     proc = run_geartrain(
-        "train", str(MAIN_CONFIG), "rollout.backend=sglang", *SCHEDULE, f"trainer.output_dir={out_dir}", timeout=1800
+        "train", str(MAIN_CONFIG), "rollout.backend=sglang", *SCHEDULE, f"trainer.output_dir={out_dir}"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)

@@ -23,7 +23,6 @@ def test_ppo_job_gains_30_points(out_dir: Path) -> None:
         "trainer.tensorboard=false",
         "trainer.export_hf=false",
         "trainer.save_every=0",
-        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout, "PPO")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import QUICK, ROOT, rl_records
+from e2e_helpers import JOB_HANG_GUARD_S, QUICK, ROOT, rl_records
 
 pytestmark = pytest.mark.e2e
 
@@ -16,7 +16,7 @@ def test_python_api_example_runs_the_pipeline(out_dir: Path) -> None:
     script = ROOT / "examples" / "arithmetic" / "train.py"
     overrides = [*QUICK, "trainer.total_steps=3", "sft.min_steps=0", f"trainer.output_dir={out_dir}"]
     proc = subprocess.run(
-        [sys.executable, str(script), *overrides], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, str(script), *overrides], cwd=ROOT, capture_output=True, text=True, timeout=JOB_HANG_GUARD_S
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accuracy before GRPO: " in proc.stdout and "gain: " in proc.stdout

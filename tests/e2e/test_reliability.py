@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import MAIN_CONFIG, rl_records
+from e2e_helpers import JOB_HANG_GUARD_S, MAIN_CONFIG, rl_records
 from geartrain.cli import main
 from geartrain.errors import ConfigError
 from geartrain.trainer import load_train_config, run_job
@@ -179,9 +179,7 @@ def test_a_hanging_reward_times_out_and_the_run_goes_on(tmp_path: Path) -> None:
         f"RELEASE, RETURNED = pathlib.Path({str(release)!r}), pathlib.Path({str(returned)!r})\n"
         "def score(response, ground_truth):\n"
         "    if int(ground_truth) % 2:\n"
-        "        for _ in range(6000):  # hangs until released (600 s at most)\n"
-        "            if RELEASE.exists():\n"
-        "                break\n"
+        "        while not RELEASE.exists():  # until released (the job's exit ends its daemon thread)\n"
         "            time.sleep(0.1)\n"
         "        RETURNED.touch()\n"
         "    return float(response.strip() == ground_truth)\n"
@@ -320,7 +318,7 @@ def test_overwrite_into_a_live_run_is_refused_and_the_run_goes_on(
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + JOB_HANG_GUARD_S  # a hang guard: the run's second step ends the wait
         while not ((out / "metrics.jsonl").exists() and len(rl_records(out / "metrics.jsonl")) >= 2):
             assert live.poll() is None and time.monotonic() < deadline, "the live run did not get going"
             time.sleep(0.2)

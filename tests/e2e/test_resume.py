@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import MAIN_CONFIG, QUICK, ROOT, geartrain_cmd, rl_records, run_geartrain
+from e2e_helpers import JOB_HANG_GUARD_S, MAIN_CONFIG, QUICK, ROOT, geartrain_cmd, rl_records, run_geartrain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -48,13 +48,13 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 400
+        deadline = time.monotonic() + JOB_HANG_GUARD_S  # a hang guard: step 5 ends the wait
         while _last_rl_step(killed_dir / "metrics.jsonl") < 5:  # step 4's checkpoint is written
             assert child.poll() is None, "the job ended before it could be killed"
             assert time.monotonic() < deadline, "the job made no progress"
             time.sleep(0.05)
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
+        child.wait()
     finally:
         if child.poll() is None:
             child.kill()

@@ -73,7 +73,7 @@ def _train(tmp_path: Path, job: str, rows: list[dict[str, object]]) -> tuple[lis
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "job.toml").write_text(job)
     out = tmp_path / "out"
-    result = run_geartrain("train", str(tmp_path / "job.toml"), f"trainer.output_dir={out}", timeout=600)
+    result = run_geartrain("train", str(tmp_path / "job.toml"), f"trainer.output_dir={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
