@@ -19,6 +19,10 @@ from pathlib import Path
 
 import pytest
 
+#: a hang guard only, for a child process (a Python start-up importing torch, a make run):
+#: far above what it takes on a loaded machine, so it never decides a test
+HANG_GUARD_S = 600
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [
     "core/pyproject.toml",
@@ -136,7 +140,7 @@ def make(repo: Path, *args: str, lint_rc: int = 0, lint_s: float = 0.0) -> tuple
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     events = [Event(w, n, float(t)) for w, n, t in (line.split() for line in log.read_text().splitlines())]
     return proc, events

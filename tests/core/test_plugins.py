@@ -17,6 +17,10 @@ import pytest
 from geartrain import plugins
 from geartrain.errors import PluginError, PluginNotFoundError
 
+#: a hang guard only, for a child process (a Python start-up importing torch, a make run):
+#: far above what it takes on a loaded machine, so it never decides a test
+HANG_GUARD_S = 600
+
 REQUIRED_ENGINE = "\n".join(
     f"@hookimpl\ndef {hook}({args}):\n    return {ret!r}\n"
     for hook, args, ret in [
@@ -203,7 +207,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         [sys.executable, "-m", "geartrain.cli", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
         env={**os.environ, **(env or {})},
     )
 
