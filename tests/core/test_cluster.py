@@ -88,7 +88,7 @@ def ddp_engine() -> Iterator[str]:
 
 
 def test_a_hand_built_context_gets_the_size_one_group_and_gives_it_back(ddp_engine: str) -> None:
-    """``EngineContext(role=...)`` built by hand (as the README does) has no group; the core
+    """``EngineContext(role=...)`` built by hand (as docs/guide.md does) has no group; the core
     supplies the size-1 group, so the DDP line of docs/plugins.md works, and releases it
     with the engine (and the rollout, on shutdown)."""
     import gc

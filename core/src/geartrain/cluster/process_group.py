@@ -14,7 +14,7 @@ is matched by one :func:`release_single_rank_group`; the last release destroys t
 the default group too when this module initialised it.
 
 :func:`with_process_group` is how the core keeps the promise for contexts built by hand
-(``EngineContext(role="actor")``, as in the README): :class:`geartrain.Engine` and
+(``EngineContext(role="actor")``, as in docs/guide.md): :class:`geartrain.Engine` and
 :class:`geartrain.Rollout` supply the size-1 group whenever none is given.
 """
 

@@ -313,8 +313,8 @@ class RewardFunctionConfig(Section):
 
 class RewardConfig(Section):
     """One rule ``function``, several weighted ``functions``, or a reward ``model``. The
-    reward contract (arguments, return values, batched functions) is in the README's
-    "Rewards" section."""
+    reward contract (arguments, return values, batched functions) is in
+    docs/rewards.md."""
 
     function: str | None = "arithmetic"
     """A registered reward (``arithmetic``, ``gsm8k``, ``math_boxed``...), a dotted path
