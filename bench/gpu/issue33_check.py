@@ -23,6 +23,9 @@ each printing ``name: value`` lines (all of them in ``$OUT/issue33.json``):
 4. ``lora_memory``: ``bench/bench_lora.py`` on qwen2.5-1.5b at equal micro-batch with
    gradient checkpointing, full fine-tuning vs LoRA r16 (bf16 base): peaks (weights
    included) and their ratio (goal <= 0.35x).
+5. ``decode_skewed``: decode as in 1 (gqa:forward) with length-skewed per-row budgets
+   (Pareto, 32-256 tokens at 256), finished rows left in the batch vs compacted every
+   ``--compact-every`` steps (``rollout.options.compact_every``).
 
 ``--device cpu --dry-run`` runs the sections on the tiny model with small shapes (the CPU
 check of this script; ``tests/fsdp_engine/test_gpu_script_issue33.py``).
@@ -64,7 +67,20 @@ def _model(a: argparse.Namespace, preset: str) -> Any:
 
 
 # --------------------------------------------------------------------------- 1. decode
-def decode(a: argparse.Namespace) -> None:
+def skewed_budgets(rows: int, most: int) -> list[int]:
+    """Length-skewed per-row token budgets (Pareto, shape 1.2, scale ``most / 8``, at most
+    ``most``), fixed by the seed: a few long rows and many short ones, as RL rollouts with
+    stop tokens finish."""
+    g = torch.Generator().manual_seed(33)
+    u = torch.rand(rows, generator=g, dtype=torch.float64).clamp_min(1e-9)
+    low = max(1, most // 8)
+    return [int(min(most, low * x)) for x in (u ** (-1 / 1.2)).tolist()]
+
+
+def decode(a: argparse.Namespace, *, skewed: bool = False) -> None:
+    """Decode at ``a.decode_batch`` rows, each ``--decode-variants`` entry; ``skewed``:
+    length-skewed budgets (:func:`skewed_budgets`), gqa:forward without and with the
+    compaction of finished rows (``rollout.options.compact_every``)."""
     from geartrain.accounting import decode_call_roofline, decode_step_bytes
     from geartrain.config import RolloutConfig
     from geartrain.rollout import Rollout
@@ -74,15 +90,23 @@ def decode(a: argparse.Namespace) -> None:
     shape = _shape(mc)
     _, peak, bw = card(a.device)
     rows = a.decode_batch
-    for variant in a.decode_variants:
-        attention, graph = variant.split(":")
+    budgets = skewed_budgets(rows, a.response_tokens) if skewed else None
+    variants = [f"gqa:forward:{k}" for k in (0, a.compact_every)] if skewed else a.decode_variants
+    for variant in variants:
+        attention, graph, *rest = variant.split(":")
+        compact = int(rest[0]) if rest else 0
         ro = Rollout(
             RolloutConfig(
                 backend="torch",
                 dtype="bfloat16" if a.device == "cuda" else "float32",
                 max_model_len=a.prompt_tokens + a.response_tokens,
                 max_num_seqs=rows,
-                options={"static_cache": True, "decode_graph": graph, "decode_attention": attention},
+                options={
+                    "static_cache": True,
+                    "decode_graph": graph,
+                    "decode_attention": attention,
+                    "compact_every": compact,
+                },
             ),
             mc,
             EngineContext(role="rollout", device=a.device),
@@ -92,7 +116,14 @@ def decode(a: argparse.Namespace) -> None:
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         g = torch.Generator().manual_seed(rows)
         prompts = [torch.randint(4, 100, (a.prompt_tokens,), generator=g).tolist() for _ in range(rows)]
-        sp = SamplingParams(n=1, temperature=1.0, max_tokens=a.response_tokens, seed=0, stop_token_ids=[])
+        sp = SamplingParams(
+            n=1,
+            temperature=1.0,
+            max_tokens=a.response_tokens,
+            seed=0,
+            stop_token_ids=[],
+            max_tokens_per_prompt=budgets,
+        )
         t = time.perf_counter()
         ro.generate(prompts, sp)  # warm-up: compiles and captures for these shapes
         sync(a.device)
@@ -109,6 +140,7 @@ def decode(a: argparse.Namespace) -> None:
         figures = {
             "decode_attention": model.config._attn_implementation,
             "decode_graph": graph,
+            "compact_every": compact,
             "batch": rows,
             "generated_tokens": int(sum(generated)),
             "seconds_incl_prefill": round(dt, 3),
@@ -121,9 +153,17 @@ def decode(a: argparse.Namespace) -> None:
             "warmup_s": round(warm, 1),
             "mean_abs_logp_vs_hf_forward": round(base.logp_gap_vs_forward(model, out), 5),
         }
-        record(f"decode_{attention}_{graph}_batch{rows}", figures)
+        tag = f"skewed_compact{compact}" if skewed else f"{attention}_{graph}"
+        record(f"decode_{tag}_batch{rows}", figures)
         ro.shutdown()
         del ro, model
+    if skewed:
+        off, on = (RESULTS.get(f"decode_skewed_compact{k}_batch{rows}") for k in (0, a.compact_every))
+        if isinstance(off, dict) and isinstance(on, dict):
+            record(
+                "decode_skewed_compaction_speedup", round(off["seconds_incl_prefill"] / on["seconds_incl_prefill"], 3)
+            )
+        return
     gqa, hf = RESULTS.get(f"decode_gqa_forward_batch{rows}"), RESULTS.get(f"decode_hf_forward_batch{rows}")
     if isinstance(gqa, dict) and isinstance(hf, dict):
         record("decode_gqa_over_hf_speedup", round(gqa["tokens_per_s"] / hf["tokens_per_s"], 3))
@@ -259,12 +299,13 @@ def lora_memory(a: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- driver
-SECTIONS = ["decode", "mfu05", "grpo_geartrain", "grpo_trl", "mfu15", "lora_memory"]
+SECTIONS = ["decode", "mfu05", "grpo_geartrain", "grpo_trl", "mfu15", "lora_memory", "decode_skewed"]
 
 
 def run_sections(a: argparse.Namespace) -> None:
     table = {
         "decode": lambda: decode(a),
+        "decode_skewed": lambda: decode(a, skewed=True),
         "mfu05": lambda: update_mfu(a, "qwen2.5-0.5b", a.micro_tokens),
         "mfu15": lambda: update_mfu(a, "qwen2.5-1.5b", a.micro_tokens // 2),
         "grpo_geartrain": lambda: grpo(a, "geartrain"),
@@ -323,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         help="<decode_attention>:<decode_graph> pairs (gqa|hf : step|forward|none)",
     )
     ap.add_argument("--grpo-decode-graph", default="forward", choices=["step", "forward", "none"])
+    ap.add_argument("--compact-every", type=int, default=32, help="decode_skewed: the compaction period (steps)")
     ap.add_argument("--compile-backend", default="inductor")
     ap.add_argument("--gradient-checkpointing", action="store_true", help="the MFU and GRPO engines")
     ap.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None, help="default: on CUDA")

@@ -238,3 +238,26 @@ def test_the_host_learns_every_row_is_done_within_the_steps_in_flight(event: typ
             flag.fill_(True)
         watch.post()
     assert steps == 10 + extra_steps
+
+
+def test_compacting_finished_rows_keeps_every_rows_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 item 3: with compact_every = 2 the static decode goes on with the live rows
+    only once at most half are live (length-skewed budgets, stop sequences); every row's
+    tokens, stops and log-probs are the dynamic loop's, and the compacted batches shrink."""
+    sizes: list[int] = []
+    real = static_decode._compact
+
+    def spy(model, state, keep, filled, max_len):  # noqa: ANN001, ANN202
+        sizes.append(len(keep))
+        new = real(model, state, keep, filled, max_len)
+        assert int(new.cache.layers[0].cumulative_length) == filled  # the next token lands after them
+        return new
+
+    monkeypatch.setattr(static_decode, "_compact", spy)
+    real_decode = static_decode.decode_chunk_static
+    monkeypatch.setattr(
+        static_decode, "decode_chunk_static", lambda *a, **k: real_decode(*a, **{**k, "compact_every": 2})
+    )
+    lengths = _static_equals_dynamic(STOPPING)
+    assert sizes and sizes == sorted(sizes, reverse=True) and sizes[0] <= len(lengths) // 2, sizes
+    assert max(lengths) > 2 * min(lengths)  # the budgets skew the lengths

@@ -16,7 +16,7 @@ SCRIPT = ROOT / "bench/gpu/issue33_check.py"
 
 def test_issue33_script_dry_run_on_cpu(tmp_path: Path) -> None:
     cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--dry-run"]
-    cmd += ["--sections", "decode", "mfu05", "grpo_geartrain", "lora_memory"]
+    cmd += ["--sections", "decode", "mfu05", "grpo_geartrain", "lora_memory", "decode_skewed", "--compact-every", "2"]
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1", "BENCH_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -35,6 +35,9 @@ def test_issue33_script_dry_run_on_cpu(tmp_path: Path) -> None:
     assert mfu["one_rank_mesh"] and mfu["fused_log_probs"] and not mfu["compiled"]  # CPU: compile off by default
     grpo = results["grpo_update_accounting"]
     assert grpo["computed_tokens"] == 4 * 8 + 16 * 8 < grpo["counted_tokens_without_sharing"] == 16 * 16
+    off, on = results["decode_skewed_compact0_batch8"], results["decode_skewed_compact2_batch8"]
+    assert off["generated_tokens"] == on["generated_tokens"] < 8 * 8  # skewed budgets, same tokens either way
+    assert results["decode_skewed_compaction_speedup"] > 0
     lora = results["lora_memory"]
     assert lora["gradient_checkpointing"] and lora["full_peak_gib"] > 0 and lora["lora_over_full_peak"] > 0
 

@@ -154,6 +154,22 @@ class DeviceDecodeRecord:
     def results(self) -> list[tuple[list[int], list[float], str]]:
         return _rows(self.tokens, self.token_lps, self.lengths, self.stopped)
 
+    #: The buffers with one entry per row.
+    ROW_BUFFERS = ("tokens", "token_lps", "lengths", "stopped", "done", "limits", "recent")
+
+    def select(self, index: torch.Tensor) -> DeviceDecodeRecord:
+        """A record of the rows ``index`` (a device index tensor) only, in that order: every
+        per-row buffer's rows picked, the same stop rules (the compaction of finished rows)."""
+        new = object.__new__(DeviceDecodeRecord)
+        new.steps, new.stop, new.stop_seqs = self.steps, self.stop, self.stop_seqs
+        for name in self.ROW_BUFFERS:
+            setattr(new, name, getattr(self, name).index_select(0, index))
+        return new
+
+    def results_of(self, index: torch.Tensor) -> list[tuple[list[int], list[float], str]]:
+        """:meth:`results` of the rows ``index`` only."""
+        return _rows(*(getattr(self, n).index_select(0, index) for n in ("tokens", "token_lps", "lengths", "stopped")))
+
 
 def _rows(
     tokens: torch.Tensor, token_lps: torch.Tensor, lengths: torch.Tensor, stopped: torch.Tensor

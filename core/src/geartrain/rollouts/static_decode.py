@@ -270,6 +270,39 @@ def _capture(state: _StepState, pool: Any = None) -> torch.cuda.CUDAGraph | None
     return graph
 
 
+def _compact(model: torch.nn.Module, state: _StepState, keep: torch.Tensor, filled: int, max_len: int) -> _StepState:
+    """The step state of rows ``keep`` only: their ``filled`` cache columns copied into a
+    static cache of ``len(keep)`` rows (kept on the model like the others), every per-row
+    buffer and the record's rows picked, the step counter carried over."""
+    from transformers import StaticCache
+
+    caches: dict[tuple[int, int], Any] = model.__dict__.setdefault(_CACHES, {})
+    rows = len(keep)
+    static = caches.get((rows, max_len))
+    if static is None:
+        static = caches[(rows, max_len)] = StaticCache(config=model.config, max_cache_len=max_len)
+    else:
+        static.reset()
+    for layer, src in zip(static.layers, state.cache.layers, strict=True):
+        layer.update(src.keys[:, :, :filled].index_select(0, keep), src.values[:, :, :filled].index_select(0, keep))
+    new = _StepState(
+        forward=state.forward,
+        cache=static,
+        record=state.record.select(keep),
+        sampling=state.sampling,
+        seeds=state.seeds.index_select(0, keep),
+        mask=state.mask.index_select(0, keep),
+        positions=state.positions.index_select(0, keep),
+        width=state.width,
+        pad_token_id=0,
+        choose_fn=state.choose_fn,
+    )
+    new.step_ids.copy_(state.step_ids.index_select(0, keep))
+    new.counter.copy_(state.counter)
+    new.all_done.copy_(new.record.done.all())
+    return new
+
+
 @torch.no_grad()
 def decode_chunk_static(
     model: torch.nn.Module,
@@ -284,6 +317,7 @@ def decode_chunk_static(
     mode: GraphMode | None = None,
     step_fn: Callable[..., Any] | None = None,
     kv_bucket_tokens: int | None = None,
+    compact_every: int = 0,
 ) -> list[tuple[list[int], list[float], str]]:
     """Decode one chunk of rows (the contract of the torch rollout's dynamic
     ``_decode_chunk``); ``budgets`` are each row's token limits (already capped by the
@@ -291,7 +325,10 @@ def decode_chunk_static(
     ``step_fn`` overrides the decode forward (tests). ``kv_bucket_tokens``: with the
     GQA-native decode attention, each step reads only the cache's filled columns rounded up
     to a multiple of it (one compiled / captured step per bucket) instead of its whole
-    width."""
+    width. ``compact_every`` (0: never): every that many steps the host learns which rows
+    are done (one synchronisation) and, when at most half of the batch is still live,
+    decodes on with the live rows only (:func:`_compact`; a new batch size is a new graph).
+    Every row's tokens and log-probs are the same either way."""
     from transformers import DynamicCache
 
     b = len(prompts)
@@ -347,9 +384,21 @@ def decode_chunk_static(
 
     graphs: dict[int | None, Any] = {}  # one captured step per key length
     capturing = mode == "step"
+    rows = torch.arange(b)  # the original row of each row of the batch
+    left: list[tuple[list[int], list[tuple[list[int], list[float], str]]]] = []  # rows compacted away
     for t in range(1, steps):
         if watch.finished():
             break
+        if compact_every and t % compact_every == 0:
+            done = state.record.done.cpu()
+            live = int((~done).sum())
+            if 0 < live <= len(done) // 2:
+                gone, keep = done.nonzero().squeeze(1), (~done).nonzero().squeeze(1)
+                left.append((rows[gone].tolist(), state.record.results_of(gone.to(device))))
+                state = _compact(model, state, keep.to(device), width + t - 1, width + steps)
+                rows = rows[keep]
+                graphs = {}  # captured over the old buffers
+                watch = _DoneWatch(state.all_done)
         state.kv_len = kv_len(t)
         graph = graphs.get(state.kv_len)
         if graph is not None:
@@ -366,4 +415,10 @@ def decode_chunk_static(
         else:
             state.advance()
         watch.post()
-    return record.results()
+    if not left:
+        return state.record.results()
+    out: list[Any] = [None] * b
+    for ids, results in [(rows.tolist(), state.record.results()), *left]:
+        for i, result in zip(ids, results, strict=True):
+            out[i] = result
+    return out

@@ -81,6 +81,11 @@ class TorchRolloutOptions(BaseModel):
     """Static-cache decode with the ``"gqa"`` attention: each step reads the cache's filled
     columns rounded up to a multiple of this many (one compiled / captured step per
     bucket), not its whole width. 0: the whole width every step."""
+    compact_every: int = Field(0, ge=0)
+    """Static-cache decode: every this many steps, when at most half of the chunk's rows
+    are still live, decode on with those rows only (their KV cache copied to a smaller
+    static cache; one host synchronisation per check). 0: off (finished rows stay in the
+    batch until the chunk ends)."""
     simulated_token_s: float = Field(0.0, ge=0)
     """Benchmarks only: simulate generation time as if every sample decoded a heavy-tailed
     number of tokens at this many seconds each, in a continuous-batching engine: each
@@ -479,6 +484,7 @@ def _decode_chunk(
             pad_token_id=rollout.pad_token_id,
             mode=rollout.options.decode_graph,
             kv_bucket_tokens=rollout.options.kv_bucket_tokens,
+            compact_every=rollout.options.compact_every,
         )
     unique, expand, input_ids, mask, positions = prefill_rows(prompts, keys, rollout.pad_token_id, device)
     wanted = budgets if budgets is not None else [sampling.max_tokens] * b
