@@ -16,7 +16,7 @@ def test_a_hanging_reward_times_out_per_batch_scores_zero_and_is_counted(caplog:
 
     def hangs_on_the_third(response: str, ground_truth: str) -> float:
         if response == "hang":
-            release.wait(600)  # "forever": until the test releases it
+            release.wait()  # until the test releases it (a daemon thread: no clock of its own)
             returned.set()
         return 1.0
 
@@ -47,7 +47,7 @@ def test_the_start_up_probe_of_a_hanging_reward_ends_at_the_timeout_with_a_note(
 
     def hangs_on_two(response: str, ground_truth: str) -> float:
         if ground_truth == "2":
-            release.wait(600)  # "forever": until the test releases it
+            release.wait()  # until the test releases it (a daemon thread: no clock of its own)
             returned.set()
         return 1.0
 

@@ -97,7 +97,7 @@ def test_packaged_recipes_validate(name: str) -> None:
 
 def test_agent_otb_recipe_checks_with_the_multi_turn_estimator() -> None:
     config = ROOT / "examples" / "calculator" / "tir_otb.toml"
-    proc = run_geartrain("check", "--overwrite", str(config), timeout=120)
+    proc = run_geartrain("check", "--overwrite", str(config))
     assert proc.returncode == 0, proc.stderr
     assert "ok (grpo with actor engine 'fsdp' and rollout 'torch')" in proc.stdout
 

@@ -129,7 +129,6 @@ def test_arithmetic_otb_recipe_runs_as_a_user_runs_it(tmp_path: Path) -> None:
         "validation.every_n_steps=3",
         "trainer.plot=false",
         "trainer.progress=false",
-        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [r["actor/pg_loss"] for r in rl_records(out / "metrics.jsonl") if "actor/pg_loss" in r]
