@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from geartrain.errors import CheckpointError, exception_chain
+from geartrain.errors import CheckpointError, exception_chain, unpickling_reason
 from geartrain.manifest import verify_manifest, write_manifest
 
 MARKER = "COMPLETE"
@@ -201,7 +201,7 @@ def load_state(path: str | Path, map_location: Any = None) -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = unpickling_reason(exc)
         raise CheckpointError(
             f"{path}: refusing to load it: it holds objects other than tensors and plain containers "
             f"({first}); geartrain never unpickles code from a checkpoint"

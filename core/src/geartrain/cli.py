@@ -272,7 +272,9 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return int(args.func(args) or 0)
     except GeartrainError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from geartrain.errors import without_ansi
+
+        print(f"error: {without_ansi(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before a job started (train reports its own step)
         print("\ninterrupted", file=sys.stderr)

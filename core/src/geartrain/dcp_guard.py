@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from geartrain.errors import CheckpointError
+from geartrain.errors import CheckpointError, unpickling_reason
 
 #: (module, name) pairs the ``.metadata`` pickle of torch 2.13's DCP refers to.
 _METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
@@ -108,7 +108,7 @@ def load_dcp_bytes(value: io.BytesIO | bytes, where: str) -> Any:
     try:
         return torch.load(stream, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = unpickling_reason(exc)
         raise CheckpointError(
             f"{where}: refusing to load it: it holds objects other than tensors and plain containers ({first}); "
             "geartrain never unpickles code from a checkpoint"

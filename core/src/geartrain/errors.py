@@ -114,3 +114,25 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
                 inner = getattr(failure, "exc", failure[0] if isinstance(failure, tuple) and failure else failure)
                 todo.append(inner if isinstance(inner, BaseException) else None)
     return seen
+
+
+_ANSI = None
+
+
+def without_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, bold: torch's messages carry
+    some), for one-line messages that may go to a file or a log."""
+    global _ANSI
+    if _ANSI is None:
+        import re
+
+        _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+    return _ANSI.sub("", text)
+
+
+def unpickling_reason(exc: BaseException) -> str:
+    """The line of a ``torch.load(weights_only=True)`` refusal that says what it found (the
+    blocked global), without escape codes; else its first line."""
+    lines = [without_ansi(line).strip() for line in str(exc).strip().splitlines() if line.strip()]
+    named = [line for line in lines if "GLOBAL" in line or "Unsupported" in line or "unsupported" in line]
+    return (named or lines or [type(exc).__name__])[0]

@@ -13,6 +13,7 @@ in any process. The CPU main job trains them; tests and the conformance suites u
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from transformers import (
 
 from geartrain.char_tokenizer import BOS, CHARACTERS, CHAT_TEMPLATE, EOS, PAD, UNK, char_tokenizer
 from geartrain.config import ModelConfig
+from geartrain.errors import GeartrainError, unpickling_reason
 from geartrain.gguf_source import hf_path
 
 __all__ = [
@@ -78,6 +80,32 @@ def hf_config(config: ModelConfig) -> PretrainedConfig:
     return hf
 
 
+def refused_pickle(path: str, exc: BaseException) -> GeartrainError:
+    """The one line for model weights in a pickle that holds more than tensors."""
+    return GeartrainError(
+        f"model.path '{path}': refusing to load its weights: a pickle file (pytorch_model.bin) holds objects other "
+        f"than tensors ({unpickling_reason(exc)}); geartrain never unpickles code. Use the model's safetensors "
+        "weights, or convert trusted weights to safetensors"
+    )
+
+
+def pickled_weights_problem(path: str) -> str | None:
+    """What is wrong with the pickle weight files (``*.bin``) of the local model directory
+    ``path``, read without running code or loading tensors (``None``: nothing, or the model
+    has safetensors weights, which transformers prefers)."""
+    directory = Path(path)
+    if not directory.is_dir() or any(directory.glob("*.safetensors")):
+        return None
+    for file in sorted(directory.glob("*.bin")):
+        try:
+            torch.load(file, weights_only=True, mmap=True, map_location="meta")
+        except pickle.UnpicklingError as exc:
+            return str(refused_pickle(path, exc)).replace("a pickle file (pytorch_model.bin)", f"{file.name}")
+        except Exception:  # noqa: BLE001 - an old or other format: the load itself reports it
+            continue
+    return None
+
+
 def build_hf_model(config: ModelConfig, *, device: str | torch.device = "cpu", meta: bool = False) -> torch.nn.Module:
     """Build the causal LM (or, with ``config.value_head``, a token-classification model
     with one label: a per-token value) that ``config`` describes.
@@ -98,7 +126,10 @@ def build_hf_model(config: ModelConfig, *, device: str | torch.device = "cpu", m
             model = auto.from_config(hf, dtype=dtype, **kwargs)
         return model
     if config.path is not None:
-        model = auto.from_pretrained(hf_path(config.path), config=hf, dtype=dtype, **kwargs)
+        try:
+            model = auto.from_pretrained(hf_path(config.path), config=hf, dtype=dtype, **kwargs)
+        except pickle.UnpicklingError as exc:  # transformers loads .bin weights with weights_only=True
+            raise refused_pickle(config.path, exc) from None
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)

@@ -6,6 +6,7 @@ over-long prompt before a batch draws it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,8 +189,8 @@ def _positions_fit(config: TrainConfig, problems: list[tuple[str, str]]) -> None
     positions are ones the model never saw: sampling goes on, quietly wrong)."""
     try:
         hf = hf_config(config.model)
-    except (OSError, ValueError):
-        return  # the tokenizer's load reports a model it cannot read
+    except Exception:  # noqa: BLE001 - the tokenizer's load and _model_builds report a model that cannot be read
+        return
     text = getattr(hf, "text_config", None) or hf
     positions = getattr(text, "max_position_embeddings", None)
     if isinstance(positions, int) and config.rollout.max_model_len > positions:
@@ -200,6 +201,43 @@ def _positions_fit(config: TrainConfig, problems: list[tuple[str, str]]) -> None
                     f"{config.rollout.max_model_len} exceeds the model's max_position_embeddings={positions}; "
                     f"set rollout.max_model_len <= {positions}"
                 ),
+            )
+        )
+
+
+def _model_builds(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
+    """The policy can be built as configured: its architecture builds (on the meta device:
+    nothing is allocated; ``config_overrides`` of the wrong type are named), an inline job's
+    weights fit this machine's memory, and a local model's pickle weights hold only tensors
+    (read without running code). Each is one line before anything is claimed."""
+    from geartrain.modeling import build_hf_model, pickled_weights_problem
+
+    model = config.model
+    if model.path is not None and (problem := pickled_weights_problem(model.path)):
+        problems.append(("model.path", problem))
+        return
+    try:
+        module = build_hf_model(model, meta=True)
+    except Exception as exc:  # noqa: BLE001 - transformers' own validation: any failure is the config's
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        why = " ".join(lines[:2])[:300] or type(exc).__name__
+        problems.append(("model", f"the model cannot be built as configured ({type(exc).__name__}: {why})"))
+        return
+    if config.cluster.placement != "inline":
+        return  # ranks on other machines: their memory is not this one's
+    weights = sum(p.numel() * p.element_size() for p in module.parameters())
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if weights > memory:
+        params = sum(p.numel() for p in module.parameters())
+        problems.append(
+            (
+                "model",
+                f"the model has {params:,} parameters ({weights / 2**30:,.1f} GiB of {model.dtype} weights), more "
+                f"than this machine's {memory / 2**30:,.1f} GiB of memory; check model.config_overrides "
+                f"({', '.join(f'{k}={v}' for k, v in model.config_overrides.items()) or 'none'})",
             )
         )
 
@@ -272,6 +310,7 @@ def preflight(
     except (OSError, ValueError) as exc:
         raise ConfigError([("model", f"cannot load the tokenizer: {exc}")]) from None
     result = Preflight(tokenizer=tokenizer)
+    _model_builds(config, problems)
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)

@@ -1,0 +1,96 @@
+"""Issue 35, item 13: bad data and model inputs are one line naming the row or the key:
+a JSONL line that is an array and a numeric prompt (named with their line), a
+``config_overrides`` hidden size of the wrong type or too large for this machine, a pickled
+``pytorch_model.bin`` (refused without running it), and no terminal escape codes in any
+pickle refusal (torch's message carries bold on/off codes)."""
+
+from __future__ import annotations
+
+import fractions
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from geartrain.checkpoint import load_state
+from geartrain.config import ModelConfig
+from geartrain.data import PromptDataset
+from geartrain.errors import CheckpointError, ConfigError, DataError, GeartrainError
+from geartrain.modeling import build_hf_model, tiny_config
+from geartrain.testing.tiny import tiny_tokenizer
+from geartrain.trainer import load_train_config
+from geartrain.trainer.preflight import preflight
+
+JOB = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
+SMALL = ["sft.enabled=false"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "said"),
+    [
+        ('{"prompt": "1+1=", "ground_truth": "2"}\n["1+1=", "2"]\n', "line 2: a row must be an object"),
+        ('{"prompt": 5, "ground_truth": "2"}\n', "line 1: 'prompt' must be a non-empty string"),
+    ],
+    ids=["array-line", "numeric-prompt"],
+)
+def test_a_bad_jsonl_line_is_named_with_its_line(tmp_path: Path, lines: str, said: str) -> None:
+    (tmp_path / "d.jsonl").write_text(lines)
+    with pytest.raises(DataError) as info:
+        PromptDataset(str(tmp_path / "d.jsonl"), tiny_tokenizer())
+    assert f"{tmp_path / 'd.jsonl'}, {said}" in str(info.value) and "no rows" not in str(info.value)
+
+
+def _problems(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        preflight(load_train_config(JOB, [*SMALL, *overrides], check_plugins=False))
+    return str(info.value)
+
+
+def test_a_hidden_size_of_the_wrong_type_is_one_line() -> None:
+    text = _problems("model.config_overrides.hidden_size=1e6")
+    assert "model: the model cannot be built as configured (" in text and "expected int, got float" in text, text
+
+
+def test_a_model_larger_than_this_machine_is_one_line_before_anything_is_allocated() -> None:
+    text = _problems("model.config_overrides.hidden_size=1000000")
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert f"GiB of float32 weights), more than this machine's {memory / 2**30:,.1f} GiB of memory" in text, text
+
+
+def _pickled_model(tmp_path: Path, payload: object) -> Path:
+    model = tmp_path / "model"
+    tiny_config("qwen2", hidden_size=32, intermediate_size=64, num_hidden_layers=1).save_pretrained(model)
+    tiny_tokenizer().save_pretrained(model)
+    torch.save({"model.embed_tokens.weight": torch.zeros(2, 2), "x": payload}, model / "pytorch_model.bin")
+    return model
+
+
+class _Ran:
+    """A payload that leaves a marker when unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.mkdir, (str(self.marker),))
+
+
+@pytest.mark.parametrize("kind", ["os.mkdir", "fractions.Fraction"])
+def test_a_pickled_pytorch_model_bin_is_one_line_and_never_runs(tmp_path: Path, kind: str) -> None:
+    marker = tmp_path / "code-ran"
+    payload = _Ran(marker) if kind == "os.mkdir" else fractions.Fraction(1, 3)
+    model = _pickled_model(tmp_path, payload)
+    text = _problems(f"model.path={model}", "model.tiny=null", "model.config_overrides={}")
+    assert f"model.path: model.path '{model}': refusing to load its weights: pytorch_model.bin holds objects" in text
+    assert "\x1b" not in text and "\n" not in text.split("problem(s)\n", 1)[1].strip(), text
+    with pytest.raises(GeartrainError) as info:  # and where the engine builds it
+        build_hf_model(ModelConfig(path=str(model)))
+    assert "refusing to load its weights" in str(info.value) and "\x1b" not in str(info.value)
+    assert not marker.exists()
+
+
+def test_a_checkpoints_pickle_refusal_has_no_escape_codes(tmp_path: Path) -> None:
+    torch.save({"scheduler": None, "extra": {"step": 1, "x": fractions.Fraction(1, 3)}}, tmp_path / "trainer.pt")
+    with pytest.raises(CheckpointError) as info:
+        load_state(tmp_path / "trainer.pt")
+    assert "\x1b" not in str(info.value) and "GLOBAL fractions.Fraction" in str(info.value), str(info.value)
