@@ -217,6 +217,12 @@ def _model_builds(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
         problems.append(("model.path", problem))
         return
     try:
+        hf_config(model)
+    except OSError:
+        return  # a model that cannot be read: the tokenizer's load (or the engine's) says so
+    except Exception:  # noqa: BLE001 - a config that cannot be made: the build below names it
+        pass
+    try:
         module = build_hf_model(model, meta=True)
     except Exception as exc:  # noqa: BLE001 - transformers' own validation: any failure is the config's
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
