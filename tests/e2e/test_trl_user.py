@@ -171,13 +171,15 @@ def test_accuracy_is_declared_and_said_once_when_read_from_a_reward_that_is_not_
     assert not [r for r in caplog.records if "accuracy is read as reward > 0" in r.getMessage()]
 
 
-def test_sft_stop_at_accuracy_reads_the_declared_accuracy(tmp_path: Path) -> None:
+def test_sft_stop_at_accuracy_reads_the_declared_accuracy(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Item 1: the warm start stopped at its first evaluation "100 % accurate" under a format
-    reward; with ``reward.accuracy`` a function that finds nothing right, it trains on."""
+    reward (said once for the run, warm start and RL together); with ``reward.accuracy`` a
+    function that finds nothing right, it trains on."""
     (tmp_path / "acc.py").write_text("def never(response, ground_truth):\n    return 0.0\n")
     sft = ["sft.enabled=true", "sft.steps=3", "sft.min_steps=0", "sft.eval_every=1", "sft.stop_at_accuracy=0.01"]
     run_job(_config(tmp_path / "a", *sft, "trainer.total_steps=1"), reward_fn=well_formed)
     assert [m["sft/dev_accuracy"] for m in _steps(tmp_path / "a" / "run", "sft") if "sft/dev_accuracy" in m] == [1.0]
+    assert len([r for r in caplog.records if "accuracy is read as reward > 0" in r.getMessage()]) == 1
     config = _config(tmp_path / "b", *sft, "trainer.total_steps=1", f"reward.accuracy={tmp_path / 'acc.py'}:never")
     run_job(config, reward_fn=well_formed)
     out = tmp_path / "b" / "run"

@@ -27,11 +27,16 @@ from geartrain.user_code import is_file_spec, load_from_file
 
 logger = logging.getLogger(__name__)
 
+#: The runs (by output directory) told that their accuracy is read as reward > 0: once per
+#: run, though the warm start's dev scoring and the RL steps each hold an :class:`Accuracy`.
+_TOLD: set[str] = set()
+
 
 def accuracy_of(config: Any) -> Accuracy:
     """The :class:`Accuracy` a :class:`~geartrain.trainer.config.TrainConfig` declares."""
     return Accuracy(
         config.reward.accuracy,
+        run=str(config.trainer.output_dir),
         base_dir=config.base_dir,
         timeout_s=config.reward.timeout_s,
         truth_column=config.data.ground_truth_key,
@@ -47,6 +52,7 @@ class Accuracy:
         self,
         spec: str | None,
         *,
+        run: str = "",
         base_dir: str | None = None,
         timeout_s: float | None = None,
         truth_column: str = "ground_truth",
@@ -54,7 +60,7 @@ class Accuracy:
         self.spec = spec
         self.key: str | None = None
         self.worker: Any | None = None
-        self._noticed = False
+        self.run = run
         if spec is None:
             return
         if ":" not in spec:
@@ -80,8 +86,8 @@ class Accuracy:
         acc = result.extras.get("acc", [None] * len(values))
         inferred = [s for a, s in zip(acc, result.scores.tolist(), strict=True) if a is None]
         odd = next((s for s in inferred if s not in (0.0, 1.0)), None)
-        if odd is not None and not self._noticed:
-            self._noticed = True
+        if odd is not None and self.run not in _TOLD:
+            _TOLD.add(self.run)
             logger.warning(
                 "accuracy is read as reward > 0: the reward function returns no 'acc' and its rewards are not 0/1 "
                 "(e.g. %.4g), so train_acc, val/accuracy, the accuracy before/after and sft.stop_at_accuracy count "
