@@ -63,7 +63,7 @@ def test_curves_leave_out_series_that_are_zero_throughout() -> None:
     panels = dict(plotted(records))
     assert panels["KL / entropy"] == ["actor/entropy"]
     assert panels["seconds per phase"] == ["timing/generate_s"]
-    assert "grad norm" not in panels and "validation accuracy" not in panels
+    assert "grad norm" not in panels and "accuracy" not in panels
 
 
 def _noisy_run(steps: int = 40) -> list[dict]:
