@@ -132,7 +132,7 @@ def test_export_never_writes_into_a_run_or_a_checkpoint(run: Path, geartrain) ->
 def test_a_non_empty_target_needs_overwrite_which_removes_only_an_exports_files(
     trained: Path, tmp_path: Path, geartrain
 ) -> None:  # noqa: ANN001
-    out = tmp_path / "out"
+    out = tmp_path / "step_00000001"  # named like a checkpoint, but a user's directory: a fine target
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     text = _one_line_error(geartrain("export", str(trained), str(out)))

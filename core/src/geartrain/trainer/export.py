@@ -70,7 +70,8 @@ def check_target(out: Path, run: Path, checkpoint: Path, *, overwrite: bool) -> 
             )
     for parent in [resolved, *resolved.parents]:
         in_run = parent.name == "checkpoints" and _holds_run(parent.parent)
-        if in_run or (parent / "COMPLETE").is_file() or parent.name.startswith(("step_", ".partial-step_")):
+        saved = any((parent / name).is_file() for name in ("COMPLETE", "MANIFEST.json", "engine.json"))
+        if in_run or saved or parent.name.startswith(".partial-step_"):
             raise ExportError(f"{where} is inside a checkpoint directory ({parent}); choose another directory")
     if os.path.lexists(out) and not out.is_dir():
         raise ExportError(f"{where} is a file, not a directory; choose another directory")
