@@ -51,3 +51,17 @@ def test_a_bad_decode_variant_is_one_line_exit_2() -> None:
     )
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "'gqa:fast' is not <gqa|hf>:<step|forward|none>" in proc.stderr
+
+
+def test_isolated_sections_report_through_their_child_processes(tmp_path: Path) -> None:
+    """``--isolate`` (the default on CUDA): each section runs in a child of the script and
+    its figures reach the parent's results."""
+    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--dry-run", "--isolate", "--budget", "300"]
+    cmd += ["--sections", "decode", "--decode-variants", "gqa:none"]
+    env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((tmp_path / "issue33.json").read_text())
+    assert not {k for k in results if k.endswith("_error")}, results
+    assert results["decode_gqa_none_batch8"]["generated_tokens"] == 8 * 8
+    assert results["device"]["name"] == "cpu" and "total_s" in results
