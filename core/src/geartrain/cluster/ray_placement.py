@@ -24,12 +24,15 @@
   (:mod:`geartrain.cluster.ray_reaper`).
 
 Each rank writes its output (stdout and stderr, C libraries included) to
-``<log_dir>/<pool>-rank<r>.log``; on a multi-node cluster ``log_dir`` must be on a shared
-filesystem for the driver to quote a failed rank's log (as checkpoints must be).
+``<log_dir>/<pool>-rank<r>.log``, where a rank killed by a fatal signal (SIGSEGV, SIGABRT,
+SIGBUS, SIGFPE, SIGILL) also leaves every one of its threads' Python stacks
+(``faulthandler``); on a multi-node cluster ``log_dir`` must be on a shared filesystem for
+the driver to quote a failed rank's log (as checkpoints must be).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import sys
@@ -146,6 +149,10 @@ class RankHost:
         os.close(fd)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        # Ray enables faulthandler for the crashing thread alone; a native abort (heap
+        # corruption, a segfault in a library) needs every thread's Python stack to say
+        # which threads were doing what at that moment (issue 38).
+        faulthandler.enable(file=sys.stderr, all_threads=True)
         import torch
 
         torch.set_num_threads(max(1, threads))
