@@ -3,7 +3,8 @@ items 1, 4, 5 and 11): it builds from what the checkpoint records (its ``engine.
 refuses ``trust_remote_code`` from a run unless told on the command line, refuses a
 non-empty target unless ``--overwrite`` (then removes only its own files), never writes
 into a run or checkpoint directory, says when it falls back from a damaged newest
-checkpoint and records the step it exported; a file or read-only target is one line."""
+checkpoint and records the step it exported; a file or read-only target is one line; a
+full disk during a run's final export is one line (item 6)."""
 
 from __future__ import annotations
 
@@ -199,3 +200,40 @@ def test_a_file_or_read_only_target_is_one_line(trained: Path, tmp_path: Path, g
         check=False,
     )
     assert "is on a read-only file system" in _one_line_error(done)
+
+
+def _blocks(root: Path, skip: str | None = None) -> int:
+    """Bytes ``root``'s files take on a tmpfs (whole 4 KiB pages), leaving out ``skip``."""
+    return sum(
+        -(-p.stat().st_size // 4096) * 4096
+        for p in root.rglob("*")
+        if p.is_file() and (skip is None or skip not in p.relative_to(root).parts)
+    )
+
+
+def test_a_full_disk_during_the_final_export_is_one_line_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    # issue 35 item 6: the final HF export on a full disk was a traceback, its partial files left
+    job = [*RUN[:4], "trainer.export_hf=true", "trainer.total_steps=1", "trainer.save_every=0"]
+    job += ["validation.every_n_steps=0", "validation.max_prompts=8"]
+    sizing = tmp_path / "sizing"
+    done = run_geartrain("train", str(MAIN_CONFIG), *job, f"trainer.output_dir={sizing}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, export = _blocks(sizing, skip="hf"), _blocks(sizing / "hf")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size = before + export // 2 + 64 * 1024  # room for everything but half the export
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()})")
+    try:
+        out = disk / "run"
+        done = run_geartrain("train", str(MAIN_CONFIG), *job, f"trainer.output_dir={out}")
+        assert done.returncode == 2, done.stderr[-3000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(
+            f"error: no space left on tmpfs (mounted at {disk}) while exporting the model to {out / 'hf'}"
+        )
+        assert "Traceback" not in done.stderr and not (out / "hf").exists()
+        assert (out / "checkpoints" / "actor" / "step_00000001" / "COMPLETE").is_file()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
