@@ -124,6 +124,17 @@ def ray_environment() -> None:
     Path(os.environ["RAY_TMPDIR"]).mkdir(parents=True, exist_ok=True)
 
 
+#: environment variables that change how native code checks memory (glibc's malloc checks,
+#: a preloaded debugging allocator): a rank names those set in its log
+NATIVE_DEBUG_VARIABLES = ("MALLOC_CHECK_", "MALLOC_PERTURB_", "GLIBC_TUNABLES", "LD_PRELOAD")
+
+
+def native_debug_environment() -> str:
+    """``NAME=value`` for each of :data:`NATIVE_DEBUG_VARIABLES` set here, space separated
+    ("" when none is): a crash log then says whether the heap checks were on."""
+    return " ".join(f"{name}={os.environ[name]}" for name in NATIVE_DEBUG_VARIABLES if os.environ.get(name))
+
+
 class Timed(NamedTuple):
     """A rank's result, the seconds its method ran and when it ended (``time.time()``)."""
 
@@ -168,6 +179,9 @@ class RankHost:
             f"rank {rank} of {world_size} in pool '{pool}', pid {os.getpid()}, "
             f"node {socket.gethostname()} (Ray node {node})"
         )
+        debug = native_debug_environment()
+        if debug:
+            self._log(f"native debugging settings: {debug}")
 
     def _heartbeat(self) -> None:
         """Touch the beat file every second for as long as this process runs (a stopped
