@@ -61,6 +61,23 @@ def test_device_counter_gives_the_int_counter_tokens() -> None:
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_non_finite_row_keeps_its_token_inside_the_vocabulary(temperature: float) -> None:
+    """As sample_tokens since issue 39: a NaN row draws an index inside the vocabulary and
+    gets a NaN log-prob (which the rollout batch refuses); the other rows are unchanged."""
+    logits = _logits(5)
+    logits[3] = float("nan")
+    logits[7, 10] = float("inf")
+    seeds = torch.arange(ROWS, dtype=torch.int64)
+    sampling = SamplingParams(temperature=temperature)
+    tokens, lps = sample_with_log_prob(logits, sampling, seeds, 2)
+    assert int(tokens.max()) < VOCAB
+    assert torch.isnan(lps[3]) and not torch.isfinite(lps[7])
+    finite = [i for i in range(ROWS) if i not in (3, 7)]
+    want, _ = _today(logits[finite], sampling, seeds[finite], 2)
+    assert torch.equal(tokens[finite], want)
+
+
 class _FullSizeOps(TorchDispatchMode):
     """The aten ops that produce a ``[ROWS, VOCAB]`` tensor: each is a pass over the logits."""
 

@@ -67,6 +67,9 @@ def sample_with_log_prob(
     # token with mass.
     last_with_mass = torch.searchsorted(cdf, total.contiguous(), right=False).squeeze(-1)
     tokens = torch.where(tokens >= cdf.shape[-1], last_with_mass, tokens)
+    # As sample_tokens (issue 39): a row of non-finite logits runs both searches past the end;
+    # keep its index inside the vocabulary, its log-prob is NaN and the rollout batch refuses it.
+    tokens = tokens.clamp(max=cdf.shape[-1] - 1)
     if unit:  # the normaliser is the sampling's own: log softmax = x - max - log(total)
         picked = raw.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         return tokens, picked - top.squeeze(-1) - torch.log(total.squeeze(-1))
