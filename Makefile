@@ -47,7 +47,6 @@ PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
 REAL_CONFIG ?= examples/real/grpo_lora.toml
-REAL_OUT    ?= outputs/real_grpo
 AGENT_CONFIG ?= examples/calculator/grpo.toml
 AGENT_OUT    ?= outputs/calculator_grpo
 
@@ -66,7 +65,7 @@ train:
 
 train-real:
 	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.real
-	$(USE_LOCK) .venv/bin/geartrain train $(REAL_CONFIG) trainer.output_dir=$(REAL_OUT) --overwrite
+	$(USE_LOCK) .venv/bin/geartrain train $(REAL_CONFIG) --overwrite
 
 train-agent:
 	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.base

