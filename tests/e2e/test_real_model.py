@@ -85,3 +85,11 @@ def test_the_export_is_the_real_architecture_and_reproduces_the_accuracy(run: tu
         text = tokenizer.decode(tokens[0, ids.shape[1] :], skip_special_tokens=True)
         right += final_answer_match(text, row["ground_truth"])["acc"]
     assert right == sum(r["reward"] for r in validation)
+
+
+@pytest.mark.parametrize("recipe", ["grpo_lora.toml", "grpo_full.toml"])
+def test_the_real_model_recipes_check(real_model: str, recipe: str, tmp_path: Path) -> None:
+    proc = run_geartrain(
+        "check", str(RECIPE.parent / recipe), f"model.path={real_model}", f"trainer.output_dir={tmp_path / 'run'}"
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
