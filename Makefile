@@ -244,7 +244,8 @@ test-sglang: .venvs/sglang/.ok
 # machine: bench/RESULTS.md)
 test-sglang-e2e: .venvs/sglang/.e2e
 	.venvs/sglang/bin/python -m pytest $(PYTEST) tests/e2e/test_main_job_sglang.py tests/e2e/test_agent_job_sglang.py \
-		tests/e2e/test_lora_sglang_sync.py tests/e2e/test_lora_job_sglang.py tests/ray/test_separate_sglang.py
+		tests/e2e/test_lora_sglang_sync.py tests/e2e/test_lora_job_sglang.py tests/ray/test_separate_sglang.py \
+		tests/e2e/test_real_model_sglang.py
 
 test-e2e: .venv/.full
 	.venv/bin/python -m pytest $(PYTEST) tests/e2e
