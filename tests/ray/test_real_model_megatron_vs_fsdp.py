@@ -43,9 +43,10 @@ QA = [
 def text_batch(model_path: str) -> Batch:
     """``QA`` as a batch in geartrain's layout: the chat-templated prompts left-padded, the
     answers (ending with the template's end-of-turn token) right-padded."""
+    from geartrain.gguf_source import hf_path
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_path)
+    tok = AutoTokenizer.from_pretrained(hf_path(model_path))
     prompts = [
         tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
         for q, _ in QA
