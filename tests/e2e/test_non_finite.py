@@ -13,15 +13,13 @@ rollout, the tiny model):
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterator
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import torch
-from e2e_helpers import MAIN_CONFIG, ROOT, rl_records
-from geartrain import hookimpl, register_extension
-from geartrain.cli import main
-from geartrain.plugins import unregister
+from e2e_helpers import JOB_HANG_GUARD_S, MAIN_CONFIG, ROOT, rl_records, run_geartrain
 
 pytestmark = pytest.mark.e2e
 
@@ -52,75 +50,25 @@ TINY = [
     "watchdog.max_skipped_steps=2",
 ]
 
-#: below float32's largest value (3.4e38), so finite; times a normalised hidden state of
-#: magnitude > 1.13 it is not, and the logits' sums meet +inf and -inf (NaN)
-HUGE = 3e38
+PLUGINS = Path(__file__).with_name("non_finite_plugins.py")
 
 
-class AfterOptimizerStep:
-    """An extension that changes the engine's parameters right after each optimizer step."""
-
-    def __init__(self, change: Callable[[dict[str, torch.Tensor]], None]) -> None:
-        self.change = change
-
-    @hookimpl(wrapper=True)
-    def optimizer_step(self, model):  # noqa: ANN001, ANN201 - the hook's own signature
-        stats = yield
-        with torch.no_grad():
-            self.change(dict(model.hf.named_parameters()))
-        return stats
-
-
-class NanGradients:
-    """An extension that makes every gradient NaN after each forward/backward."""
-
-    @hookimpl(wrapper=True)
-    def forward_backward(self, model, forward_only):  # noqa: ANN001, ANN201 - the hook's own signature
-        out = yield
-        if not forward_only:
-            for p in model.hf.parameters():
-                if p.grad is not None:
-                    p.grad.fill_(float("nan"))
-        return out
-
-
-def _final_norm_huge(params: dict[str, torch.Tensor]) -> None:
-    params["model.norm.weight"].fill_(HUGE)
-
-
-def _nan_in(suffix: str) -> Callable[[dict[str, torch.Tensor]], None]:
-    def change(params: dict[str, torch.Tensor]) -> None:
-        name = next(n for n in params if n.endswith(suffix))
-        params[name].view(-1)[0] = float("nan")
-
-    return change
-
-
-@pytest.fixture
-def extension() -> Iterator[Callable[[object], str]]:
-    """Register an extension for one test; returns the override that enables it."""
-    names: list[str] = []
-
-    def use(plugin: object) -> str:
-        name = f"issue39_{len(names)}"
-        register_extension(name, plugin, distribution="tests", version="0")
-        names.append(name)
-        return f'actor.engine.extensions=["{name}"]'
-
-    yield use
-    for name in names:
-        unregister("extension", name)
-
-
-def _train(config: Path, out: Path, *overrides: str) -> tuple[int, str]:
-    """``geartrain train`` in this process: its exit code and its one-line error."""
-    import contextlib
-    import io
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        rc = main(["train", str(config), *TINY, f"trainer.output_dir={out}", *overrides])
-    return rc, err.getvalue()
+def _train(config: Path, out: Path, *overrides: str, kind: str | None = None) -> tuple[int, str]:
+    """``geartrain train`` in a process of its own (with the extension ``kind`` of
+    non_finite_plugins.py enabled): its exit code and its standard error."""
+    if kind is None:
+        proc = run_geartrain("train", str(config), *TINY, f"trainer.output_dir={out}", *overrides)
+    else:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.run(
+            [sys.executable, str(PLUGINS), kind, str(config), *TINY, f"trainer.output_dir={out}", *overrides],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=JOB_HANG_GUARD_S,
+        )
+    return proc.returncode, proc.stderr
 
 
 def _error_line(stderr: str) -> str:
@@ -131,8 +79,8 @@ def _error_line(stderr: str) -> str:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gradients_that_become_non_finite_stop_the_run(tmp_path: Path, extension, backend: str) -> None:  # noqa: ANN001
-    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", extension(NanGradients()), f"rollout.backend={backend}")
+def test_gradients_that_become_non_finite_stop_the_run(tmp_path: Path, backend: str) -> None:
+    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", f"rollout.backend={backend}", kind="nan_gradients")
     line = _error_line(stderr)
     assert rc == 2
     assert "step 2: the last 2 steps skipped every optimizer step because the gradient was not finite" in line
@@ -140,10 +88,8 @@ def test_gradients_that_become_non_finite_stop_the_run(tmp_path: Path, extension
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_weights_that_overflow_the_logits_stop_the_run(tmp_path: Path, extension, backend: str) -> None:  # noqa: ANN001
-    rc, stderr = _train(
-        MAIN_CONFIG, tmp_path / "run", extension(AfterOptimizerStep(_final_norm_huge)), f"rollout.backend={backend}"
-    )
+def test_weights_that_overflow_the_logits_stop_the_run(tmp_path: Path, backend: str) -> None:
+    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", f"rollout.backend={backend}", kind="huge_final_norm")
     line = _error_line(stderr)
     assert rc == 2
     assert "step 2: the policy's logits are not finite (NaN or inf) in 16 of 16 generated rows" in line
@@ -152,20 +98,20 @@ def test_weights_that_overflow_the_logits_stop_the_run(tmp_path: Path, extension
     assert (tmp_path / "run" / "checkpoints" / "actor" / "step_00000001" / "MANIFEST.json").is_file()
 
 
-def test_non_finite_weights_are_never_published(tmp_path: Path, extension) -> None:  # noqa: ANN001
-    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", extension(AfterOptimizerStep(_nan_in("mlp.up_proj.weight"))))
+def test_non_finite_weights_are_never_published(tmp_path: Path) -> None:
+    rc, stderr = _train(MAIN_CONFIG, tmp_path / "run", kind="nan_weight")
     line = _error_line(stderr)
     assert rc == 2
     assert "step 2: the policy's weight model.layers.0.mlp.up_proj.weight holds NaN or infinite values" in line
     assert "so it was not published" in line
 
 
-def test_a_non_finite_adapter_is_never_published(tmp_path: Path, extension) -> None:  # noqa: ANN001
+def test_a_non_finite_adapter_is_never_published(tmp_path: Path) -> None:
     rc, stderr = _train(
         LORA_CONFIG,
         tmp_path / "run",
         "actor.lora.sync=adapter",
-        extension(AfterOptimizerStep(_nan_in("q_proj.lora_B.default.weight"))),
+        kind="nan_adapter",
     )
     line = _error_line(stderr)
     assert rc == 2

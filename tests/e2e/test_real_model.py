@@ -8,9 +8,9 @@ architecture and reproduces the run's held-out greedy accuracy."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -71,8 +71,11 @@ def test_the_export_is_the_real_architecture_and_reproduces_the_accuracy(run: tu
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
 
     # the held-out accuracy the run measured last, from the export alone (greedy, as validated)
-    sys.path.insert(0, str(RECIPE.parent))
-    from task import final_answer_match
+    # the recipe's task module by its path (another example's task.py may be imported as "task")
+    spec = importlib.util.spec_from_file_location("real_model_task", RECIPE.parent / "task.py")
+    task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task)
+    final_answer_match = task.final_answer_match
 
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     last = max(r["step"] for r in rows if r.get("kind") == "validation")

@@ -185,6 +185,8 @@ class Job:
         self.algo_label = config.algorithm.name.upper()
         self.placement: Placement | None = None
         self.position = RunPosition(self.out)
+        self.roles: RLRoles | None = None
+        """The job's roles once built (released by :meth:`run` when a non-finite policy stops it)."""
         """The step in progress and the newest complete checkpoint (Ctrl-C names them)."""
 
     def _placement(self) -> Placement:
@@ -516,6 +518,10 @@ class Job:
                 if self.placement is not None:  # ranks may be mid-call: stop them without waiting
                     self.placement.close(graceful=False)
                 if isinstance(exc, NonFiniteError):
+                    if self.placement is None and self.roles is not None:
+                        # inline roles hold this process's engines (an in-process vLLM its
+                        # torch.distributed state): release them, as a watchdog stop does
+                        _shutdown(self.roles)
                     raise non_finite_stop(exc, self.position.step, self.position.checkpoint) from None
                 raise
             if self.placement is not None:
@@ -586,7 +592,7 @@ class Job:
             policy = self._sft(pre, jsonl, sinks) if latest is None else self._sft_model()
         else:
             policy = cfg.model
-        roles = self.build_roles(policy)
+        roles = self.roles = self.build_roles(policy)
         trainer = RLTrainer(cfg, roles, tokenizer, loader, val.rows if val is not None else None)
 
         def log(record: dict[str, Any]) -> None:
