@@ -35,13 +35,14 @@ class FailsOnRank:
 
 @pytest.fixture
 def placement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RayPlacement]:
-    """A local Ray instance; a silent rank is reported after 5 s (not 2: a loaded machine
-    may delay a healthy rank's beat by seconds), a step call after 60 s."""
+    """A local Ray instance; a silent rank is reported after 30 s, a step call after 600 s:
+    the test needs only the heartbeat to beat the call deadline. (5 s failed a fresh-clone
+    make test at load ~5: a healthy rank's beat came more than 5 s apart while it built.)"""
     # the ranks (started by the local Ray instance below) import FailsOnRank from this file
     here = str(Path(__file__).resolve().parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     cluster = ClusterConfig(
-        placement="ray", resources_per_rank={"cpus": 0.5}, heartbeat_timeout_s=5.0, call_timeout_s={"step": 60.0}
+        placement="ray", resources_per_rank={"cpus": 0.5}, heartbeat_timeout_s=30.0, call_timeout_s={"step": 600.0}
     )
     placement = RayPlacement(cluster, log_dir=tmp_path)
     try:
@@ -63,7 +64,7 @@ def test_a_failed_call_to_one_rank_names_that_rank(placement: RayPlacement) -> N
 def test_a_killed_or_stopped_rank_called_alone_is_named(placement: RayPlacement) -> None:
     group = placement.group("rollout", FailsOnRank, -1, world_size=3)
     pids = [group.submit_rank(r, "pid").result() for r in range(3)]
-    # stopped: its heartbeat stops, found after heartbeat_timeout_s (not the 60 s deadline)
+    # stopped: its heartbeat stops, found after heartbeat_timeout_s (not the 600 s deadline)
     os.kill(pids[2], signal.SIGSTOP)
     with pytest.raises(RankFailure) as stopped:
         group.submit_rank(2, "work").result()
