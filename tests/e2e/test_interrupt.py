@@ -3,6 +3,7 @@ exit status 130, no traceback; the same when the interrupt lands inside a save."
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -98,6 +99,15 @@ def test_ctrl_c_inside_dcp_s_own_write_is_still_one_line(
     monkeypatch.setattr(FileSystemWriter, "write_data", interrupted_in_step_4)
     err = _interrupted_at_step_4(tmp_path, capsys)
     assert "Traceback" not in err
+
+
+@pytest.fixture(autouse=True)
+def logging_restored() -> Iterator[None]:
+    """An interrupted ``train_from_cli`` silences logging for the rest of its process (nothing
+    may follow its one line); these tests run it in the test process, so logging is turned
+    back on after each (later tests read their warnings through caplog)."""
+    yield
+    logging.disable(logging.NOTSET)
 
 
 @pytest.fixture
