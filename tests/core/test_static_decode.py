@@ -261,3 +261,34 @@ def test_compacting_finished_rows_keeps_every_rows_tokens(monkeypatch: pytest.Mo
     lengths = _static_equals_dynamic(STOPPING)
     assert sizes and sizes == sorted(sizes, reverse=True) and sizes[0] <= len(lengths) // 2, sizes
     assert max(lengths) > 2 * min(lengths)  # the budgets skew the lengths
+
+
+def test_a_sampler_that_fails_to_compile_is_tried_once_then_sampled_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode loop holds the function :func:`static_decode.sampler` returned for its whole
+    chunk: after one failed compile it must sample eagerly, not compile again at every token
+    (seen on an H200 with torch 2.11: minutes of retries)."""
+    from geartrain.rollouts.fused_sampler import sample_with_log_prob
+
+    attempts = []
+
+    def failing_compile(fn, **_):
+        def compiled(*args):
+            attempts.append(len(args))
+            raise RuntimeError("inductor: list indices must be integers or slices, not NoneType")
+
+        return compiled
+
+    monkeypatch.setattr(static_decode, "_SAMPLER", {})
+    monkeypatch.setattr(static_decode.torch, "compile", failing_compile)
+    choose = static_decode.sampler(torch.device("cuda"))
+    logits = torch.randn(3, 11)
+    sampling = SamplingParams(temperature=0.9)
+    seeds = torch.tensor([1, 2, 3])
+    with pytest.warns(UserWarning, match="could not be compiled"):
+        first = choose(logits, sampling, seeds, 0)
+    later = [choose(logits, sampling, seeds, step) for step in range(1, 4)]
+    assert len(attempts) == 1
+    for step, (tokens, log_probs) in enumerate([first, *later]):
+        want_tokens, want_log_probs = sample_with_log_prob(logits, sampling, seeds, step)
+        assert torch.equal(tokens, want_tokens) and torch.equal(log_probs, want_log_probs)
+    assert static_decode.sampler(torch.device("cuda")) is sample_with_log_prob

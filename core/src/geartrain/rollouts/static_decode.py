@@ -88,21 +88,26 @@ def sampler(device: torch.device, mode: GraphMode = "forward") -> Callable[..., 
     """The token choice of a decode step: on CUDA (any mode but ``"none"``)
     :func:`~geartrain.rollouts.fused_sampler.sample_with_log_prob` compiled (its passes over
     the logits fused into few kernels), falling back to it uncompiled, with a warning, if
-    compilation fails; otherwise the function itself."""
+    compilation fails; otherwise the function itself. The fall-back is final for the
+    process, also for a decode loop that already holds the returned function: a failed
+    compile costs seconds, and retrying it at every token cost minutes (seen on torch 2.11,
+    whose inductor could not generate the cumsum's scan)."""
     if device.type != "cuda" or mode == "none":
         return sample_with_log_prob
     if "cuda" not in _SAMPLER:
-        compiled = torch.compile(sample_with_log_prob, dynamic=False)
+        current: list[Callable[..., Any]] = [torch.compile(sample_with_log_prob, dynamic=False)]
 
         def choose(*args: Any) -> Any:
+            if current[0] is sample_with_log_prob:
+                return sample_with_log_prob(*args)
             try:
-                return compiled(*args)
+                return current[0](*args)
             except Exception as exc:  # noqa: BLE001 - any compile failure falls back to eager
                 warnings.warn(
                     f"torch rollout: the sampler could not be compiled ({exc}); sampling uncompiled",
                     stacklevel=2,
                 )
-                _SAMPLER["cuda"] = sample_with_log_prob
+                current[0] = _SAMPLER["cuda"] = sample_with_log_prob
                 return sample_with_log_prob(*args)
 
         _SAMPLER["cuda"] = choose
