@@ -36,3 +36,18 @@ def test_a_start_up_call_past_its_deadline_names_startup_timeout_s(tmp_path: Pat
 )
 def test_other_calls_name_their_phase(method: str, setting: str) -> None:
     assert deadline_setting(method) == setting
+
+
+def test_a_rank_whose_process_never_started_is_not_said_to_have_a_heartbeat(tmp_path: Path) -> None:
+    """Past the start-up deadline with no beat file, the message says the process had not
+    started (seen beside a CPU hog: Ray took over 120 s to start a rank), not that its
+    heartbeat goes on."""
+    from geartrain.cluster.ray_placement import _Heartbeats
+
+    beats = _Heartbeats([str(tmp_path / "actor-rank0.beat"), str(tmp_path / "actor-rank1.beat")])
+    (tmp_path / "actor-rank1.beat").touch()
+    assert not beats.has_beaten(0) and beats.has_beaten(1)
+    never = deadline_reason(600.0, "where", started=False)
+    assert "its process had not started" in never and "heartbeat goes on" not in never, never
+    assert "cluster.startup_timeout_s" in never
+    assert "heartbeat goes on" in deadline_reason(600.0, "where")

@@ -77,13 +77,17 @@ def deadline_setting(method: str) -> str:
     return STARTUP_SETTING if method in _START_UP else f"cluster.call_timeout_s.{call_phase(method)}"
 
 
-def deadline_reason(limit: float, method: str) -> str:
-    """Why a rank that did not answer ``method`` within ``limit`` seconds, heartbeat going,
-    is reported: the deadline and the setting it comes from."""
-    return (
-        f"it did not answer within the {limit:g} s deadline of this phase ({deadline_setting(method)}) although "
-        "its heartbeat goes on (a deadlock, or the phase needs longer)"
+def deadline_reason(limit: float, method: str, started: bool = True) -> str:
+    """Why a rank that did not answer ``method`` within ``limit`` seconds is reported: the
+    deadline, the setting it comes from, and whether its process had started (its heartbeat
+    goes on) or not (no heartbeat yet: still scheduled or importing)."""
+    state = (
+        "although its heartbeat goes on (a deadlock, or the phase needs longer)"
+        if started
+        else "and its process had not started (no heartbeat yet: Ray had not scheduled it, or it was still "
+        "importing; on a loaded machine raise the setting)"
     )
+    return f"it did not answer within the {limit:g} s deadline of this phase ({deadline_setting(method)}) {state}"
 
 
 def call_phase(method: str) -> str:
@@ -342,18 +346,46 @@ class RankPool:
         self.resources, self.device = res, ("cuda" if res.gpus else "cpu")
         self.roles: list[str] = []
         """The roles built on these ranks (:meth:`RayWorkerGroup.replace_rank` needs one)."""
-        self.hosts = [self._start(r) for r in range(size)]
+        self.hosts: list[Any] = []
         self.where: list[dict[str, Any]] = [{"host": "?", "node_id": "?"} for _ in range(size)]
-        self.where = self.get([h.where.remote() for h in self.hosts], "(start-up)", "where", deadline_s=self.timeout_s)
-        address, port = self.get(
-            [self.hosts[0].rendezvous_address.remote()], "(start-up)", "rendezvous_address", deadline_s=self.timeout_s
-        )[0]
-        self.get(
-            [h.init_distributed.remote(address, port, self.timeout_s) for h in self.hosts],
-            "(start-up)",
-            "init_distributed",
-            deadline_s=self.timeout_s,
-        )
+        try:
+            self.hosts = [self._start(r) for r in range(size)]
+            self.where = self.get(
+                [h.where.remote() for h in self.hosts], "(start-up)", "where", deadline_s=self.timeout_s
+            )
+            address, port = self.get(
+                [self.hosts[0].rendezvous_address.remote()],
+                "(start-up)",
+                "rendezvous_address",
+                deadline_s=self.timeout_s,
+            )[0]
+            self.get(
+                [h.init_distributed.remote(address, port, self.timeout_s) for h in self.hosts],
+                "(start-up)",
+                "init_distributed",
+                deadline_s=self.timeout_s,
+            )
+        except BaseException:
+            # A pool that failed to start holds nothing: its ranks and its placement group
+            # (named after this process) go, so the next pool of that name can start.
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        """Kill this pool's rank processes and remove its placement group (idempotent)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for host in self.hosts:
+            try:
+                ray.kill(host)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.hosts = []
+        try:
+            remove_placement_group(self.pg)
+        except Exception:  # noqa: BLE001 - already removed
+            pass
 
     def _start(self, rank: int) -> Any:
         """A new :class:`RankHost` actor for ``rank``, on that rank's bundle."""
@@ -453,12 +485,8 @@ class RankPool:
                     "(the process is stopped, stuck in native code holding the GIL, or its node is unreachable)",
                 )
             if time.monotonic() - started > limit:
-                self._no_answer(
-                    waiting,
-                    role,
-                    method,
-                    deadline_reason(limit, method),
-                )
+                beating = any(beats.has_beaten(r) for r in waiting if r < self.size)
+                self._no_answer(waiting, role, method, deadline_reason(limit, method, started=beating))
         return results
 
     def _who(self, rank: int, role: str) -> str:
@@ -531,20 +559,11 @@ class RankPool:
 
     def close(self, graceful: bool = True) -> None:
         import ray
-        from ray.util.placement_group import remove_placement_group
 
         if graceful:
             refs = [h.close.remote() for h in self.hosts]
             ray.wait(refs, num_returns=len(refs), timeout=15.0)
-        for host in self.hosts:
-            try:
-                ray.kill(host)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        try:
-            remove_placement_group(self.pg)
-        except Exception:  # noqa: BLE001
-            pass
+        self._release()
 
 
 class _Heartbeats:
@@ -562,6 +581,10 @@ class _Heartbeats:
             return os.stat(path).st_mtime
         except OSError:
             return None
+
+    def has_beaten(self, rank: int) -> bool:
+        """Whether ``rank``'s process has started its heartbeat."""
+        return self._mtime(self.paths[rank]) is not None
 
     def silent(self, ranks: list[int], timeout_s: float, *, now_only: bool = False) -> list[int]:
         """The ranks among ``ranks`` whose beat has not changed for ``timeout_s`` (with

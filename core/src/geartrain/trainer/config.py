@@ -525,8 +525,11 @@ class ClusterConfig(Section):
     balance_tokens: bool = True
     """Balance each data-parallel split by token count (as verl does); ``False``: plain
     contiguous slices."""
-    startup_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
-    """``ray``: how long the ranks may take to be scheduled and rendezvous."""
+    startup_timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+    """``ray``: how long the ranks may take to be scheduled, start their processes and
+    rendezvous (as long as a build call may take: on a 2-core machine at load 12 a rank's
+    process took over 120 s to start; a rank that started and then stops is caught sooner,
+    by ``heartbeat_timeout_s``)."""
     heartbeat_timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
     """``ray``: a rank whose heartbeat (a thread in each rank, every second) stops for this
     long while the driver waits on it is reported as hung, by rank, with its last log lines
