@@ -31,6 +31,7 @@ averages are printed with every table. Results go to stdout as markdown (bench/R
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -39,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +192,17 @@ def accuracy(model: Any, tokenizer: Any, rows: list[Any], max_new: int, fn: Any)
     return scored(greedy(model, tokenizer, [r.prompt_ids for r in rows], max_new), tokenizer, rows, fn)
 
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads, then restore the previous count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def note(text: str) -> None:
     """A progress line on stderr (the tables go to stdout)."""
     print(f"  [{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
@@ -201,7 +214,14 @@ def stopping(side: Side, step: int, steps: int, target: float | None) -> bool:
 
 # ---------------------------------------------------------------------- geartrain
 def run_geartrain(
-    job: Path, model: str, threads: int, steps: int, eval_every: int, target: float | None, out: Path
+    job: Path,
+    model: str,
+    threads: int,
+    steps: int,
+    eval_every: int,
+    target: float | None,
+    out: Path,
+    eval_threads: int,
 ) -> tuple[Side, list[list[int]], list[list[str]]]:
     from transformers import AutoModelForCausalLM
 
@@ -221,7 +241,8 @@ def run_geartrain(
     rows = val.rows
     eos, max_new = tokenizer.eos_token_id, cfg.sampling.max_tokens
     greedy0 = SamplingParams(n=1, temperature=0.0, max_tokens=max_new, stop_token_ids=[eos], seed=0)
-    batch, _ = roles.actor.call("generate", [r.prompt_ids for r in rows], greedy0)
+    with torch_threads(eval_threads):
+        batch, _ = roles.actor.call("generate", [r.prompt_ids for r in rows], greedy0)
     mask = batch["response_mask"].bool()
     tokens0 = [cut_at_eos(batch["input_ids"][i][mask[i]].tolist(), eos) for i in range(len(rows))]
     trained = roles.actor.worker.engine.handle.hf  # runs the engine's packed attention
@@ -229,7 +250,8 @@ def run_geartrain(
 
     def evaluate() -> float:
         evaluator.load_state_dict(trained.state_dict())
-        return accuracy(evaluator, tokenizer, rows, max_new, fn)
+        with torch_threads(eval_threads):
+            return accuracy(evaluator, tokenizer, rows, max_new, fn)
 
     note(f"geartrain: {len(rows)} greedy step-0 answers by its rollout")
     side = Side("geartrain")
@@ -262,6 +284,7 @@ def run_trl(
     eval_every: int,
     target: float | None,
     out: Path,
+    eval_threads: int,
     order: list[list[str]],
 ) -> tuple[Side, list[list[int]], list[list[str]]]:
     from datasets import Dataset
@@ -341,7 +364,8 @@ def run_trl(
             step = state.global_step
             note(f"TRL step {step}: {side.wall[-1]:.1f} s")
             if step % eval_every == 0 or step == steps:
-                side.evals.append((step, accuracy(model, tokenizer, rows, max_new, fn)))
+                with torch_threads(eval_threads):
+                    side.evals.append((step, accuracy(model, tokenizer, rows, max_new, fn)))
             if stopping(side, step, steps, target):
                 control.should_training_stop = True
             return control
@@ -356,7 +380,8 @@ def run_trl(
         optimizers=(opt, sched),
     )
     trainer.remove_callback(PrinterCallback)  # no log line per step on stdout
-    tokens0 = greedy(model, tokenizer, [r.prompt_ids for r in rows], max_new)
+    with torch_threads(eval_threads):
+        tokens0 = greedy(model, tokenizer, [r.prompt_ids for r in rows], max_new)
     side.evals.append((0, scored(tokens0, tokenizer, rows, fn)))  # the same greedy pass as accuracy()
     note(f"TRL: start accuracy {side.evals[0][1]:.3f}")
     trainer.train()
@@ -395,6 +420,12 @@ def main() -> None:
     ap.add_argument("--to-accuracy", type=float, default=None, help="stop each run once held-out accuracy reaches this")
     ap.add_argument("--eval-every", type=int, default=4)
     ap.add_argument("--held-out", type=int, default=200, help="held-out problems of the bench's own task")
+    ap.add_argument(
+        "--eval-threads",
+        type=int,
+        default=None,
+        help="torch threads of the untimed work (step-0 token check, evaluations); default: the run's",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     args = ap.parse_args()
 
@@ -413,7 +444,12 @@ def main() -> None:
     )
     results: dict[str, Any] = {}
     for threads in args.threads:
-        kw = dict(steps=args.steps, eval_every=args.eval_every, target=args.to_accuracy)
+        kw = dict(
+            steps=args.steps,
+            eval_every=args.eval_every,
+            target=args.to_accuracy,
+            eval_threads=args.eval_threads or threads,
+        )
         gear, g_tokens, order = run_geartrain(job, args.model, threads, out=work / f"g{threads}", **kw)
         load_g = load()
         trl_side, t_tokens, seen = run_trl(job, args.model, threads, out=work / f"t{threads}", order=order, **kw)
