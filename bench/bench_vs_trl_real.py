@@ -22,7 +22,8 @@ attention, no vLLM. Fairness checks, each printed and enforced (the run stops if
 
 Per step, each side's own loop is timed with the wall clock and the process CPU clock;
 held-out greedy accuracy is measured every ``--eval-every`` steps by one shared evaluator
-(``model.generate``, outside the timed steps). "Time to X" sums the step times up to the
+(``model.generate``, outside the timed steps; it and the step-0 token check run at
+``--eval-threads`` torch threads, default the run's). "Time to X" sums the step times up to the
 first evaluation at or above X, X being the lower of the two sides' best accuracies (the
 same accuracy, reached by both) unless ``--to-accuracy`` names one. The machine's load
 averages are printed with every table. Results go to stdout as markdown (bench/RESULTS.md).
