@@ -14,6 +14,8 @@ from pathlib import Path
 from e2e_helpers import rl_records, run_geartrain
 
 STEPS = 2
+#: a hang guard only, below the tests' pytest timeout (3600 s)
+JOB_HANG_GUARD_S = 3000
 #: trainer (fp32, packed) vs rollout (fp32) log-probs of the rollout's samples, per step
 MISMATCH_ATOL = 1e-3
 
@@ -97,7 +99,7 @@ torch_threads = 2
 def run_job(root: Path, model: str, backend: str, *, lora: bool) -> list[dict]:
     """Run the job; return its GRPO steps' metric records (the run must succeed)."""
     job = write_job(root, model, backend, lora=lora)
-    proc = run_geartrain("train", str(job), timeout=1800)
+    proc = run_geartrain("train", str(job), timeout=JOB_HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = rl_records(root / "run" / "metrics.jsonl")
     records = [r for r in records if "rollout_mismatch/max_abs_diff" in r]

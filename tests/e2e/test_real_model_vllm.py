@@ -17,7 +17,9 @@ pytest.importorskip("geartrain_vllm")
 
 from real_model_job import check_full_syncs, check_lora_syncs, run_job  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+#: hang guards only, above the job's own (real_model_job.JOB_HANG_GUARD_S): beside a CPU hog of
+#: 4 busy loops (load ~12) one job here took longer than pytest's default 900 s
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def test_real_model_full_fine_tuning_with_vllm(tmp_path: Path, real_model: str) -> None:
