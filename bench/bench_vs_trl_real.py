@@ -277,34 +277,17 @@ def run_geartrain(
 
 
 # ---------------------------------------------------------------------- TRL
-def run_trl(
-    job: Path,
-    model_path: str,
-    threads: int,
-    steps: int,
-    eval_every: int,
-    target: float | None,
-    out: Path,
-    eval_threads: int,
-    order: list[list[str]],
-) -> tuple[Side, list[list[int]], list[list[str]]]:
+def trl_inputs(
+    tokenizer: Any, train_rows: list[Any], order: list[list[str]], fn: Any, n: int
+) -> tuple[Any, Side, list[list[str]], Any]:
+    """TRL's side of the run built from geartrain's: ``(dataset, side, seen, reward)``. The
+    dataset holds the prompt text geartrain rendered (chat template applied), which TRL
+    tokenizes itself (asserted here to give geartrain's ids), in geartrain's loader
+    ``order``, twice over; ``reward`` is the function TRL calls: it scores with ``fn``,
+    records each step's mean reward on ``side`` and each step's prompts (one per group of
+    ``n``) in ``seen``, for the same-prompts check."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    torch.set_num_threads(threads)
-    cfg = config(job, out, threads)
-    fn = reward_function(cfg)
-    optim, sampling = cfg.actor.engine.optim, cfg.sampling
-    tokenizer = load_tokenizer(ModelConfig(path=model_path))
-    pre = preflight(cfg, tokenizer=tokenizer)
-    val = pre.datasets.get("validation.path")
-    assert val is not None
-    rows = val.rows
-    model = AutoModelForCausalLM.from_pretrained(hf_path(model_path), dtype=torch.float32, attn_implementation="sdpa")
-    # TRL gets the prompt text geartrain rendered (chat template applied) and tokenizes it
-    # itself; the step-0 token check below would catch a difference
-    train_rows = pre.datasets["data.path"].rows
     rendered = {r.prompt: tokenizer.decode(r.prompt_ids) for r in train_rows}
     answers = {r.prompt: r.ground_truth for r in train_rows}
     back = {v: k for k, v in rendered.items()}
@@ -319,10 +302,39 @@ def run_trl(
     side = Side("TRL")
 
     def reward(prompts: list[str], completions: list[str], ground_truth: list[str], **_: Any) -> list[float]:
-        seen.append([back.get(p, p) for p in prompts[:: sampling.n]])
+        seen.append([back.get(p, p) for p in prompts[::n]])
         scores = [score(fn, c, g) for c, g in zip(completions, ground_truth, strict=True)]
         side.rewards.append(statistics.fmean(scores))
         return scores
+
+    return data, side, seen, reward
+
+
+def run_trl(
+    job: Path,
+    model_path: str,
+    threads: int,
+    steps: int,
+    eval_every: int,
+    target: float | None,
+    out: Path,
+    eval_threads: int,
+    order: list[list[str]],
+) -> tuple[Side, list[list[int]], list[list[str]]]:
+    from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(threads)
+    cfg = config(job, out, threads)
+    fn = reward_function(cfg)
+    optim, sampling = cfg.actor.engine.optim, cfg.sampling
+    tokenizer = load_tokenizer(ModelConfig(path=model_path))
+    pre = preflight(cfg, tokenizer=tokenizer)
+    val = pre.datasets.get("validation.path")
+    assert val is not None
+    rows = val.rows
+    model = AutoModelForCausalLM.from_pretrained(hf_path(model_path), dtype=torch.float32, attn_implementation="sdpa")
+    data, side, seen, reward = trl_inputs(tokenizer, pre.datasets["data.path"].rows, order, fn, sampling.n)
 
     opt = torch.optim.AdamW(
         model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay

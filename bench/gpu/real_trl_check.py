@@ -51,7 +51,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from bench_vs_trl import Side, cut_at_eos  # noqa: E402
-from bench_vs_trl_real import config, reward_function, score, write_job  # noqa: E402
+from bench_vs_trl_real import config, reward_function, score, trl_inputs, write_job  # noqa: E402
 
 RESULTS: dict[str, Any] = {}
 START = time.perf_counter()
@@ -256,8 +256,8 @@ def run_geartrain(a: argparse.Namespace, job: Path, work: Path, evaluator_box: d
 # ---------------------------------------------------------------------- TRL
 def run_trl(a: argparse.Namespace, job: Path, work: Path, order: list[list[str]], box: dict[str, Any]) -> None:
     try:
+        import datasets  # noqa: F401 - trl_inputs needs it: without it the side is skipped
         import trl
-        from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
     except Exception as exc:  # noqa: BLE001 - any import failure: the side is skipped
         record("trl_skipped", f"trl does not import here: {exc!r}"[:300])
@@ -276,25 +276,7 @@ def run_trl(a: argparse.Namespace, job: Path, work: Path, order: list[list[str]]
     pre = preflight(cfg, tokenizer=tokenizer)
     model = AutoModelForCausalLM.from_pretrained(str(hf_path(a.model)), dtype=torch.float32, attn_implementation="sdpa")
     model.to(a.device)
-    train_rows = pre.datasets["data.path"].rows
-    rendered = {r.prompt: tokenizer.decode(r.prompt_ids) for r in train_rows}
-    answers = {r.prompt: r.ground_truth for r in train_rows}
-    back = {v: k for k, v in rendered.items()}
-    retokenized = sum(
-        tokenizer(rendered[r.prompt], add_special_tokens=False)["input_ids"] == r.prompt_ids for r in train_rows
-    )
-    assert retokenized == len(train_rows), f"TRL would tokenize {len(train_rows) - retokenized} prompts differently"
-    data = Dataset.from_list(
-        [{"prompt": rendered[p], "ground_truth": answers[p]} for batch in order for p in batch] * 2
-    )
-    seen: list[list[str]] = []
-    side = Side("TRL")
-
-    def reward(prompts: list[str], completions: list[str], ground_truth: list[str], **_: Any) -> list[float]:
-        seen.append([back.get(p, p) for p in prompts[:: sampling.n]])
-        scores = [score(fn, c, g) for c, g in zip(completions, ground_truth, strict=True)]
-        side.rewards.append(statistics.fmean(scores))
-        return scores
+    data, side, seen, reward = trl_inputs(tokenizer, pre.datasets["data.path"].rows, order, fn, sampling.n)
 
     opt = torch.optim.AdamW(
         model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
