@@ -51,6 +51,11 @@ from geartrain.types import DataParallelCoordinates, EngineContext
 INSTALL_HINT = "pip install './core[ray]'  (from the root of a geartrain checkout; or: pip install ray numpy)"
 LOG_TAIL_LINES = 20
 HEARTBEAT_EVERY_S = 1.0
+#: Ray starts its worker processes at nice 15 by default (to keep its own daemons responsive),
+#: which makes a rank, the job's whole workload, yield to any ordinary process: beside a CPU
+#: hog of normal priority a rank got a few percent of a core, took minutes to import torch and
+#: missed start-up deadlines (issue 35). A local cluster started here runs them at nice 0.
+RAY_WORKER_NICENESS = "0"
 #: the default deadline of a call by phase (``cluster.call_timeout_s`` overrides)
 CALL_TIMEOUTS = {"build": 600.0, "step": 1800.0, "checkpoint": 900.0}
 _CHECKPOINT_CALLS = frozenset({"save_checkpoint", "load_checkpoint", "export_hf"})
@@ -121,9 +126,11 @@ def require_ray() -> None:
 
 def ray_environment() -> None:
     """Environment Ray reads at start-up: no token auth (it would write a token file in the
-    home directory), no usage stats, its own temporary directory. Caller's values win."""
+    home directory), no usage stats, its own temporary directory, and worker processes at the
+    driver's CPU priority (:data:`RAY_WORKER_NICENESS`). Caller's values win."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_worker_niceness", RAY_WORKER_NICENESS)
     os.environ.setdefault("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "geartrain-ray"))
     Path(os.environ["RAY_TMPDIR"]).mkdir(parents=True, exist_ok=True)
 
@@ -186,6 +193,12 @@ class RankHost:
         debug = native_debug_environment()
         if debug:
             self._log(f"native debugging settings: {debug}")
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        if nice > 0:
+            self._log(
+                f"this rank runs at nice {nice} (Ray's worker_niceness): it yields the CPU to every process of "
+                "normal priority; start the cluster with RAY_worker_niceness=0 to run ranks at full priority"
+            )
 
     def _heartbeat(self) -> None:
         """Touch the beat file every second for as long as this process runs (a stopped
