@@ -97,3 +97,71 @@ def test_a_logger_that_is_not_installed_names_its_extra(tmp_path: Path, monkeypa
         ConfigError, match=r"trainer.loggers: 'wandb' is not installed; install it: pip install './core\[wandb\]'"
     ):
         preflight(config)
+
+
+def _finished_run(out: Path) -> dict[str, str]:
+    """A finished run's files in ``out`` (config, metrics, a checkpoint), by path and hash."""
+    from geartrain import CheckpointManager
+
+    config = load_train_config(MAIN_CONFIG, [*RUN, f"trainer.output_dir={out}"], check_plugins=False)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(config.model_dump_json(indent=2))
+    (out / "metrics.jsonl").write_text(json.dumps({"phase": "rl", "step": 3}) + "\n")
+    CheckpointManager(out / "checkpoints" / "actor").save(3, lambda d: (d / "state.bin").write_bytes(b"x" * 64))
+    return _tree(out)
+
+
+def _tree(out: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("store", ["sqlite", "ftp", "file-under-a-file"])
+def test_an_mlflow_store_it_cannot_open_deletes_nothing(tmp_path: Path, store: str) -> None:
+    """Issue 35, item 2, rerun on other stores: a tracking URI that is not an HTTP server
+    (a database, another scheme, a file store that cannot be written) is checked with the
+    other trackers before ``--overwrite`` deletes anything (it was deleted, then MLflow
+    failed to start)."""
+    (tmp_path / "a_file").write_text("")
+    uri = {
+        "sqlite": f"sqlite:///{tmp_path}/mlflow.db",
+        "ftp": "ftp://127.0.0.1/mlruns",
+        "file-under-a-file": (tmp_path / "a_file" / "mlruns").as_uri(),
+    }[store]
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    config = load_train_config(
+        MAIN_CONFIG,
+        [*RUN, 'trainer.loggers=["mlflow"]', f"trainer.mlflow_tracking_uri={uri}", f"trainer.output_dir={out}"],
+        check_plugins=False,
+    )
+    with pytest.raises(ConfigError) as info:
+        run_job(config, overwrite=True)
+    assert f"trainer.loggers: MLflow cannot use trainer.mlflow_tracking_uri='{uri}'" in str(info.value), info.value
+    assert len(str(info.value).splitlines()) == 2  # the head line and this problem's
+    assert _tree(out) == before
+
+
+def test_an_mlflow_file_store_named_by_its_uri_gets_every_metric(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``file://`` tracking URI is a local store like the default one (MLflow 3 refused it
+    unless MLFLOW_ALLOW_FILE_STORE was set: after ``--overwrite`` had deleted the run)."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    store = (tmp_path / "store").as_uri()
+    out = tmp_path / "run"
+    config = load_train_config(
+        MAIN_CONFIG,
+        [*RUN, 'trainer.loggers=["mlflow"]', f"trainer.mlflow_tracking_uri={store}", f"trainer.output_dir={out}"],
+        check_plugins=False,
+    )
+    run_job(config)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    entropy = {r["step"]: r["actor/entropy"] for r in records if "actor/entropy" in r}
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("geartrain").experiment_id])
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "actor/entropy")}
+    assert sorted(entropy) == [1, 2, 3] and history == pytest.approx(entropy)

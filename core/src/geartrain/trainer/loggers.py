@@ -34,8 +34,9 @@ def tracker_problems(loggers: list[str], wandb_mode: str | None, mlflow_tracking
     """What would stop the chosen trackers from starting, found without starting them (no
     network call but one short request to an MLflow server): a W&B run online without
     credentials, an MLflow tracking server that does not answer within
-    :data:`MLFLOW_PROBE_TIMEOUT_S`. A job checks this before it claims its output directory,
-    so ``--overwrite`` deletes nothing for a logger that cannot start."""
+    :data:`MLFLOW_PROBE_TIMEOUT_S`, any other MLflow store that MLflow refuses or that cannot be
+    written. A job checks this before it claims its output directory, so ``--overwrite``
+    deletes nothing for a logger that cannot start."""
     problems = []
     if "wandb" in loggers and _wandb_online(wandb_mode) and not _wandb_credentials():
         problems.append(
@@ -49,7 +50,53 @@ def tracker_problems(loggers: list[str], wandb_mode: str | None, mlflow_tracking
                 f"the MLflow tracking server trainer.mlflow_tracking_uri='{mlflow_tracking_uri}' does not answer "
                 f"({why}); start it, or leave trainer.mlflow_tracking_uri unset for the local store <output_dir>/mlruns"
             )
+    elif "mlflow" in loggers and mlflow_tracking_uri:
+        why = _store_problem(mlflow_tracking_uri)
+        if why is not None:
+            problems.append(
+                f"MLflow cannot use trainer.mlflow_tracking_uri='{mlflow_tracking_uri}' ({why}); give a writable "
+                "file store, an http(s) server, or leave it unset for the local store <output_dir>/mlruns"
+            )
     return problems
+
+
+def _file_store(uri: str) -> Path | None:
+    """The directory of an MLflow file store URI (``file:///dir`` or a plain path), else ``None``."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "":
+        return Path(uri)
+    return None
+
+
+def _store_problem(uri: str) -> str | None:
+    """Why MLflow cannot open the tracking store at the non-HTTP ``uri`` (``None``: it can),
+    found without writing anything: a file store's nearest existing directory must be
+    writable; any other URI (``sqlite:``, ``databricks``, ...) must give MLflow a client
+    (mlflow-skinny has no database stores: it refuses them here, not after ``--overwrite``)."""
+    from geartrain.trainer.rundir import read_only
+
+    directory = _file_store(uri)
+    if directory is not None:
+        existing = directory.expanduser().absolute()
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        if not existing.is_dir():
+            return f"{existing} is not a directory"
+        if read_only(existing) or not os.access(existing, os.W_OK | os.X_OK):
+            return f"{existing} is not writable"
+        return None
+    try:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri)
+    except Exception as exc:  # noqa: BLE001 - MLflow's own refusal, whatever its type
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first[:300]}"
+    return None
 
 
 def _wandb_online(mode: str | None) -> bool:
@@ -188,8 +235,8 @@ class MlflowLogger:
         # a server that stops answering fails the run in seconds, not after minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-        if tracking_uri is None:
-            # the local file store needs no server or database (mlflow-skinny has no SQL);
+        if tracking_uri is None or _file_store(tracking_uri) is not None:
+            # a local file store needs no server or database (mlflow-skinny has no SQL);
             # MLflow 3 asks for this opt-in to keep using it
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.mlflow.set_tracking_uri(tracking_uri or (output_dir.resolve() / "mlruns").as_uri())
