@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from geartrain.errors import CheckpointError, exception_chain, unpickling_reason
+from geartrain.errors import CheckpointError, GeartrainError, exception_chain, unpickling_reason
 from geartrain.manifest import verify_manifest, write_manifest
 
 MARKER = "COMPLETE"
@@ -254,6 +254,22 @@ def export_disk_full(exc: BaseException, path: Path, source: str | Path) -> Disk
         f"no space left on {device_of(path.parent)} while exporting the model to {path} (the partial export was "
         f"removed; the checkpoints are untouched); free space there, then: geartrain export {source} {path}"
     )
+
+
+def run_disk_full(exc: BaseException, output_dir: Path, checkpoint: int | None) -> DiskFullError | None:
+    """The one-line :class:`DiskFullError` for a job that failed because the disk of its
+    output directory is full while it wrote anything of its own there (``metrics.jsonl``,
+    TensorBoard logs, ``completions.jsonl``, the warm start's model, the curves); ``None``:
+    it failed otherwise. ``checkpoint`` is the newest complete one (``None``: none)."""
+    if isinstance(exc, GeartrainError) or not full_disk_error(exc, output_dir if output_dir.exists() else "."):
+        return None
+    kept = (
+        f"the last complete checkpoint is step {checkpoint}; free space there, then continue with --resume"
+        if checkpoint is not None
+        else "no checkpoint was completed; free space there, then start again with --overwrite"
+    )
+    where = f"no space left on {device_of(output_dir)} while writing the run's files in {output_dir}"
+    return DiskFullError(f"{where}; {kept}")
 
 
 def device_of(path: str | Path) -> str:

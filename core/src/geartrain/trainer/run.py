@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from geartrain.checkpoint import CheckpointManager, export_disk_full, step_dir_name
+from geartrain.checkpoint import CheckpointManager, export_disk_full, run_disk_full, step_dir_name
 from geartrain.cluster import Dispatch, InlineWorkerGroup, Placement, WorkerGroup, make_placement
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
@@ -523,6 +523,9 @@ class Job:
                         # torch.distributed state): release them, as a watchdog stop does
                         _shutdown(self.roles)
                     raise non_finite_stop(exc, self.position.step, self.position.checkpoint) from None
+                full = run_disk_full(exc, self.out, self.position.checkpoint)
+                if full is not None:  # a full disk under any of the run's own writes is one line
+                    raise full from None
                 raise
             if self.placement is not None:
                 self.placement.close()
