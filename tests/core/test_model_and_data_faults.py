@@ -94,3 +94,31 @@ def test_a_checkpoints_pickle_refusal_has_no_escape_codes(tmp_path: Path) -> Non
     with pytest.raises(CheckpointError) as info:
         load_state(tmp_path / "trainer.pt")
     assert "\x1b" not in str(info.value) and "GLOBAL fractions.Fraction" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["header", "not-safetensors"])
+def test_a_damaged_safetensors_file_is_one_line(tmp_path: Path, damage: str) -> None:
+    """Rerun of the probes on other weight files: a ``model.safetensors`` whose header is
+    damaged (or that is no safetensors file) was a 63-line traceback from the engine's load,
+    after ``--overwrite`` had deleted the previous run."""
+    model = tmp_path / "model"
+    build_hf_model(
+        ModelConfig(tiny="qwen2", config_overrides={"hidden_size": 32, "num_hidden_layers": 1})
+    ).save_pretrained(model)
+    tiny_tokenizer().save_pretrained(model)
+    weights = model / "model.safetensors"
+    if damage == "header":
+        with weights.open("r+b") as fh:
+            fh.write(b"\xff" * 16)  # the header's length: far past the file's end
+    else:
+        weights.write_text("version https://git-lfs.github.com/spec/v1\n")  # an LFS pointer, say
+    text = _problems(f"model.path={model}", "model.tiny=null", "model.config_overrides={}")
+    assert f"model.path: {weights} cannot be read (" in text and "damaged or not a safetensors file" in text, text
+    assert "\n" not in text.split("problem(s)\n", 1)[1].strip(), text
+
+
+def test_query_heads_that_are_no_multiple_of_the_key_value_heads_are_one_line() -> None:
+    """A model that builds on the meta device but cannot run attention (3 query heads over
+    2 key/value heads) was a 112-line traceback at the first forward."""
+    text = _problems("model.config_overrides.num_attention_heads=3")
+    assert "model: num_attention_heads=3 is not a multiple of num_key_value_heads=2" in text, text

@@ -106,6 +106,25 @@ def pickled_weights_problem(path: str) -> str | None:
     return None
 
 
+def unreadable_safetensors_problem(path: str) -> str | None:
+    """What is wrong with the ``*.safetensors`` files of the local model directory ``path``,
+    read from their headers only (no tensor is loaded): a damaged header, a file that is
+    not safetensors (``None``: every file opens, or ``path`` is no local directory)."""
+    from safetensors import safe_open
+
+    directory = Path(path)
+    if not directory.is_dir():
+        return None
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                handle.keys()
+        except Exception as exc:  # noqa: BLE001 - safetensors' own error types; any is the file's
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return f"{file} cannot be read ({why}): it is damaged or not a safetensors file; restore it from a copy"
+    return None
+
+
 def build_hf_model(config: ModelConfig, *, device: str | torch.device = "cpu", meta: bool = False) -> torch.nn.Module:
     """Build the causal LM (or, with ``config.value_head``, a token-classification model
     with one label: a per-token value) that ``config`` describes.

@@ -207,13 +207,16 @@ def _positions_fit(config: TrainConfig, problems: list[tuple[str, str]]) -> None
 
 def _model_builds(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
     """The policy can be built as configured: its architecture builds (on the meta device:
-    nothing is allocated; ``config_overrides`` of the wrong type are named), an inline job's
+    nothing is allocated; ``config_overrides`` of the wrong type are named; query heads a
+    whole multiple of key/value heads), its safetensors files' headers read, an inline job's
     weights fit this machine's memory, and a local model's pickle weights hold only tensors
     (read without running code). Each is one line before anything is claimed."""
-    from geartrain.modeling import build_hf_model, pickled_weights_problem
+    from geartrain.modeling import build_hf_model, pickled_weights_problem, unreadable_safetensors_problem
 
     model = config.model
-    if model.path is not None and (problem := pickled_weights_problem(model.path)):
+    if model.path is not None and (
+        problem := pickled_weights_problem(model.path) or unreadable_safetensors_problem(model.path)
+    ):
         problems.append(("model.path", problem))
         return
     try:
@@ -228,6 +231,18 @@ def _model_builds(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         why = " ".join(lines[:2])[:300] or type(exc).__name__
         problems.append(("model", f"the model cannot be built as configured ({type(exc).__name__}: {why})"))
+        return
+    text = getattr(module.config, "text_config", None) or module.config
+    heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and heads % kv_heads:
+        problems.append(
+            (
+                "model",
+                f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}: grouped-query "
+                "attention shares each key/value head among a whole number of query heads; check "
+                "model.config_overrides",
+            )
+        )
         return
     if config.cluster.placement != "inline":
         return  # ranks on other machines: their memory is not this one's
