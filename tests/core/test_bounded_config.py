@@ -59,3 +59,13 @@ def test_a_huge_group_gets_a_note(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(JOB), "sampling.n=1e6", "--no-plugins"]) == 0
     out = capsys.readouterr().out
     assert "note: sampling.n=1000000 samples per prompt: each step generates and scores" in out, out
+
+
+def test_a_weight_decay_that_flips_the_weights_is_refused() -> None:
+    """Rerun on another key: ``weight_decay=1e300`` was accepted, then stopped the run at
+    step 2 blaming the learning rate (AdamW multiplies the weights by 1 - lr x weight_decay)."""
+    with pytest.raises(ConfigError) as info:
+        load_train_config(JOB, ["actor.engine.optim.weight_decay=1e300"], check_plugins=False)
+    assert "actor.engine.optim: weight_decay=1e+300 with lr=0.0003" in str(info.value), str(info.value)
+    assert "lr x weight_decay must be below 1" in str(info.value)
+    load_train_config(JOB, ["actor.engine.optim.weight_decay=0.1"], check_plugins=False)

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from e2e_helpers import JOB_HANG_GUARD_S, MAIN_CONFIG, ROOT, rl_records, run_geartrain
 
 pytestmark = pytest.mark.e2e
@@ -134,3 +135,26 @@ def test_an_lr_that_overflows_stops_with_one_line_on_any_cpu(tmp_path: Path) -> 
         or "holds NaN or infinite values" in line
     ), line
     assert "actor.engine.optim.lr" in line
+
+
+def test_a_starting_model_with_a_nan_weight_is_named_not_the_learning_rate(tmp_path: Path) -> None:
+    """Rerun of issue 35's item 10 on another source: an HF model directory with a NaN
+    weight, trained from (no update yet, no resume), was blamed on the learning rate."""
+    from geartrain.config import ModelConfig
+    from geartrain.modeling import build_hf_model
+    from geartrain.testing.tiny import tiny_tokenizer
+
+    model = tmp_path / "model"
+    module = build_hf_model(ModelConfig(tiny="qwen2", config_overrides={"hidden_size": 32, "num_hidden_layers": 1}))
+    with torch.no_grad():
+        module.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    module.save_pretrained(model)
+    tiny_tokenizer().save_pretrained(model)
+    rc, stderr = _train(
+        MAIN_CONFIG, tmp_path / "run", f"model.path={model}", "model.tiny=null", "model.config_overrides={}"
+    )
+    line = _error_line(stderr)
+    assert rc == 2
+    assert "step 0: the policy's weight model.layers.0.mlp.down_proj.weight holds NaN" in line, line
+    assert "No update has run yet: the model the run starts from holds such weights (model.path" in line, line
+    assert "optim.lr; after --resume" not in line, line

@@ -129,6 +129,19 @@ class OptimConfig(Section):
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Where a decaying schedule ends, as a fraction of ``lr``."""
 
+    @model_validator(mode="after")
+    def _decay_shrinks(self) -> OptimConfig:
+        """AdamW's decoupled decay multiplies every weight by ``1 - lr x weight_decay`` each
+        step: from 1 on that flips or zeroes the weights (and overflows them), which a run
+        would find steps later as non-finite weights blamed on the learning rate."""
+        if self.lr * self.weight_decay >= 1:
+            raise ValueError(
+                f"weight_decay={self.weight_decay:g} with lr={self.lr:g}: each step multiplies the weights by "
+                f"1 - lr x weight_decay = {1 - self.lr * self.weight_decay:.3g}; lr x weight_decay must be below 1 "
+                "(a usual weight_decay is 0 to 0.1)"
+            )
+        return self
+
     def schedule_problems(self) -> list[tuple[str, str]]:
         """What this section lacks to build its schedule (paths relative to it)."""
         if self.lr > 0 and self.lr_schedule != "constant" and self.total_steps is None:

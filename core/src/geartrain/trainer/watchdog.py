@@ -82,6 +82,12 @@ def non_finite_stop(exc: NonFiniteError, step: int, checkpoint: int | None) -> T
     """The stop for a policy that is not finite, found during ``step`` (0: before the first
     RL step), with the newest complete checkpoint (``None``: none) named as kept."""
     kept = f"the newest checkpoint (step {checkpoint}) is kept" if checkpoint is not None else "no checkpoint was saved"
+    if step == 0:  # before the first update of a fresh run: what it started from holds them
+        return TrainingStalledError(
+            f"step 0: {exc}. No update has run yet: the model the run starts from holds such weights (model.path; "
+            "or the SFT warm start's <output_dir>/sft_model: lower sft.optim.lr); check or replace it. "
+            f"The run stopped here; {kept}"
+        )
     return TrainingStalledError(
         f"step {step}: {exc}. After an update this means the learning rate is too high: lower "
         "actor.engine.optim.lr; after --resume, the checkpoint holds such "
