@@ -237,3 +237,27 @@ def test_a_full_disk_during_the_final_export_is_one_line_and_keeps_the_checkpoin
         assert (out / "checkpoints" / "actor" / "step_00000001" / "COMPLETE").is_file()
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_trust_remote_code_refusal_names_the_tokenizer_it_is_for(run: Path, tmp_path: Path, geartrain) -> None:  # noqa: ANN001
+    """Rerun on the checkpoint's own record: a base model that sets ``trust_remote_code``
+    for its tokenizer only (no ``path``) was refused "for None"."""
+    evil, marker = _evil_model(tmp_path)
+    step = _step(run, 2)
+    record = json.loads((step / "engine.json").read_text())
+    record["base_model"] = {**record["base_model"], "tokenizer": str(evil), "trust_remote_code": True}
+    (step / "engine.json").write_text(json.dumps(record))
+    (step / "COMPLETE").unlink()
+    write_manifest(step, exclude=frozenset({"COMPLETE"}))  # a manifest to match: the edit hides itself
+    (step / "COMPLETE").write_text("")
+    text = _one_line_error(geartrain("export", str(run), str(tmp_path / "out")))
+    assert f"the run sets model.trust_remote_code for {evil}: export runs no code" in text, text
+    assert not marker.exists()
+
+
+def test_a_target_inside_another_run_is_refused(run: Path, trained: Path, geartrain) -> None:  # noqa: ANN001
+    """Rerun on another run: exporting into a new directory inside a different run's output
+    directory was allowed (into the source run's own it is refused)."""
+    text = _one_line_error(geartrain("export", str(trained), str(run / "exported")))
+    assert f"the export target {run / 'exported'} is inside the training run {run}" in text, text
+    assert not (run / "exported").exists()

@@ -77,6 +77,13 @@ def check_target(out: Path, run: Path, checkpoint: Path, *, overwrite: bool) -> 
         raise ExportError(f"{where} is a file, not a directory; choose another directory")
     if out.is_dir() and _holds_run(out):
         raise ExportError(f"{where} holds a training run; choose another directory")
+    if not _an_export_dir(resolved, run):
+        for parent in resolved.parents:
+            if _holds_run(parent):
+                raise ExportError(
+                    f"{where} is inside the training run {parent} (a later --overwrite of that run removes what "
+                    "it does not know); choose a directory outside it"
+                )
     existing = out
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
@@ -180,8 +187,9 @@ def what_built(checkpoint: Path, run: Path, *, trust_remote_code: bool, echo: Ca
             )
     for model in (policy, base):
         if model.trust_remote_code and not trust_remote_code:
+            named = model.path or model.tokenizer or model.preset or (model.tiny and f"the tiny {model.tiny} model")
             raise ExportError(
-                f"the run sets model.trust_remote_code for {model.path}: export runs no code from a run directory "
+                f"the run sets model.trust_remote_code for {named}: export runs no code from a run directory "
                 "unless told; pass --trust-remote-code if you trust that model's code"
             )
     return {"engine": engine, "policy": policy, "base": base, "algorithm": algorithm}
