@@ -78,6 +78,7 @@ class EpisodeRunner:
         workers: int = 32,
         batch_wait: float = 0.1,
         step_timeout_s: float | None = None,
+        said: set[str] | None = None,
     ) -> None:
         if limits.max_turns >= TURN_STRIDE:
             raise GeartrainError(f"rollout.agent.max_turns must be below {TURN_STRIDE}, got {limits.max_turns}")
@@ -101,6 +102,9 @@ class EpisodeRunner:
         """Observations cut to their episode's remaining budget before tokenizing
         (``agent/observation_truncated``)."""
         self._chars_per_token: int | None = None
+        self.said = said if said is not None else set()
+        """Notes said once for all the runners that share this set (the trainer passes one
+        set per job and process: an observation cut is said once per run, not per step)."""
         self.logged_failures: set[str] = set()
         """Kinds of environment failure (``what: type``) already logged by this runner: the
         first of each kind is logged with its traceback, the rest are only counted."""
@@ -152,7 +156,7 @@ class EpisodeRunner:
         """``obs`` cut to what the episode's remaining token budget could hold, before it is
         tokenized: a megabyte from a tool must not be tokenized whole to be thrown away (a
         cut observation still does not fit, so its episode ends as truncated, as it would
-        have). Counted in ``agent/observation_truncated``, said once per runner."""
+        have). Counted in ``agent/observation_truncated``, said once per :attr:`said` (once per run in the trainer)."""
         texts = [obs] if isinstance(obs, str) else list(obs)
         total = sum(len(t) for t in texts)
         limit = (max(self._room(ep), 0) + 1) * self._token_chars()
@@ -163,8 +167,8 @@ class EpisodeRunner:
             kept.append(text[:left])
             left -= len(kept[-1])
         self.observations_cut += 1
-        if "observation cut" not in self.logged_failures:
-            self.logged_failures.add("observation cut")
+        if "observation cut" not in self.said:
+            self.said.add("observation cut")
             logger.warning(
                 "an observation of %d characters was cut to %d before tokenizing (the episode had room for %d "
                 "tokens; more like it are counted in agent/observation_truncated, not logged)",

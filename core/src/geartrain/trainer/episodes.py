@@ -106,6 +106,7 @@ def run_episode_share(
         observation_role=agent.observation_role,
         workers=agent.workers,
         step_timeout_s=agent.step_timeout_s,
+        said=_said(id(factory)),
     )
     ids, index, tasks = prompts["prompt_ids"], prompts["prompt_index"], prompts["task"]
     rows = [(i, j) for i in range(len(ids)) for j in range(n)]
@@ -119,6 +120,13 @@ def run_episode_share(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = episode_batch(episodes, pad, meta={"rollout_rank": [rank] * len(episodes)})
     return batch, metrics
+
+
+@functools.lru_cache(maxsize=8)
+def _said(factory_id: int) -> set[str]:
+    """The notes said once for the environment factory ``factory_id`` (one per job's
+    environment, see :func:`_factory`) in this process: shared by every step's runner."""
+    return set()
 
 
 @functools.lru_cache(maxsize=8)
