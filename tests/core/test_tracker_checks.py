@@ -69,14 +69,55 @@ def test_wandb_online_without_a_key_deletes_nothing(tmp_path: Path) -> None:
     assert _tree(out) == before
 
 
-def test_wandb_offline_or_with_a_key_in_netrc_is_not_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_offline_or_with_a_key_in_netrc_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answering_server: int
+) -> None:
     from geartrain.trainer.loggers import tracker_problems
 
     assert tracker_problems(["wandb"], "offline", None) == []
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{answering_server}")  # a W&B server that answers
     netrc = tmp_path / "home" / ".netrc"
-    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.write_text("machine 127.0.0.1\n  login user\n  password " + "k" * 40 + "\n")
     netrc.chmod(0o600)
     assert tracker_problems(["wandb"], None, None) == []
+
+
+def test_wandb_online_with_a_key_and_a_server_that_refuses_deletes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusing_port: int
+) -> None:
+    """Rerun of item 2 with a key: W&B retried for about 100 s, then failed, after
+    ``--overwrite`` had deleted the previous run's checkpoints."""
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{refusing_port}")
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    text = _overwrite(out, 'trainer.loggers=["wandb"]')
+    assert (
+        f"trainer.loggers: 'wandb' runs online but the W&B server http://127.0.0.1:{refusing_port} does not answer "
+        "(Connection refused)" in text
+    ), text
+    assert _tree(out) == before
+
+
+@pytest.fixture
+def answering_server() -> Iterator[int]:
+    """An HTTP server that answers every request with 404."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the handler's protocol
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    thread.join()
 
 
 @pytest.fixture

@@ -26,14 +26,14 @@ INSTALL = {
 }
 
 
-#: How long the start-up check waits for an MLflow tracking server to answer.
+#: How long the start-up check waits for a W&B or MLflow tracking server to answer.
 MLFLOW_PROBE_TIMEOUT_S = 5.0
 
 
 def tracker_problems(loggers: list[str], wandb_mode: str | None, mlflow_tracking_uri: str | None) -> list[str]:
     """What would stop the chosen trackers from starting, found without starting them (no
-    network call but one short request to an MLflow server): a W&B run online without
-    credentials, an MLflow tracking server that does not answer within
+    network call but one short request to the W&B or MLflow server): a W&B run online without
+    credentials, a W&B or MLflow tracking server that does not answer within
     :data:`MLFLOW_PROBE_TIMEOUT_S`, any other MLflow store that MLflow refuses or that cannot be
     written. A job checks this before it claims its output directory, so ``--overwrite``
     deletes nothing for a logger that cannot start."""
@@ -43,6 +43,14 @@ def tracker_problems(loggers: list[str], wandb_mode: str | None, mlflow_tracking
             "'wandb' runs online (trainer.wandb_mode / WANDB_MODE) but no W&B API key is configured "
             '(WANDB_API_KEY, or `wandb login`); log in, or set trainer.wandb_mode="offline"'
         )
+    elif "wandb" in loggers and _wandb_online(wandb_mode):
+        host = _wandb_host()
+        why = _no_answer(host)
+        if why is not None:  # wandb.init retries for minutes, then fails: after --overwrite deleted the run
+            problems.append(
+                f"'wandb' runs online but the W&B server {host} does not answer ({why}); check the network "
+                '(or WANDB_BASE_URL), or set trainer.wandb_mode="offline"'
+            )
     if "mlflow" in loggers and mlflow_tracking_uri and mlflow_tracking_uri.startswith(("http://", "https://")):
         why = _no_answer(mlflow_tracking_uri)
         if why is not None:
@@ -105,6 +113,11 @@ def _wandb_online(mode: str | None) -> bool:
     return (mode or os.environ.get("WANDB_MODE") or "online").lower() in ("online", "run")
 
 
+def _wandb_host() -> str:
+    """The W&B server a run online talks to (``WANDB_BASE_URL``, else W&B's cloud)."""
+    return os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+
+
 def _wandb_credentials() -> bool:
     """An API key in the environment, in ``~/.netrc`` for the W&B host, or in W&B's settings."""
     import configparser
@@ -113,7 +126,7 @@ def _wandb_credentials() -> bool:
 
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    host = urlparse(_wandb_host()).hostname or "api.wandb.ai"
     try:
         entry = netrc.netrc(os.environ.get("NETRC")).authenticators(host)
     except (OSError, netrc.NetrcParseError):
