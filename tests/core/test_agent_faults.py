@@ -142,3 +142,37 @@ def test_close_raising_does_not_fail_start_up(tmp_path: Path, capsys: Any) -> No
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert "Traceback" not in out.err
+
+
+def test_a_step_that_times_out_is_said_to_time_out_not_to_raise_in_geartrain(caplog: Any) -> None:
+    """Rerun of item 7 on a hanging ``step``: the line said "environment step raised at
+    .../geartrain/agents/runner.py:516 in _within", blaming the runner's clock."""
+    import threading
+
+    release = threading.Event()
+
+    class Hang(Environment):
+        def reset(self, task: dict) -> str:
+            return ""
+
+        def step(self, action: str) -> StepResult:
+            release.wait()  # until the test ends: the runner's timeout is what ends the episode
+            return StepResult(observation="late")
+
+    tok = tiny_tokenizer()
+    runner = EpisodeRunner(
+        scripted_generate(tok, ["1"]),
+        tok,
+        Hang,
+        RunnerLimits(max_turns=3, max_model_len=MAX_MODEL_LEN),
+        step_timeout_s=0.2,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="geartrain"):
+            (ep,), _ = runner.run([tok.encode("q=", add_special_tokens=False)], [{"prompt": "q="}], SamplingParams())
+    finally:
+        release.set()
+    assert ep.finish == "error"
+    (line,) = [r.getMessage() for r in caplog.records if "its episode" in r.getMessage()]
+    assert line.startswith("environment step timed out (its episode 0 ends as an error;"), line
+    assert "runner.py" not in line and "step took longer than 0.2 s (rollout.agent.step_timeout_s)" in line, line

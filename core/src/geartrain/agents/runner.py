@@ -451,11 +451,12 @@ class EpisodeRunner:
         if kind not in self.logged_failures:
             self.logged_failures.add(kind)
             # one line (where it raised, not a traceback at every step); the traceback at DEBUG
+            timed_out = isinstance(exc, EnvironmentTimeout)  # raised by the runner's own clock, not the environment
             logger.warning(
                 "environment %s%s (its episode %d ends as an error; more like it in this step are counted in "
                 "agent/env_errors, not logged): %s",
-                f"{what} raised" if exc else "returned a bad result",
-                f" at {raised_at(exc)}" if exc is not None and raised_at(exc) else "",
+                f"{what} timed out" if timed_out else f"{what} raised" if exc else "returned a bad result",
+                f" at {raised_at(exc)}" if exc is not None and not timed_out and raised_at(exc) else "",
                 ep.index,
                 error.splitlines()[0][:500] if error else error,
             )
