@@ -122,3 +122,20 @@ def test_query_heads_that_are_no_multiple_of_the_key_value_heads_are_one_line() 
     2 key/value heads) was a 112-line traceback at the first forward."""
     text = _problems("model.config_overrides.num_attention_heads=3")
     assert "model: num_attention_heads=3 is not a multiple of num_key_value_heads=2" in text, text
+
+
+def test_a_model_directory_without_a_tokenizer_is_one_line_naming_it(tmp_path: Path) -> None:
+    """Rerun on a model directory holding only its weights (a copied ``model.safetensors``):
+    transformers' six-line message came through as it was, without saying which directory
+    lacked what."""
+    model = tmp_path / "model"
+    build_hf_model(
+        ModelConfig(tiny="qwen2", config_overrides={"hidden_size": 32, "num_hidden_layers": 1})
+    ).save_pretrained(model)
+    for other in model.iterdir():
+        if other.name != "model.safetensors":
+            other.unlink()
+    text = _problems(f"model.path={model}", "model.tiny=null", "model.config_overrides={}")
+    problem = text.split("problem(s)\n", 1)[1].strip()
+    assert "\n" not in problem and problem.startswith(f"model: cannot load the tokenizer of {model}: "), text
+    assert f"{model} holds no tokenizer files (tokenizer.json, " in problem and "set model.tokenizer" in problem, text

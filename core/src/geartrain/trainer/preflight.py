@@ -205,6 +205,21 @@ def _positions_fit(config: TrainConfig, problems: list[tuple[str, str]]) -> None
         )
 
 
+def _tokenizer_problem(config: TrainConfig, exc: BaseException) -> str:
+    """One line for a tokenizer that does not load (transformers' message spans lines),
+    naming the directory it was read from and the files such a directory lacks."""
+    source = config.model.tokenizer or config.model.path
+    why = (
+        " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:500].rstrip(".") or type(exc).__name__
+    )
+    hint = ""
+    if source is not None and Path(source).is_dir():
+        wanted = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        if not any((Path(source) / name).is_file() for name in wanted):
+            hint = f"; {source} holds no tokenizer files ({', '.join(wanted)}): set model.tokenizer to one that does"
+    return f"cannot load the tokenizer{f' of {source}' if source else ''}: {why}{hint}"
+
+
 def _model_builds(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
     """The policy can be built as configured: its architecture builds (on the meta device:
     nothing is allocated; ``config_overrides`` of the wrong type are named; query heads a
@@ -329,7 +344,7 @@ def preflight(
     try:
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
     except (OSError, ValueError) as exc:
-        raise ConfigError([("model", f"cannot load the tokenizer: {exc}")]) from None
+        raise ConfigError([("model", _tokenizer_problem(config, exc))]) from None
     result = Preflight(tokenizer=tokenizer)
     _model_builds(config, problems)
     _positions_fit(config, problems)
