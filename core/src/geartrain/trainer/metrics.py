@@ -77,6 +77,7 @@ class TensorBoardLogger:
     def __init__(self, log_dir: str | Path, *, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        _quiet_full_disk_in_event_writers()
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -90,6 +91,30 @@ class TensorBoardLogger:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _quiet_full_disk_in_event_writers() -> None:
+    """Install (once) a ``threading.excepthook`` that leaves unprinted a full disk (ENOSPC)
+    raised in TensorBoard's event-writer thread: the writer keeps the error and raises it in
+    the job's thread at its next write or close, where the run reports a full disk in one
+    line; printed by the default hook it was a traceback before that line. Every other
+    exception, in any thread, goes to the hook that was there before."""
+    import errno
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "geartrain_event_writers", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        exc = args.exc_value
+        writer = args.thread is not None and type(args.thread).__name__ == "_AsyncWriterThread"
+        if writer and isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return
+        previous(args)
+
+    hook.geartrain_event_writers = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def tag(phase: str, key: str) -> str:
