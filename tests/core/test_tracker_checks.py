@@ -10,14 +10,13 @@ environment has neither) and fail the way the real ones do if the job ever start
 
 from __future__ import annotations
 
-import hashlib
-import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from geartrain import CheckpointManager, ConfigError
+from geartrain import ConfigError
+from geartrain.testing.runs import file_tree, write_finished_run
 from geartrain.trainer import load_train_config, run_job
 from geartrain.trainer.loggers import MLFLOW_PROBE_TIMEOUT_S
 
@@ -42,16 +41,9 @@ def trackers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _finished_run(out: Path) -> dict[str, str]:
-    config = load_train_config(MAIN_CONFIG, [*SMALL, f"trainer.output_dir={out}"], check_plugins=False)
-    out.mkdir(parents=True)
-    (out / "config.json").write_text(config.model_dump_json(indent=2))
-    (out / "metrics.jsonl").write_text(json.dumps({"phase": "rl", "step": 4}) + "\n")
-    CheckpointManager(out / "checkpoints" / "actor").save(4, lambda d: (d / "state.bin").write_bytes(b"x" * 64))
-    return _tree(out)
-
-
-def _tree(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+    return write_finished_run(
+        load_train_config(MAIN_CONFIG, [*SMALL, f"trainer.output_dir={out}"], check_plugins=False), 4
+    )
 
 
 def _overwrite(out: Path, *overrides: str) -> str:
@@ -66,7 +58,7 @@ def test_wandb_online_without_a_key_deletes_nothing(tmp_path: Path) -> None:
     before = _finished_run(out)
     text = _overwrite(out, 'trainer.loggers=["wandb"]')
     assert "trainer.loggers: 'wandb' runs online (trainer.wandb_mode / WANDB_MODE) but no W&B API key" in text
-    assert _tree(out) == before
+    assert file_tree(out) == before
 
 
 def test_wandb_offline_or_with_a_key_in_netrc_is_not_refused(
@@ -96,7 +88,7 @@ def test_wandb_online_with_a_key_and_a_server_that_refuses_deletes_nothing(
         f"trainer.loggers: 'wandb' runs online but the W&B server http://127.0.0.1:{refusing_port} does not answer "
         "(Connection refused)" in text
     ), text
-    assert _tree(out) == before
+    assert file_tree(out) == before
 
 
 @pytest.fixture
@@ -143,7 +135,7 @@ def test_an_mlflow_server_that_refuses_deletes_nothing(tmp_path: Path, refusing_
     assert (
         f"the MLflow tracking server trainer.mlflow_tracking_uri='{uri}' does not answer (Connection refused)" in text
     )
-    assert _tree(out) == before
+    assert file_tree(out) == before
 
 
 def test_an_mlflow_server_that_never_answers_fails_within_the_probe_timeout(tmp_path: Path, silent_server: int) -> None:
@@ -153,4 +145,4 @@ def test_an_mlflow_server_that_never_answers_fails_within_the_probe_timeout(tmp_
     text = _overwrite(out, 'trainer.loggers=["mlflow"]', f"trainer.mlflow_tracking_uri={uri}")
     # the probe's own deadline ended the wait (no retries)
     assert f"does not answer (no answer within {MLFLOW_PROBE_TIMEOUT_S:g} s)" in text, text
-    assert _tree(out) == before
+    assert file_tree(out) == before

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import MAIN_CONFIG
 from geartrain.errors import ConfigError
+from geartrain.testing.runs import file_tree, write_finished_run
 from geartrain.trainer import load_train_config, run_job
 
 RUN = [
@@ -100,21 +101,9 @@ def test_a_logger_that_is_not_installed_names_its_extra(tmp_path: Path, monkeypa
 
 
 def _finished_run(out: Path) -> dict[str, str]:
-    """A finished run's files in ``out`` (config, metrics, a checkpoint), by path and hash."""
-    from geartrain import CheckpointManager
-
-    config = load_train_config(MAIN_CONFIG, [*RUN, f"trainer.output_dir={out}"], check_plugins=False)
-    out.mkdir(parents=True)
-    (out / "config.json").write_text(config.model_dump_json(indent=2))
-    (out / "metrics.jsonl").write_text(json.dumps({"phase": "rl", "step": 3}) + "\n")
-    CheckpointManager(out / "checkpoints" / "actor").save(3, lambda d: (d / "state.bin").write_bytes(b"x" * 64))
-    return _tree(out)
-
-
-def _tree(out: Path) -> dict[str, str]:
-    import hashlib
-
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+    return write_finished_run(
+        load_train_config(MAIN_CONFIG, [*RUN, f"trainer.output_dir={out}"], check_plugins=False), 3
+    )
 
 
 @pytest.mark.parametrize("store", ["sqlite", "ftp", "file-under-a-file"])
@@ -140,7 +129,7 @@ def test_an_mlflow_store_it_cannot_open_deletes_nothing(tmp_path: Path, store: s
         run_job(config, overwrite=True)
     assert f"trainer.loggers: MLflow cannot use trainer.mlflow_tracking_uri='{uri}'" in str(info.value), info.value
     assert len(str(info.value).splitlines()) == 2  # the head line and this problem's
-    assert _tree(out) == before
+    assert file_tree(out) == before
 
 
 def test_an_mlflow_file_store_named_by_its_uri_gets_every_metric(
