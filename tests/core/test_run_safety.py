@@ -18,7 +18,7 @@ import pytest
 from geartrain import CheckpointManager, ConfigError, GeartrainError
 from geartrain.trainer import load_train_config, run_job
 from geartrain.trainer.config_diff import diff_configs
-from geartrain.trainer.rundir import RunDirectory, RunDirectoryError
+from geartrain.trainer.rundir import SET_ASIDE, RunDirectory, RunDirectoryError
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_CONFIG = ROOT / "examples" / "arithmetic" / "grpo.toml"
@@ -73,15 +73,54 @@ def test_overwrite_deletes_nothing_until_every_check_passed(tmp_path: Path) -> N
     assert _tree(out) == before
 
 
-def test_overwrite_removes_only_the_previous_runs_entries(tmp_path: Path) -> None:
+def test_overwrite_sets_aside_only_the_previous_runs_entries_and_deletes_them_at_commit(tmp_path: Path) -> None:
     out = tmp_path / "run"
     _finished_run(out)
     (out / "notes.txt").write_text("mine")
     rundir = RunDirectory(out, overwrite=True)
-    removed = rundir.claim()
+    set_aside = rundir.claim()
+    assert sorted(set_aside) == ["checkpoints", "config.json", "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == [SET_ASIDE, ".geartrain.lock", "notes.txt"]  # the new run's lock
+    assert sorted(p.name for p in (out / SET_ASIDE).iterdir()) == sorted(set_aside)
+    assert rundir.commit()  # the new run's first step is done
     rundir.release()
-    assert sorted(removed) == ["checkpoints", "config.json", "metrics.jsonl"]
-    assert sorted(p.name for p in out.iterdir()) == [".geartrain.lock", "notes.txt"]  # the lock the new run holds
+    assert sorted(p.name for p in out.iterdir()) == [".geartrain.lock", "notes.txt"]
+
+
+def test_overwrite_puts_the_previous_run_back_when_the_job_fails_after_its_checks(tmp_path: Path) -> None:
+    """The probes' --overwrite findings (a tracker that fails to start, a starting model with
+    NaN weights) were failures after the claim: the previous run was already deleted. Here
+    the job fails at its first engine (the core's environment has no engine plugin)."""
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(GeartrainError, match="no engine named 'fsdp'"):
+        run_job(_config(out), overwrite=True)
+    after = {name: digest for name, digest in _tree(out).items() if name != ".geartrain.lock"}
+    assert after == {**before, "notes.txt": hashlib.sha256(b"mine").hexdigest()}
+    assert not (out / SET_ASIDE).exists()
+
+
+def test_a_killed_overwrite_keeps_the_run_it_set_aside(tmp_path: Path) -> None:
+    """A job killed before its first step leaves the previous run set aside and its own
+    entries in place: the next --overwrite replaces the killed run's entries, keeps the set-aside
+    run, and puts it back if it fails too; its first step deletes it."""
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    killed = RunDirectory(out, overwrite=True)
+    killed.claim()
+    (out / "metrics.jsonl").write_text("the killed run's\n")
+    killed.release()  # no commit, no restore: SIGKILL
+    again = RunDirectory(out, overwrite=True)
+    assert sorted(again.claim()) == ["checkpoints", "config.json", "metrics.jsonl"]
+    assert not (out / "metrics.jsonl").exists()  # the killed run's own, never trained
+    assert sorted(again.restore()) == ["checkpoints", "config.json", "metrics.jsonl"]
+    again.release()
+    assert {name: digest for name, digest in _tree(out).items() if name != ".geartrain.lock"} == before
+    last = RunDirectory(out, overwrite=True)
+    last.claim()
+    assert last.commit() and not (out / SET_ASIDE).exists() and not (out / "checkpoints").exists()
+    last.release()
 
 
 def test_resume_and_overwrite_exclude_each_other(tmp_path: Path) -> None:

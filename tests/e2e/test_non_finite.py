@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 from e2e_helpers import JOB_HANG_GUARD_S, MAIN_CONFIG, ROOT, rl_records, run_geartrain
+from geartrain.testing.runs import file_tree
+from geartrain.trainer.rundir import SET_ASIDE
 
 pytestmark = pytest.mark.e2e
 
@@ -150,9 +152,23 @@ def test_a_starting_model_with_a_nan_weight_is_named_not_the_learning_rate(tmp_p
         module.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
     module.save_pretrained(model)
     tiny_tokenizer().save_pretrained(model)
+    # and with --overwrite over a previous run: it was deleted before step 0 found the
+    # NaN; now it is set aside and put back, byte for byte (probes rerun, issue 35)
+    out = tmp_path / "run"
+    previous = {
+        "config.json": b"{}",
+        "metrics.jsonl": b'{"step": 2}\n',
+        "checkpoints/actor/step_2/state.bin": b"x" * 64,
+    }
+    for name, data in previous.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    before = file_tree(out)
     rc, stderr = _train(
-        MAIN_CONFIG, tmp_path / "run", f"model.path={model}", "model.tiny=null", "model.config_overrides={}"
+        MAIN_CONFIG, out, f"model.path={model}", "model.tiny=null", "model.config_overrides={}", "--overwrite"
     )
+    after = {name: digest for name, digest in file_tree(out).items() if not name.startswith(("logs/", ".geartrain"))}
+    assert after == before and not (out / SET_ASIDE).exists(), sorted(after)
     line = _error_line(stderr)
     assert rc == 2
     assert "step 0: the policy's weight model.layers.0.mlp.down_proj.weight holds NaN" in line, line

@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the run in trainer.output_dir (deleted only after every check passed)",
+        help="replace the run in trainer.output_dir (set aside after every check passed, deleted after the first step)",
     )
     p.set_defaults(func=_cmd_train)
 

@@ -57,7 +57,7 @@ from geartrain.trainer.metrics import (
 from geartrain.trainer.preflight import Preflight, preflight
 from geartrain.trainer.rl import RLRoles, RLTrainer
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
-from geartrain.trainer.rundir import RunDirectory
+from geartrain.trainer.rundir import SET_ASIDE, RunDirectory
 from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
 from geartrain.trainer.sft import observation_renderer, run_sft
 from geartrain.trainer.watchdog import TrainingStalledError, Watchdog, non_finite_stop
@@ -477,6 +477,25 @@ class Job:
         write_export_record(path, total, self.out)
         return path
 
+    def _commit_overwrite(self) -> None:
+        """A step is done: what ``--overwrite`` set aside is deleted (once)."""
+        if self.rundir.commit():
+            self.echo(f"--overwrite: deleted the previous run (set aside in {self.out / SET_ASIDE} until now)")
+
+    def _restore_overwritten(self) -> None:
+        """The job failed before its first step: the previous run that ``--overwrite`` set
+        aside goes back (nothing is lost to a run that did not start)."""
+        try:
+            restored = self.rundir.restore()
+        except OSError as exc:  # the job's own error comes next; this one must not hide it
+            self.echo(f"--overwrite: could not put the previous run back ({exc}); it is in {self.out / SET_ASIDE}")
+            return
+        if restored:
+            self.echo(
+                f"--overwrite: this run failed before its first step; the previous run's {', '.join(restored)} "
+                f"are back in {self.out}"
+            )
+
     def _sft_fingerprint(self) -> str | None:
         """SHA-256 of the SFT warm start's manifest (``None``: the run has none). Saved with
         every checkpoint, so a resume notices a warm start swapped for another run's."""
@@ -517,6 +536,7 @@ class Job:
             except BaseException as exc:
                 if self.placement is not None:  # ranks may be mid-call: stop them without waiting
                     self.placement.close(graceful=False)
+                self._restore_overwritten()
                 if isinstance(exc, NonFiniteError):
                     if self.placement is None and self.roles is not None:
                         # inline roles hold this process's engines (an in-process vLLM its
@@ -560,11 +580,14 @@ class Job:
         latest = self._latest_checkpoint()
         if latest is not None:
             self.position.step = self.position.checkpoint = CheckpointManager.step_of(latest)
-        removed = self.rundir.claim()
+        set_aside = self.rundir.claim()
         if self.rundir.lock is not None and (note := self.rundir.lock.stale_note()):
             self.echo(note)
-        if removed:
-            self.echo(f"--overwrite: deleted the previous run's {', '.join(removed)} in {self.out}")
+        if set_aside:
+            self.echo(
+                f"--overwrite: the previous run's {', '.join(set_aside)} set aside in {self.out / SET_ASIDE}; "
+                "deleted once this run's first step is done, put back if it fails before"
+            )
         (self.out / "config.json").write_text(cfg.model_dump_json(indent=2))
         self._placement()  # ranks start once every check passed (a local Ray instance takes seconds)
         resume_step = CheckpointManager.step_of(latest) if latest is not None else None
@@ -664,6 +687,7 @@ class Job:
                 sinks.close()
                 _shutdown(roles)
                 raise
+            self._commit_overwrite()
             # an episode's return: the reward function's score plus its environment's rewards
             reward = metrics.get("reward/mean", 0.0) + metrics.get("agent/env_reward_mean", 0.0)
             shown = {"reward": reward, "train_acc": metrics.get("reward/accuracy", 0.0)}
@@ -698,6 +722,7 @@ class Job:
             )
             self.echo(f"curves: {png}")
         _shutdown(roles)
+        self._commit_overwrite()  # a job of no steps (total_steps = 0) ends here
         seconds = time.perf_counter() - started
         self.echo(f"metrics: {self.out / 'metrics.jsonl'} ({seconds:.1f}s)")
         if accuracy_before is not None:
@@ -729,7 +754,8 @@ def run_job(
     """Run ``config`` end to end. An ``output_dir`` that holds a run is refused unless
     ``resume`` (continue from its newest intact checkpoint under
     ``<output_dir>/checkpoints``, with the config checked against the run's) or
-    ``overwrite`` (delete the previous run once every check passed). ``reward_fn``
+    ``overwrite`` (replace the previous run: set aside once every check passed, deleted after
+    the first step, put back if the job fails before). ``reward_fn``
     overrides ``reward.function`` / ``[[reward.functions]]`` (per-sample or batched:
     docs/rewards.md): one function, or a list of them (TRL's ``reward_funcs``), each
     weighted by ``reward_weights`` (TRL's; default 1 each) and logged as

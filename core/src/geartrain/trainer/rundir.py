@@ -1,11 +1,20 @@
 """The output directory of a training job, guarded so that no run is lost by accident.
 
 A job checks its directory with :meth:`RunDirectory.check` before anything else and only
-*claims* it (:meth:`RunDirectory.claim`: creates it, and with ``overwrite`` deletes the
-previous run's files) after every other check — config, data, reward, checkpoints — has
+*claims* it (:meth:`RunDirectory.claim`: creates it, and with ``overwrite`` sets the
+previous run's files aside) after every other check — config, data, reward, checkpoints — has
 passed. So a fresh run into a directory that holds a run refuses unless told ``--resume``
 (continue it) or ``--overwrite`` (replace it), and a run that fails its checks deletes and
 truncates nothing.
+
+``--overwrite`` deletes nothing at the claim either: the previous run's entries move into
+``<output_dir>/.geartrain-overwritten`` (:data:`SET_ASIDE`; a rename, no copy) and are deleted
+only once the new run has finished its first step (:meth:`RunDirectory.commit`). A failure
+before that — a tracker that does not start, a model whose weights are not finite, Ctrl-C
+during the SFT warm start — puts them back (:meth:`RunDirectory.restore`), so the previous
+run is never lost to a run that did not start. A job killed outright before its first step
+leaves them set aside; the next ``--overwrite`` keeps them (the killed run's own entries are
+what it replaces), and its first step deletes them.
 
 A directory whose run is still going is refused in every mode: :meth:`RunDirectory.claim`
 takes the directory's lock (:mod:`geartrain.trainer.runlock`) before deleting anything and
@@ -37,6 +46,8 @@ RUN_ENTRIES: dict[str, str] = {
     "wandb": "dir",
     "mlruns": "dir",
 }
+#: Where ``--overwrite`` keeps the previous run's entries until the new run's first step.
+SET_ASIDE = ".geartrain-overwritten"
 #: The entries whose presence means the directory holds a run.
 _RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "sft_model", "hf")
 
@@ -66,6 +77,9 @@ class RunDirectory:
     def __post_init__(self) -> None:
         self.path = Path(self.path)
         self.lock: RunLock | None = None
+        self.set_aside: list[str] = []
+        """The previous run's entries this job's claim moved into :data:`SET_ASIDE` (or found
+        there, from a killed ``--overwrite``), until :meth:`commit` or :meth:`restore`."""
 
     def holds_run(self) -> list[str]:
         """The entries that show ``path`` holds a (started or finished) run."""
@@ -132,30 +146,87 @@ class RunDirectory:
             )
 
     def claim(self) -> list[str]:
-        """Create the directory; with ``overwrite``, delete the previous run's entries
-        (only those in :data:`RUN_ENTRIES`). Call after every check passed. Takes the
-        directory's lock first (:class:`~geartrain.trainer.runlock.RunLockedError` if a
-        live run holds it) and keeps it until :meth:`release`. Returns the deleted entry
-        names."""
+        """Create the directory; with ``overwrite``, move the previous run's entries (only
+        those in :data:`RUN_ENTRIES`) into :data:`SET_ASIDE`, where they stay until
+        :meth:`commit` deletes them or :meth:`restore` puts them back. Call after every check
+        passed. Takes the directory's lock first
+        (:class:`~geartrain.trainer.runlock.RunLockedError` if a live run holds it) and keeps
+        it until :meth:`release`. Returns the names of the entries set aside."""
         self.check()
         self.path.mkdir(parents=True, exist_ok=True)
         if self.lock is None:
             self.lock = RunLock.acquire(self.path)
-        removed = []
-        if self.overwrite:
-            for name in RUN_ENTRIES:
-                entry = self.path / name
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                elif os.path.lexists(entry):
-                    entry.unlink()
-                else:
-                    continue
-                removed.append(name)
-        return removed
+        if not self.overwrite:
+            return []
+        aside = self.path / SET_ASIDE
+        present = [name for name in RUN_ENTRIES if os.path.lexists(self.path / name)]
+        if aside.is_dir():
+            # an earlier --overwrite was killed before its first step: what it set aside is
+            # the run to keep; the entries here are the killed run's own, which never trained
+            for name in present:
+                _remove(self.path / name)
+            self.set_aside = sorted(entry.name for entry in aside.iterdir())
+            return list(self.set_aside)
+        if os.path.lexists(aside):
+            _remove(aside)
+        aside.mkdir()
+        moved: list[str] = []
+        try:
+            for name in present:
+                os.rename(self.path / name, aside / name)
+                moved.append(name)
+        except OSError as exc:
+            for name in moved:  # all or nothing: a half-moved run would be neither
+                os.rename(aside / name, self.path / name)
+            aside.rmdir()
+            raise RunDirectoryError(
+                f"--overwrite could not set the previous run's {name} aside in {aside} ({exc.strerror}); "
+                "nothing was changed"
+            ) from None
+        if not moved:
+            aside.rmdir()
+        self.set_aside = moved
+        return list(moved)
+
+    def commit(self) -> bool:
+        """The new run has finished a step: delete what ``--overwrite`` set aside (this job's
+        claim, or a killed earlier one's). Returns whether anything was deleted."""
+        aside = self.path / SET_ASIDE
+        self.set_aside = []
+        if not os.path.lexists(aside):
+            return False
+        _remove(aside)
+        return True
+
+    def restore(self) -> list[str]:
+        """The new run failed before :meth:`commit`: delete the entries it wrote and move
+        the previous run's back from :data:`SET_ASIDE`. Returns their names (empty: this job
+        set nothing aside, or committed already)."""
+        if not self.set_aside:
+            return []
+        aside = self.path / SET_ASIDE
+        for name in RUN_ENTRIES:
+            if os.path.lexists(self.path / name):
+                _remove(self.path / name)
+        restored = []
+        for name in self.set_aside:
+            if os.path.lexists(aside / name):
+                os.rename(aside / name, self.path / name)
+                restored.append(name)
+        shutil.rmtree(aside, ignore_errors=True)
+        self.set_aside = []
+        return restored
 
     def release(self) -> None:
         """Free the directory's lock (if this job took it)."""
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+def _remove(entry: Path) -> None:
+    """Delete a file, a symlink (not its target) or a directory tree."""
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink()
