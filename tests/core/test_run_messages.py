@@ -46,6 +46,40 @@ def test_the_watchdog_names_scores_that_overflow_not_the_learning_rate(
     assert len(warned) == 1 and f"step 1: the reward scores are {said}" in warned[0]  # once, at the first such step
 
 
+def test_a_run_shorter_than_the_streak_that_trained_nothing_ends_with_the_error() -> None:
+    """Probes rerun (issue 35): a reward returning 1e300 in a 2-step job warned, skipped both
+    optimizer steps and ended with exit 0, having trained nothing."""
+    dog = Watchdog(WatchdogConfig(max_skipped_steps=3))
+    dog.observe(1, _skipping_step([1e300, 1.0, 0.0]))
+    dog.observe(2, _skipping_step([1e300, 1.0, 0.0]))
+    with pytest.raises(TrainingStalledError) as err:
+        dog.finish()
+    message = str(err.value)
+    assert "step 2: all 2 steps of this run (nothing was trained) skipped every optimizer step" in message, message
+    assert "the reward scores are not finite" in message and "fix the reward function" in message
+
+
+def test_a_run_that_trained_a_step_or_has_the_watchdog_off_ends_normally() -> None:
+    trained = {"actor/skipped": 0.0, "actor/grad_norm": 1.0, "actor/lr": 3e-4}
+    dog = Watchdog(WatchdogConfig(max_skipped_steps=3))
+    dog.observe(1, trained)
+    dog.observe(2, _skipping_step([0.5, 1.0, 0.0]))
+    dog.finish()
+    off = Watchdog(WatchdogConfig(max_skipped_steps=0))
+    off.observe(1, _skipping_step([0.5, 1.0, 0.0]))
+    off.finish()
+    Watchdog(WatchdogConfig()).finish()  # no step at all (a resumed finished run)
+
+
+def test_a_short_run_whose_every_reward_call_failed_ends_with_the_error() -> None:
+    dog = Watchdog(WatchdogConfig(max_failed_reward_steps=3))
+    failed = {"reward/error_fraction": 1.0, "reward/errors": 4.0, "reward/timeouts": 0.0}
+    dog.observe(1, failed)
+    dog.observe(2, failed)
+    with pytest.raises(TrainingStalledError, match="every reward call of all 2 steps of this run failed"):
+        dog.finish()
+
+
 def test_a_real_lr_overflow_still_gets_the_learning_rate_advice() -> None:
     dog = Watchdog(WatchdogConfig(max_skipped_steps=1))
     with pytest.raises(TrainingStalledError, match="Lower actor.engine.optim.lr"):

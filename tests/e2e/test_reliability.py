@@ -138,6 +138,18 @@ def test_greedy_sampling_warns_that_nothing_is_learned(
     assert [r["advantages/abs_mean"] for r in rl_records(tmp_path / "run" / "metrics.jsonl")[1:]] == [0.0, 0.0]
 
 
+def test_a_job_shorter_than_the_watchdog_streak_that_trained_nothing_fails(tmp_path: Path) -> None:
+    """Probes rerun (issue 35): a reward returning 1e300 made a 2-step job skip both
+    optimizer steps and exit 0; now it ends with the watchdog's error, naming the reward."""
+    reward = tmp_path / "huge.py"
+    reward.write_text("def score(response, ground_truth):\n    return 1e300\n")
+    with pytest.raises(TrainingStalledError) as err:
+        run_job(_config(tmp_path / "run", f"reward.function={reward}:score"))
+    assert "all 2 steps of this run (nothing was trained)" in str(err.value), str(err.value)
+    assert "the reward scores are not finite" in str(err.value)
+    assert [r["actor/skipped"] for r in rl_records(tmp_path / "run" / "metrics.jsonl")[1:]] == [1.0, 1.0]
+
+
 def test_a_reward_that_always_raises_is_logged_once_and_stops_the_run(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -697,6 +697,13 @@ class Job:
             if _due(step, cfg.trainer.save_every, total):
                 self._save(roles, trainer, step, accuracy_before)
         progress.close()
+        try:
+            watchdog.finish()  # a run shorter than a streak's limit that trained nothing is no success
+        except TrainingStalledError:
+            jsonl.close()
+            sinks.close()
+            _shutdown(roles)
+            raise
         if accuracy_after is None and start >= total:  # resumed a finished run
             last_validation = trainer.validate()
             accuracy_after = last_validation.get("val/accuracy")

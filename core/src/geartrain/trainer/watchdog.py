@@ -23,6 +23,10 @@ A policy whose weights, or the logits they produce, are not finite
 rollout sampled from NaN logits) cannot go on at all: :func:`non_finite_stop` turns it into
 the stop of the step it happened in.
 
+A run shorter than a streak's limit is judged at its end (:meth:`Watchdog.finish`): if
+every one of its steps skipped its optimizer step, or every one's reward calls failed, it
+trained nothing, and it ends with the same error instead of exit 0.
+
 The stops raise :class:`TrainingStalledError` (a :class:`geartrain.GeartrainError`:
 ``geartrain train`` prints it and exits 2); the checkpoints saved so far stay.
 """
@@ -107,10 +111,14 @@ class Watchdog:
         self.failed_rewards = 0
         self.failed_episodes = 0
         self.bad_rewards_said = False
+        self.observed = 0
+        self.last: tuple[int, dict[str, Any]] | None = None
 
     def observe(self, step: int, metrics: dict[str, Any]) -> None:
         """Update the streaks with ``step``'s metrics; warn or raise
         :class:`TrainingStalledError` as configured."""
+        self.observed += 1
+        self.last = (step, metrics)
         self._scale(step, metrics)
         self._skipped(step, metrics)
         self._rewards(step, metrics)
@@ -123,18 +131,39 @@ class Watchdog:
             return
         self.skipped = self.skipped + 1 if float(skipped) >= 1.0 else 0
         k = self.config.max_skipped_steps
-        if k and self.skipped >= k and (problem := _reward_problem(metrics)) is not None:
-            raise TrainingStalledError(
-                f"step {step}: the last {self.skipped} steps skipped every optimizer step because the gradient was "
+        if k and self.skipped >= k:
+            raise self._skipped_stop(step, metrics, f"the last {self.skipped} steps")
+
+    def _skipped_stop(self, step: int, metrics: dict[str, Any], which: str) -> TrainingStalledError:
+        k = self.config.max_skipped_steps
+        if (problem := _reward_problem(metrics)) is not None:
+            return TrainingStalledError(
+                f"step {step}: {which} skipped every optimizer step because the gradient was "
                 f"not finite, and {problem}: fix the reward function to return finite scores of a sensible scale "
                 f"(the learning rate is not the cause; watchdog.max_skipped_steps, now {k}, lets the run go on)"
             )
-        if k and self.skipped >= k:
+        return TrainingStalledError(
+            f"step {step}: {which} skipped every optimizer step because the gradient "
+            f"was not finite (actor/grad_norm = {metrics.get('actor/grad_norm')}, lr = {metrics.get('actor/lr')}); "
+            "the learning rate is likely too high or the loss overflows. Lower actor.engine.optim.lr "
+            f"(or raise watchdog.max_skipped_steps, now {k}, to let the run go on)"
+        )
+
+    def finish(self) -> None:
+        """The run's last step is done: raise :class:`TrainingStalledError` if every step it
+        ran (fewer than a streak's limit, or the streak would have stopped it) skipped its
+        optimizer step, or had every reward call fail: such a run trained nothing, which must
+        not end as a success. A watchdog turned off (0) stays off."""
+        if self.last is None:
+            return
+        step, metrics = self.last
+        if self.config.max_skipped_steps and self.skipped == self.observed:
+            raise self._skipped_stop(step, metrics, f"all {self.observed} steps of this run (nothing was trained)")
+        if self.config.max_failed_reward_steps and self.failed_rewards == self.observed:
             raise TrainingStalledError(
-                f"step {step}: the last {self.skipped} steps skipped every optimizer step because the gradient "
-                f"was not finite (actor/grad_norm = {metrics.get('actor/grad_norm')}, lr = {metrics.get('actor/lr')}); "
-                "the learning rate is likely too high or the loss overflows. Lower actor.engine.optim.lr "
-                f"(or raise watchdog.max_skipped_steps, now {k}, to let the run go on)"
+                f"step {step}: every reward call of all {self.observed} steps of this run failed or timed out, so "
+                "every sample scored 0 and nothing was learned; fix the reward function (its first traceback is "
+                "logged above) or raise reward.timeout_s"
             )
 
     def _scale(self, step: int, metrics: dict[str, Any]) -> None:
