@@ -51,3 +51,19 @@ def test_a_rank_whose_process_never_started_is_not_said_to_have_a_heartbeat(tmp_
     assert "its process had not started" in never and "heartbeat goes on" not in never, never
     assert "cluster.startup_timeout_s" in never
     assert "heartbeat goes on" in deadline_reason(600.0, "where")
+
+
+def test_a_rank_that_never_started_is_named_without_question_marks_or_a_log_to_read(tmp_path: Path) -> None:
+    """Probes rerun (issue 35): past the start-up deadline a rank whose process never started
+    was named 'on node ? (Ray node ?, pid ?)' with the tail of a log file that did not exist."""
+    pool = RankPool.__new__(RankPool)
+    pool.name, pool.size = "actor", 2
+    pool.where = [{"host": "?", "node_id": "?"}, {"host": "node-a", "node_id": "0123456789abcdef", "pid": 7}]
+    pool.log_paths = [str(tmp_path / "actor-rank0.log"), str(tmp_path / "actor-rank1.log")]
+    (tmp_path / "actor-rank1.log").write_text("importing torch\n")
+    with pytest.raises(RankFailure) as info:
+        pool._no_answer([0, 1], "(start-up)", "where", deadline_reason(600.0, "where", started=False))
+    never, started = str(info.value).split("\n", 1)
+    assert "?" not in never and "whose process never reported where it runs" in never, never
+    assert f"its log {tmp_path / 'actor-rank0.log'} does not exist yet (the process never started)" in never, never
+    assert "on node node-a (Ray node 0123456789ab, pid 7)" in started and "| importing torch" in started, started

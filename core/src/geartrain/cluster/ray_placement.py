@@ -504,17 +504,23 @@ class RankPool:
 
     def _who(self, rank: int, role: str) -> str:
         where = self.where[rank]
-        return (
-            f"role '{role}' rank {rank} of {self.size} (pool '{self.name}') on node {where.get('host')} "
-            f"(Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid', '?')})"
-        )
+        who = f"role '{role}' rank {rank} of {self.size} (pool '{self.name}')"
+        if "pid" not in where:  # it never answered where(): nothing is known of its process
+            return f"{who}, whose process never reported where it runs,"
+        return f"{who} on node {where.get('host')} (Ray node {str(where.get('node_id'))[:12]}, pid {where.get('pid')})"
+
+    def _log_lines(self, rank: int) -> str:
+        """``; last lines of its log PATH:`` and them, or that the log does not exist yet (the
+        rank's process never started: it opens its log first)."""
+        path = self.log_paths[rank]
+        if not os.path.exists(path):
+            return f"; its log {path} does not exist yet (the process never started)"
+        return f"; last lines of its log {path}:\n{_tail(path)}"
 
     def _no_answer(self, ranks: list[int], role: str, method: str, why: str) -> None:
         """Raise the :class:`RankFailure` for ``ranks``, which did not answer ``method``."""
         parts = [
-            f"{self._who(r, role)} did not answer during {doing(method)}: {why}; last lines of its log "
-            f"{self.log_paths[r]}:\n{_tail(self.log_paths[r])}"
-            for r in ranks
+            f"{self._who(r, role)} did not answer during {doing(method)}: {why}{self._log_lines(r)}" for r in ranks
         ]
         raise RankFailure("\n".join(parts), role=role, rank=ranks[0] if len(ranks) == 1 else None)
 
@@ -563,8 +569,7 @@ class RankPool:
             lines = str(exc).strip().splitlines()
             what = "raised an error:\n" + "\n".join(f"  {line}" for line in lines[-12:])
         raise RankFailure(
-            f"{who} {what}\nduring {doing(method)}; last lines of its log {self.log_paths[rank]}:\n"
-            f"{_tail(self.log_paths[rank])}",
+            f"{who} {what}\nduring {doing(method)}{self._log_lines(rank)}",
             role=role,
             rank=rank,
             died=isinstance(exc, ray.exceptions.RayActorError),
