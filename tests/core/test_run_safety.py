@@ -117,6 +117,11 @@ def test_a_killed_overwrite_keeps_the_run_it_set_aside(tmp_path: Path) -> None:
     assert sorted(again.restore()) == ["checkpoints", "config.json", "metrics.jsonl"]
     again.release()
     assert {name: digest for name, digest in _tree(out).items() if name != ".geartrain.lock"} == before
+    killed_early = RunDirectory(out, overwrite=True)
+    killed_early.claim()
+    killed_early.release()  # killed before it wrote anything: only the set-aside run is left
+    with pytest.raises(RunDirectoryError, match=r"already holds a run \(\.geartrain-overwritten\)"):
+        RunDirectory(out).check()  # a fresh run would delete the set-aside run at its first step
     last = RunDirectory(out, overwrite=True)
     last.claim()
     assert last.commit() and not (out / SET_ASIDE).exists() and not (out / "checkpoints").exists()

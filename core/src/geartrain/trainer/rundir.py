@@ -49,7 +49,7 @@ RUN_ENTRIES: dict[str, str] = {
 #: Where ``--overwrite`` keeps the previous run's entries until the new run's first step.
 SET_ASIDE = ".geartrain-overwritten"
 #: The entries whose presence means the directory holds a run.
-_RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "sft_model", "hf")
+_RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "sft_model", "hf", SET_ASIDE)
 
 
 def read_only(path: Path) -> bool:
