@@ -69,3 +69,33 @@ def test_a_weight_decay_that_flips_the_weights_is_refused() -> None:
     assert "actor.engine.optim: weight_decay=1e+300 with lr=0.0003" in str(info.value), str(info.value)
     assert "lr x weight_decay must be below 1" in str(info.value)
     load_train_config(JOB, ["actor.engine.optim.weight_decay=0.1"], check_plugins=False)
+
+
+@pytest.mark.parametrize("key", ["trainer.seed", "model.seed", "data.seed", "sft.seed"])
+@pytest.mark.parametrize(
+    ("value", "says"), [(2**70, "less than or equal to 9223372036854775807"), (-1, "greater than")]
+)
+def test_a_seed_the_generators_cannot_take_is_refused(key: str, value: int, says: str) -> None:
+    """Probe rerun for issue 35 item 9: ``trainer.seed=2**70`` passed ``check`` and the run
+    died in ``torch.manual_seed`` ("Overflow when unpacking long long", 35 lines, exit 1);
+    ``trainer.seed=-1`` in numpy's seed sequence at step 1 (46 lines)."""
+    with pytest.raises(ConfigError) as info:
+        load_train_config(JOB, [f"{key}={value}"], check_plugins=False)
+    assert f"{key}: should be {says}" in str(info.value), str(info.value)
+
+
+def test_the_largest_seed_is_one_every_generator_takes() -> None:
+    """The bound is the generators' own: the run's seeding, a torch generator and numpy's
+    seed sequence (the data order) all take :data:`MAX_SEED`."""
+    import numpy as np
+    import torch
+    from geartrain.limits import MAX_SEED
+    from geartrain.trainer.run import _seed_everything
+
+    config = load_train_config(JOB, [f"trainer.seed={MAX_SEED}", f"data.seed={MAX_SEED}"], check_plugins=False)
+    assert config.trainer.seed == config.data.seed == MAX_SEED == 2**63 - 1
+    _seed_everything(MAX_SEED)
+    first = torch.Generator().manual_seed(MAX_SEED).initial_seed()
+    assert first == MAX_SEED
+    order = np.random.default_rng([MAX_SEED, 0]).permutation(5).tolist()
+    assert sorted(order) == [0, 1, 2, 3, 4]

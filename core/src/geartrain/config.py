@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from geartrain.agents.config import AgentConfig
 from geartrain.errors import ConfigError, ConfigFileError
+from geartrain.limits import MAX_SEED
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -85,7 +86,7 @@ class ModelConfig(Section):
     """Build a value model (one scalar per token) instead of a causal LM (critics)."""
     dtype: DType = "float32"
     """Dtype the weights are loaded in."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of the random initialisation of tiny and preset models."""
     attn_implementation: str = "sdpa"
     """transformers attention implementation (``sdpa``, ``eager``, ``flash_attention_2``...)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field
 
 from geartrain.config import Section
+from geartrain.limits import MAX_SEED
 
 
 class DataConfig(Section):
@@ -55,7 +56,7 @@ class DataConfig(Section):
     """Prompts per step."""
     shuffle: bool = True
     """Shuffle prompts every epoch."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of the shuffle."""
     drop_last: bool = True
     """Skip an epoch's last, incomplete batch."""

@@ -40,7 +40,7 @@ from geartrain.config import (
     Section,
 )
 from geartrain.data.config import DataConfig
-from geartrain.limits import MAX_COEF, MAX_TIMEOUT_S
+from geartrain.limits import MAX_COEF, MAX_SEED, MAX_TIMEOUT_S
 from geartrain.trainer.trl_names import trl_key_hints
 from geartrain.trainer.watchdog import WatchdogConfig
 from geartrain.validation import load_config
@@ -401,7 +401,7 @@ class SFTConfig(Section):
     """Optimizer of the warm start (its ``total_steps`` is ``sft.steps``)."""
     max_prompts: int | None = Field(None, ge=1)
     """Train on only the first N rows (a deliberately weak warm start)."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of the warm start's data order (default: ``trainer.seed``)."""
     dev_path: str | None = None
     """Prompts (with ``ground_truth``) the warm start is scored on, greedily, every
@@ -423,7 +423,7 @@ class TrainerConfig(Section):
     output_dir: str = "outputs/run"
     """Metrics (``metrics.jsonl``), TensorBoard logs, checkpoints, the curves PNG and the
     exported model go here (relative paths: to the working directory)."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of everything random in the job: the model's initialisation (tiny and preset
     models), the data order, the SFT warm start's order and every sampling seed, unless a
     section sets its own ``seed`` (``model.seed``, ``data.seed``, ``sft.seed``)."""
