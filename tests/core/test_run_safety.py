@@ -128,6 +128,29 @@ def test_a_killed_overwrite_keeps_the_run_it_set_aside(tmp_path: Path) -> None:
     last.release()
 
 
+def test_resume_after_a_killed_overwrite_is_refused_and_deletes_nothing(tmp_path: Path) -> None:
+    """Probe rerun for issue 35 item 2: an --overwrite stopped by SIGTERM right after it set
+    the previous run aside, then ``train --resume``: the resume found no checkpoint of the
+    stopped run, started from scratch, and its first step deleted the set-aside run (two
+    checkpoints). Now it is refused, naming where that run is, and nothing moves; a job's
+    commit deletes the set-aside run only when the job is an --overwrite."""
+    out = tmp_path / "run"
+    _finished_run(out)
+    killed = RunDirectory(out, overwrite=True)
+    killed.claim()
+    (out / "config.json").write_text("{}")
+    (out / "metrics.jsonl").write_text("the killed run's\n")
+    killed.release()  # SIGTERM: no commit, no restore
+    before = _tree(out)
+    with pytest.raises(RunDirectoryError) as info:
+        run_job(_config(out), resume=True)
+    assert f"set aside in {out / SET_ASIDE} and was stopped before its first step" in str(info.value)
+    assert "--overwrite again" in str(info.value) and "nothing was changed" in str(info.value)
+    assert _tree(out) == before and (out / SET_ASIDE / "checkpoints").is_dir()
+    resumed = RunDirectory(out, resume=True)
+    assert not resumed.commit() and (out / SET_ASIDE / "checkpoints").is_dir()
+
+
 def test_resume_and_overwrite_exclude_each_other(tmp_path: Path) -> None:
     with pytest.raises(RunDirectoryError, match="exclude each other"):
         RunDirectory(tmp_path, resume=True, overwrite=True).check()

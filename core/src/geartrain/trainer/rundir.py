@@ -14,7 +14,8 @@ before that — a tracker that does not start, a model whose weights are not fin
 during the SFT warm start — puts them back (:meth:`RunDirectory.restore`), so the previous
 run is never lost to a run that did not start. A job killed outright before its first step
 leaves them set aside; the next ``--overwrite`` keeps them (the killed run's own entries are
-what it replaces), and its first step deletes them.
+what it replaces), and its first step deletes them; ``--resume`` there is refused (it would
+continue the killed run), naming where the previous run is.
 
 A directory whose run is still going is refused in every mode: :meth:`RunDirectory.claim`
 takes the directory's lock (:mod:`geartrain.trainer.runlock`) before deleting anything and
@@ -132,6 +133,13 @@ class RunDirectory:
                     f"{entry} is not writable; fix its permissions or choose another trainer.output_dir"
                 )
         found = self.holds_run()
+        if self.resume and os.path.lexists(self.path / SET_ASIDE):
+            raise RunDirectoryError(
+                f"{self.path} holds a run that an --overwrite set aside in {self.path / SET_ASIDE} and was stopped "
+                "before its first step: --resume would continue the stopped run, not that one; nothing was changed. "
+                f"Move the entries of {SET_ASIDE} back into {self.path} (in place of the stopped run's) to continue "
+                "it with --resume, or pass --overwrite again to replace it"
+            )
         if self.resume and not found:
             raise RunDirectoryError(
                 f"nothing to resume in {self.path}: it holds no run (no config.json, metrics.jsonl or checkpoints); "
@@ -190,10 +198,11 @@ class RunDirectory:
 
     def commit(self) -> bool:
         """The new run has finished a step: delete what ``--overwrite`` set aside (this job's
-        claim, or a killed earlier one's). Returns whether anything was deleted."""
+        claim, or a killed earlier one's). Returns whether anything was deleted. Only an
+        ``--overwrite`` job deletes it: a fresh run or ``--resume`` never does."""
         aside = self.path / SET_ASIDE
         self.set_aside = []
-        if not os.path.lexists(aside):
+        if not self.overwrite or not os.path.lexists(aside):
             return False
         _remove(aside)
         return True
