@@ -176,3 +176,61 @@ def test_a_step_that_times_out_is_said_to_time_out_not_to_raise_in_geartrain(cap
     (line,) = [r.getMessage() for r in caplog.records if "its episode" in r.getMessage()]
     assert line.startswith("environment step timed out (its episode 0 ends as an error;"), line
     assert "runner.py" not in line and "step took longer than 0.2 s (rollout.agent.step_timeout_s)" in line, line
+
+
+def test_close_calling_sys_exit_does_not_end_the_job(tmp_path: Path, capsys: Any) -> None:
+    """Probe rerun for item 7: an environment whose ``close()`` calls ``sys.exit(3)`` ended
+    ``geartrain train`` at start-up (the probe instance's close) with exit 3 and no output."""
+    env = tmp_path / "env.py"
+    env.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(GUESS.parent)!r})\n"
+        "from env import GuessNumber\n"
+        "class Leaves(GuessNumber):\n"
+        "    def close(self):\n        sys.exit(3)\n"
+    )
+    rc = main(["check", str(GUESS), "--no-plugins", f"rollout.agent.environment={env}:Leaves", "sft.enabled=false"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "Traceback" not in out.err
+
+
+def test_a_close_that_hangs_is_bounded_by_the_step_timeout_and_said_once(caplog: Any) -> None:
+    """Probe rerun for item 7: ``close()`` sleeping forever hung the job (a 2-step run had
+    printed nothing after 100 s). It gets ``step_timeout_s`` like ``reset`` and ``step``, the
+    episode ends as it would (here: solved), and it is said once for the runner's two closes
+    (the instance it probes at start and the episode's)."""
+    import threading
+
+    release = threading.Event()
+
+    class Stuck(Environment):
+        def reset(self, task: dict) -> str:
+            return ""
+
+        def step(self, action: str) -> StepResult:
+            return StepResult(reward=1.0, done=True)
+
+        def close(self) -> None:
+            release.wait()  # until the test ends: the runner's timeout is what lets it go on
+
+    tok = tiny_tokenizer()
+    runner = EpisodeRunner(
+        scripted_generate(tok, ["1"]),
+        tok,
+        Stuck,
+        RunnerLimits(max_turns=3, max_model_len=MAX_MODEL_LEN),
+        step_timeout_s=0.2,
+    )
+    prompt = tok.encode("q=", add_special_tokens=False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="geartrain"):
+            episodes, _ = runner.run([prompt], [{"prompt": "q="}], SamplingParams())
+    finally:
+        release.set()
+    assert [(ep.finish, ep.error) for ep in episodes] == [("done", None)]
+    said = [r.getMessage() for r in caplog.records if "close() did not return" in r.getMessage()]
+    assert said == [
+        "Stuck.close() did not return within 0.2 s (rollout.agent.step_timeout_s): left running, the run "
+        "goes on and later closes are not waited for (said once)"
+    ], said

@@ -48,7 +48,7 @@ class AgentConfig(BaseModel):
     workers: int = Field(32, ge=1)
     """Threads that run environment steps (tool calls) while the model generates."""
     step_timeout_s: float | None = Field(300.0, gt=0, le=MAX_TIMEOUT_S)
-    """Seconds one ``reset`` or ``step`` of an environment may take: past it the episode
+    """Seconds one ``reset``, ``step`` or ``close`` of an environment may take: past it the episode
     ends as an error ("timed out") and the others go on (the call is left running on a
     daemon thread: Python cannot stop a thread). ``None``: no limit."""
 

@@ -114,7 +114,7 @@ class EpisodeRunner:
         for one in factory.factories.values() if isinstance(factory, EnvironmentRouter) else [factory]:
             probe = self._new_env_of(one)
             texts += list(getattr(probe, "stop_texts", None) or [])
-            _close(probe)
+            self._close(probe)
         self.stop_texts = [t for t in dict.fromkeys(texts) if t]
         self.stop_sequences = [tokenizer.encode(t, add_special_tokens=False) for t in self.stop_texts]
 
@@ -230,8 +230,11 @@ class EpisodeRunner:
         ep.done, ep.finish, ep.truncated = True, why, truncated
         if ep.env is not None:
             ep.environment_state = capture_state(ep.env)  # before a pooled instance serves another episode
-        _close(ep.env)
+        self._close(ep.env)
         ep.env = None
+
+    def _close(self, env: Any) -> None:
+        close_environment(env, self.step_timeout_s, self.said)
 
     def _opening_ids(self, ep: Episode, obs: str | Sequence[str]) -> list[int] | None:
         """Under the chat template, the ids of a first observation (from ``reset``) as the
@@ -395,7 +398,7 @@ class EpisodeRunner:
         finally:
             for ep in episodes:
                 if ep.env is not None:
-                    _close(ep.env)
+                    self._close(ep.env)
                     ep.env = None
             pool.shutdown(wait=False, cancel_futures=True)
         total = time.perf_counter() - started
@@ -525,6 +528,42 @@ def _within(timeout_s: float | None, what: str, fn: Callable[[Any], Any], arg: A
     return value
 
 
+def close_environment(env: Any, timeout_s: float | None, said: set[str] | None = None) -> None:
+    """``env.close()``, if it has one, within ``timeout_s`` (``rollout.agent.step_timeout_s``):
+    closing must not fail, end or hold up a job whose episode is over, so what it raises
+    (``sys.exit`` included) is ignored, and a close still running at the deadline is left on
+    its daemon thread and said once per ``said`` (the notes a run's runners share; ``None``:
+    not said, the run's episodes will); after
+    that, closes are started on daemon threads and not waited for, so that a close that
+    always hangs costs the run one timeout, not one per episode."""
+    close = getattr(env, "close", None)
+    if not callable(close):
+        return
+    if said is not None and "close timeout" in said:
+        threading.Thread(target=_quietly, args=(close,), name="geartrain-env-close", daemon=True).start()
+        return
+    try:
+        _within(timeout_s, "close", lambda _: close(), None)
+    except EnvironmentTimeout:
+        if said is not None and "close timeout" not in said:  # None: a probe's close, which the run says
+            said.add("close timeout")
+            logger.warning(
+                "%s.close() did not return within %g s (rollout.agent.step_timeout_s): left running, the run "
+                "goes on and later closes are not waited for (said once)",
+                type(env).__name__,
+                timeout_s,
+            )
+    except (Exception, SystemExit):  # closing must not fail an episode that is over, nor end the job
+        pass
+
+
+def _quietly(close: Callable[[], Any]) -> None:
+    try:
+        close()
+    except BaseException:  # noqa: BLE001 - a close nobody waits for: nothing to report to
+        pass
+
+
 def _step_result_problem(result: StepResult) -> str | None:
     """What is wrong with a :class:`StepResult`'s fields (``None``: nothing)."""
     obs = result.observation
@@ -545,15 +584,6 @@ def _finite(reward: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return value if value is not None and math.isfinite(value) else None
-
-
-def _close(env: Any) -> None:
-    close = getattr(env, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception:  # closing must not fail an episode that is over
-            pass
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

@@ -310,9 +310,12 @@ def _fit(
         )
 
 
-def _environment_tools(factory: Callable[[], Any]) -> list[dict[str, Any]]:
+def _environment_tools(factory: Callable[[], Any], timeout_s: float | None) -> list[dict[str, Any]]:
     """The tool specs (``tools``) of one environment built by ``factory``; a constructor
-    that raises is the environment's problem, named as such."""
+    that raises is the environment's problem, named as such. Its ``close()`` gets
+    ``timeout_s`` (``rollout.agent.step_timeout_s``)."""
+    from geartrain.agents.runner import close_environment
+
     try:
         env = factory()
     except Exception as exc:  # noqa: BLE001 - a user's constructor: any failure is reported
@@ -320,12 +323,7 @@ def _environment_tools(factory: Callable[[], Any]) -> list[dict[str, Any]]:
     try:
         return [dict(t) for t in getattr(env, "tools", None) or ()]
     finally:
-        close = getattr(env, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - closing a probe must not fail start-up (episodes' close is the same)
-                pass
+        close_environment(env, timeout_s)  # closing a probe must not fail or hold up start-up, as an episode's
 
 
 def preflight(
@@ -370,11 +368,11 @@ def preflight(
             )
             if isinstance(factory, EnvironmentRouter):
                 dataset_kwargs["environment_tools"] = {
-                    name: _environment_tools(f) for name, f in factory.factories.items()
+                    name: _environment_tools(f, agent.step_timeout_s) for name, f in factory.factories.items()
                 }
                 dataset_kwargs["environment_key"] = agent.environment_key
             else:
-                dataset_kwargs["tools"] = _environment_tools(factory)
+                dataset_kwargs["tools"] = _environment_tools(factory, agent.step_timeout_s)
         except GeartrainError as exc:
             problems.append(("rollout.agent.environment", str(exc)))
 
