@@ -76,3 +76,35 @@ def test_check_notes_a_function_that_returned_none_on_every_probed_row(geartrain
         "note: reward.functions[1].function: 'never' returned None for every probed row (4): a function that "
         "always does scores nothing" in proc.stdout
     ), proc.stdout
+
+
+def leaves(response: str, ground_truth: str) -> float:
+    if response == "5":
+        raise SystemExit(4)
+    return 1.0
+
+
+def test_a_function_calling_sys_exit_fails_its_sample_at_once_and_the_job_goes_on(caplog: Any) -> None:
+    """Probe rerun for item 8: a reward function calling ``sys.exit(4)`` made ``geartrain
+    check`` wait the whole ``reward.timeout_s`` (300 s; the probe was stopped at 120 s): the
+    exit ended the scoring thread silently, read as a timeout; with no timeout it would end
+    the job. It is a failure of that sample, said as such, and the other samples score."""
+    for timeout_s in (None, 300.0):
+        scorer = RewardScorer([make_term(leaves, name="leaves")], timeout_s=timeout_s)
+        with caplog.at_level(logging.WARNING, logger="geartrain.rewards"):
+            result = scorer.score(["4", "5", "4"], ["4", "4", "4"])
+        assert result.scores.tolist() == [1.0, 0.0, 1.0] and result.errors == [1], timeout_s
+        assert result.metrics["reward/timeouts"] == 0.0
+        assert "RewardExit: the reward function called sys.exit(4)" in caplog.text
+        caplog.clear()
+
+
+def test_check_names_a_function_calling_sys_exit_at_once(geartrain, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    """The same probe through ``geartrain check``: one line naming the function and the exit,
+    exit 2, instead of a wait of ``reward.timeout_s``."""
+    body = "import sys\ndef leaves(response, ground_truth):\n    sys.exit(4)\n"
+    proc = geartrain(
+        "check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:leaves"\ntimeout_s = 30\n')), "--no-plugins"
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "'reward.py:leaves' raised RewardExit: the reward function called sys.exit(4)" in proc.stderr, proc.stderr

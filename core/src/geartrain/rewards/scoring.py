@@ -196,6 +196,17 @@ def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
     return score, numeric
 
 
+class RewardExit(RuntimeError):
+    """A reward function called ``sys.exit``: a failure of the samples it was scoring, not
+    the end of the job (a ``SystemExit`` would end the scoring thread silently, read as a
+    timeout after ``reward.timeout_s``, or end the job where no timeout is set)."""
+
+
+def exited(exc: SystemExit) -> RewardExit:
+    """The :class:`RewardExit` for ``exc``, saying the code it exited with."""
+    return RewardExit(f"the reward function called sys.exit({exc.code!r})")
+
+
 def run_within(n: int, call: Callable[[int], Any], timeout_s: float | None, name: str) -> list[Any]:
     """``call(0) ... call(n - 1)`` one after another, on a daemon thread when ``timeout_s``
     is set; the results of the calls that returned within ``timeout_s`` (for all of them
@@ -290,6 +301,8 @@ class RewardScorer:
             return _parse_or_absent(term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i])))
         except Exception as exc:  # a user function's bug must not stop the run
             return exc
+        except SystemExit as exc:  # nor its sys.exit, which would end the scoring thread silently (a "timeout")
+            return exited(exc)
 
     def _run(self, n: int, call: Callable[[int], Any]) -> list[Any]:
         """``call(i)`` for each unit; the results before the deadline, in order."""
@@ -541,6 +554,8 @@ def probe_term(
             return True, term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i]))
         except Exception as exc:
             return False, exc
+        except SystemExit as exc:
+            return False, exited(exc)
 
     calls = 1 if term.batched else len(responses)
     returned = run_within(calls, call, timeout_s, term.name)
