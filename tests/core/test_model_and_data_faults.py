@@ -139,3 +139,24 @@ def test_a_model_directory_without_a_tokenizer_is_one_line_naming_it(tmp_path: P
     problem = text.split("problem(s)\n", 1)[1].strip()
     assert "\n" not in problem and problem.startswith(f"model: cannot load the tokenizer of {model}: "), text
     assert f"{model} holds no tokenizer files (tokenizer.json, " in problem and "set model.tokenizer" in problem, text
+
+
+def test_a_sharded_model_missing_a_shard_is_one_line(tmp_path: Path) -> None:
+    """Probe rerun for item 13: a sharded model directory whose index names a weight file
+    that is not there (a download or copy cut short) was a 63-line traceback from the
+    engine's load (exit 1), after the other checks had passed."""
+    model = tmp_path / "model"
+    build_hf_model(
+        ModelConfig(tiny="qwen2", config_overrides={"hidden_size": 32, "num_hidden_layers": 2})
+    ).save_pretrained(model, max_shard_size="100KB")
+    tiny_tokenizer().save_pretrained(model)
+    shards = sorted(model.glob("model-*.safetensors"))
+    assert len(shards) >= 2 and (model / "model.safetensors.index.json").is_file()
+    shards[-1].unlink()
+    text = _problems(f"model.path={model}", "model.tiny=null", "model.config_overrides={}")
+    problem = text.split("problem(s)\n", 1)[1].strip()
+    assert "\n" not in problem, text
+    assert problem.startswith(f"model.path: {model / 'model.safetensors.index.json'} names 1 of its {len(shards)}"), (
+        text
+    )
+    assert f"({shards[-1].name}): the model is incomplete" in problem, text
