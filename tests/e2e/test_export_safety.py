@@ -261,3 +261,40 @@ def test_a_target_inside_another_run_is_refused(run: Path, trained: Path, geartr
     text = _one_line_error(geartrain("export", str(trained), str(run / "exported")))
     assert f"the export target {run / 'exported'} is inside the training run {run}" in text, text
     assert not (run / "exported").exists()
+
+
+def _record_model(step: Path, model: Path) -> None:
+    """Rewrite the checkpoint's record as if it was trained from the local model ``model``
+    (its manifest rewritten to match)."""
+    record = json.loads((step / "engine.json").read_text())
+    for key in ("model", "base_model"):
+        record[key] = {**record[key], "path": str(model), "tiny": None, "config_overrides": {}}
+    (step / "engine.json").write_text(json.dumps(record))
+    (step / "COMPLETE").unlink()
+    write_manifest(step, exclude=frozenset({"COMPLETE"}))
+    (step / "COMPLETE").write_text("")
+
+
+def test_the_model_a_checkpoint_was_trained_from_is_never_a_target(
+    run: Path, trained: Path, tmp_path: Path, geartrain
+) -> None:  # noqa: ANN001
+    """Probe rerun for items 4 and 1: a run trained from a local model that is an earlier
+    geartrain export (here: the model's own directory, recorded in the checkpoint), exported
+    with ``--overwrite`` into that directory, replaced the model the run's checkpoints need
+    (its ``--resume`` then failed: 'Unrecognized model'). A recorded model directory that
+    cannot be read was a traceback of the engine's load, exit 1."""
+    base = tmp_path / "base"
+    assert geartrain("export", str(trained), str(base)).returncode == 0
+    before = {p.name: p.read_bytes() for p in base.iterdir()}
+    _record_model(_step(run, 2), base)
+    text = _one_line_error(geartrain("export", str(run), str(base), "--overwrite"))
+    assert f"the export target {base} is the model this checkpoint was trained from ({base}" in text, text
+    assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+    assert geartrain("export", str(run), str(tmp_path / "elsewhere")).returncode == 0  # from that model, elsewhere
+    (base / "model.safetensors").rename(tmp_path / "moved.safetensors")
+    (base / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"lm_head.weight": "model-00001-of-00001.safetensors"}})
+    )
+    text = _one_line_error(geartrain("export", str(run), str(tmp_path / "out")))
+    assert f"the checkpoint was built from model.path {base} (its engine.json), which cannot be read here: " in text
+    assert "model-00001-of-00001.safetensors): the model is incomplete" in text, text

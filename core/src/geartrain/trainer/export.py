@@ -54,14 +54,28 @@ def run_of(checkpoint: Path, echo: Callable[[str], None] = print) -> tuple[Path,
     return checkpoint, run
 
 
-def check_target(out: Path, run: Path, checkpoint: Path, *, overwrite: bool) -> list[Path]:
+def check_target(
+    out: Path, run: Path, checkpoint: Path, *, overwrite: bool, models: list[ModelConfig] | None = None
+) -> list[Path]:
     """Refuse a target that is (or is inside) a run's directory tree where geartrain keeps
-    its own files, a file, read-only, or not empty (unless ``overwrite``). Returns the
-    entries to remove first (those a previous export recorded). Reads only."""
+    its own files, the directory of a model the checkpoint was built from (``models``:
+    its ``model.path`` or tokenizer), a file, read-only, or not empty (unless ``overwrite``).
+    Returns the entries to remove first (those a previous export recorded). Reads only."""
     from geartrain.trainer.rundir import read_only
 
     where = f"the export target {out}"
     resolved = out.resolve()
+    for model in models or []:
+        for source in (model.path, model.tokenizer):
+            if source is None or not Path(source).exists():
+                continue  # a hub id, or a model built in code: nothing on this disk to replace
+            kept = Path(source).resolve()
+            if resolved == kept or kept in resolved.parents:
+                raise ExportError(
+                    f"{where} is the model this checkpoint was trained from ({source}, its model.path or "
+                    "tokenizer): exporting there would replace it, and the run's checkpoints need it; choose "
+                    "another directory"
+                )
     for protected in (run.resolve(), checkpoint.resolve()):
         if resolved == protected or protected in resolved.parents and not _an_export_dir(resolved, run):
             raise ExportError(
@@ -195,6 +209,31 @@ def what_built(checkpoint: Path, run: Path, *, trust_remote_code: bool, echo: Ca
     return {"engine": engine, "policy": policy, "base": base, "algorithm": algorithm}
 
 
+def check_models(built: dict[str, Any]) -> None:
+    """Raise :class:`ExportError` in one line when a model the checkpoint records (its
+    policy or its base) names a local directory whose weights cannot be read, or a path or
+    hub id whose config cannot be read (the engine's load would fail with a traceback)."""
+    from geartrain.modeling import hf_config, unreadable_safetensors_problem
+
+    for key, model in (("model", built["policy"]), ("base_model", built["base"])):
+        if model.path is None:
+            continue
+        problem = unreadable_safetensors_problem(model.path)
+        if problem is None and model.path.startswith(("/", ".", "~")) and not Path(model.path).expanduser().exists():
+            problem = "no such file or directory"
+        if problem is None:
+            try:
+                hf_config(model)
+            except OSError as exc:
+                lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+                problem = " ".join(lines)[:300] or type(exc).__name__
+        if problem is not None:
+            raise ExportError(
+                f"the checkpoint was built from {key}.path {model.path} (its engine.json), which cannot be read "
+                f"here: {problem}"
+            )
+
+
 def _write(engine: Any, out: Path, tokenizer: Any, built: dict[str, Any], step: int, checkpoint: Path) -> None:
     engine.export_hf(out, tokenizer)
     if (out / "adapter_config.json").is_file():
@@ -229,8 +268,9 @@ def export_checkpoint(
 
     checkpoint, run = run_of(Path(checkpoint), echo)
     out = Path(out_dir)
-    stale = check_target(out, run, checkpoint, overwrite=overwrite)
     built = what_built(checkpoint, run, trust_remote_code=trust_remote_code, echo=echo)
+    stale = check_target(out, run, checkpoint, overwrite=overwrite, models=[built["policy"], built["base"]])
+    check_models(built)
     tokenizer = load_tokenizer(built["base"])
     engine = Engine(built["engine"], built["policy"], EngineContext(role="actor", seed=0))
     extra = engine.load_checkpoint(checkpoint)
