@@ -234,3 +234,33 @@ def test_a_close_that_hangs_is_bounded_by_the_step_timeout_and_said_once(caplog:
         "Stuck.close() did not return within 0.2 s (rollout.agent.step_timeout_s): left running, the run "
         "goes on and later closes are not waited for (said once)"
     ], said
+
+
+@pytest.mark.parametrize(
+    ("method", "kind"),
+    [
+        ("    async def step(self, action):\n        return StepResult(reward=1.0, done=True)\n", "step is async def"),
+        ("    async def reset(self, task):\n        return ''\n", "reset is async def"),
+        ("    def step(self, action):\n        yield StepResult(reward=1.0, done=True)\n", "step is a generator"),
+    ],
+    ids=["async-step", "async-reset", "generator-step"],
+)
+def test_an_environment_method_that_returns_no_result_is_refused_at_once(
+    tmp_path: Path, capsys: Any, method: str, kind: str
+) -> None:
+    """Probe rerun for item 7: an environment whose ``step`` is ``async def`` ended every
+    episode as an error ('step returned coroutine', with 'never awaited' warnings) and a
+    2-step job exited 0; the job is refused before it starts, naming the method."""
+    env = tmp_path / "env.py"
+    env.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(GUESS.parent)!r})\n"
+        "from env import GuessNumber\n"
+        "from geartrain.agents import StepResult\n"
+        f"class Odd(GuessNumber):\n{method}"
+    )
+    rc = main(["check", str(GUESS), "--no-plugins", f"rollout.agent.environment={env}:Odd", "sft.enabled=false"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"rollout.agent.environment = '{env}:Odd': Odd.{kind}; geartrain calls an environment's methods" in err, err
+    assert "make it a plain def" in err and "Traceback" not in err

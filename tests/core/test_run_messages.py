@@ -80,6 +80,26 @@ def test_a_short_run_whose_every_reward_call_failed_ends_with_the_error() -> Non
         dog.finish()
 
 
+def test_a_short_run_whose_every_episode_failed_ends_with_the_error() -> None:
+    """Probe rerun for issue 35 item 7: a 2-step agent job whose environment's ``step`` is
+    ``async def`` (every episode an error: 'step returned coroutine') warned and exited 0."""
+    dog = Watchdog(WatchdogConfig(max_failed_episode_steps=3))
+    failed = {"agent/env_error_fraction": 1.0, "agent/env_errors": 4.0}
+    dog.observe(1, failed)
+    dog.observe(2, failed)
+    with pytest.raises(
+        TrainingStalledError, match="every episode of all 2 steps of this run ended with an environment"
+    ):
+        dog.finish()
+    some = Watchdog(WatchdogConfig(max_failed_episode_steps=3))
+    some.observe(1, failed)
+    some.observe(2, {"agent/env_error_fraction": 0.5, "agent/env_errors": 2.0})
+    some.finish()
+    off = Watchdog(WatchdogConfig(max_failed_episode_steps=0))
+    off.observe(1, failed)
+    off.finish()
+
+
 def test_a_real_lr_overflow_still_gets_the_learning_rate_advice() -> None:
     dog = Watchdog(WatchdogConfig(max_skipped_steps=1))
     with pytest.raises(TrainingStalledError, match="Lower actor.engine.optim.lr"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -63,7 +64,29 @@ def load_environment(
             f"{key} = '{spec}': {target.__name__} has no {' or '.join(missing)} method "
             "(see geartrain.agents.Environment; a TRL environment_factory class needs reset and its tool methods)"
         )
+    for name in ("reset", "step", "close", "final_reward"):
+        method = getattr(target, name, None) if isinstance(target, type) else None
+        kind = _not_plain(method)
+        if kind is not None:
+            raise GeartrainError(
+                f"{key} = '{spec}': {target.__name__}.{name} is {kind}; geartrain calls an environment's methods "
+                "and uses what they return (a coroutine or generator object is no result): make it a plain def"
+            )
     return lambda: target(**arguments)
+
+
+def _not_plain(method: Any) -> str | None:
+    """What kind of function ``method`` is when calling it returns no result but an object
+    to drive (``"async def"``, ``"a generator"``, ``"an async generator"``), else ``None``."""
+    if method is None:
+        return None
+    if inspect.iscoroutinefunction(method):
+        return "async def"
+    if inspect.isasyncgenfunction(method):
+        return "an async generator"
+    if inspect.isgeneratorfunction(method):
+        return "a generator"
+    return None
 
 
 class EnvironmentRouter:

@@ -152,8 +152,9 @@ class Watchdog:
     def finish(self) -> None:
         """The run's last step is done: raise :class:`TrainingStalledError` if every step it
         ran (fewer than a streak's limit, or the streak would have stopped it) skipped its
-        optimizer step, or had every reward call fail: such a run trained nothing, which must
-        not end as a success. A watchdog turned off (0) stays off."""
+        optimizer step, had every reward call fail, or had every episode end with an
+        environment error: such a run trained nothing, which must not end as a success. A
+        watchdog turned off (0) stays off."""
         if self.last is None:
             return
         step, metrics = self.last
@@ -164,6 +165,12 @@ class Watchdog:
                 f"step {step}: every reward call of all {self.observed} steps of this run failed or timed out, so "
                 "every sample scored 0 and nothing was learned; fix the reward function (its first traceback is "
                 "logged above) or raise reward.timeout_s"
+            )
+        if self.config.max_failed_episode_steps and self.failed_episodes == self.observed:
+            raise TrainingStalledError(
+                f"step {step}: every episode of all {self.observed} steps of this run ended with an environment "
+                "error, so nothing was learned; fix the environment (its first failure is logged above, by the rank "
+                "that ran it)"
             )
 
     def _scale(self, step: int, metrics: dict[str, Any]) -> None:
