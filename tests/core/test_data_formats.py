@@ -129,3 +129,21 @@ def test_the_gsm8k_prep_script_writes_what_the_recipe_and_its_reward_read(tmp_pa
         get_reward("gsm8k")("so 1203.\n#### 1203", rows[0].ground_truth, prompt=rows[0].prompt, meta={})["score"] == 1.0
     )
     assert len(PromptDataset(tmp_path / "gsm8k" / "test.parquet", tok, DataConfig(apply_chat_template=False))) == 1
+
+
+def test_a_pipe_or_a_device_is_named_as_such_not_as_missing(tmp_path: Path, tok) -> None:
+    """Probe rerun for issue 35 item 13: ``data.path`` a FIFO or ``/dev/zero`` was refused as
+    'no such data file', though it exists. Nothing is read from it (a FIFO would block)."""
+    import os
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        with pytest.raises(DataError) as info:
+            PromptDataset(path, tok, CFG)
+        assert (
+            str(info.value)
+            == f"{path}: not a regular file or a directory (a pipe, device or socket); give a data file or a directory"
+        )
+    with pytest.raises(DataError, match="no such data file"):
+        PromptDataset(tmp_path / "absent.jsonl", tok, CFG)

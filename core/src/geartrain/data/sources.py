@@ -56,6 +56,10 @@ def read_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
         path = Path(source).expanduser()
         if path.is_dir():
             yield from _directory(path)
+        elif path.exists() and not path.is_file():  # a FIFO, a device, a socket: reading could block forever
+            raise DataError(
+                f"{path}: not a regular file or a directory (a pipe, device or socket); give a data file or a directory"
+            )
         elif not path.is_file():
             if looks_like_hub_id(str(source)):
                 raise DataError(f"{source}: no such file or directory; if it is a Hugging Face hub id, {HUB_HINT}")
