@@ -82,8 +82,9 @@ def test_an_injected_enospc_is_one_line(tmp_path: Path) -> None:
         mgr.save(0, full)
     assert str(err.value) == (
         f"no space left on {device_of(tmp_path)} while saving step 0; no checkpoint was completed in "
-        f"{tmp_path / 'ckpt'}. Free space there (or lower trainer.keep_last), then continue with --resume"
-    )
+        f"{tmp_path / 'ckpt'}. Free space there, then start again with --overwrite"
+    )  # probe rerun for issue 35 item 6: it said "continue with --resume", which after an --overwrite that put
+    # the previous run back would continue that run (and with no checkpoint there is nothing to continue)
     assert list((tmp_path / "ckpt").iterdir()) == []
 
 

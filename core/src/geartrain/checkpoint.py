@@ -117,14 +117,14 @@ class CheckpointManager:
         touched."""
         shutil.rmtree(partial, ignore_errors=True)
         last = self.latest()
-        done = (
-            f"the last complete checkpoint is step {self.step_of(last)} ({last})"
-            if last is not None
-            else f"no checkpoint was completed in {self.root}"
-        )
+        if last is None:  # nothing to resume (after an --overwrite, the previous run is put back): start again
+            raise DiskFullError(
+                f"no space left on {device_of(self.root)} while saving step {step}; no checkpoint was completed in "
+                f"{self.root}. Free space there, then start again with --overwrite"
+            )
         raise DiskFullError(
-            f"no space left on {device_of(self.root)} while saving step {step}; {done}. "
-            "Free space there (or lower trainer.keep_last), then continue with --resume"
+            f"no space left on {device_of(self.root)} while saving step {step}; the last complete checkpoint is step "
+            f"{self.step_of(last)} ({last}). Free space there (or lower trainer.keep_last), then continue with --resume"
         )
 
     def complete(self) -> list[Path]:
