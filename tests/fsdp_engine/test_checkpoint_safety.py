@@ -165,3 +165,35 @@ def test_the_safe_dcp_reader_restores_what_the_default_one_does(saved_checkpoint
             safe["model"][key].full_tensor() if hasattr(safe["model"][key], "full_tensor") else safe["model"][key],
             tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor,
         ), key
+
+
+def test_a_dcp_state_missing_an_entry_is_one_line_naming_it(saved_checkpoint: Path, tmp_path: Path) -> None:
+    """Probe rerun for issue 35 items 5 and 10: a checkpoint whose ``dcp/`` was rewritten
+    with the tensors only (the optimizer's param groups left out) and a manifest to match
+    was a 65-line traceback (DCP's CheckpointException), exit 1, from export and --resume."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    ckpt = tmp_path / "step_00000001"
+    shutil.copytree(saved_checkpoint, ckpt)
+    saved = FileSystemReader(str(ckpt / "dcp")).read_metadata().state_dict_metadata
+    tensors = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in saved.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
+    assert any(key.startswith("optim.param_groups") for key in saved if key not in tensors)
+    dcp.load(tensors, checkpoint_id=str(ckpt / "dcp"), no_dist=True)
+    shutil.rmtree(ckpt / "dcp")
+    dcp.save(tensors, checkpoint_id=str(ckpt / "dcp"), no_dist=True)
+    (ckpt / "COMPLETE").unlink()
+    write_manifest(ckpt, exclude=frozenset({"COMPLETE"}))
+    (ckpt / "COMPLETE").write_text("")
+    with pytest.raises(CheckpointError) as err:
+        make_engine("qwen2").load_checkpoint(ckpt)
+    assert str(err.value).startswith(
+        f"{ckpt}: its model and optimizer state (dcp/) does not fit the model this job builds (Missing key in "
+        "checkpoint state_dict: optim.param_groups.0."
+    ), str(err.value)
+    assert "\n" not in str(err.value)

@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from geartrain import load_state, safe_dcp_reader, safe_load_planner, save_state
+from geartrain.errors import CheckpointError
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -167,19 +169,41 @@ def save(model: FSDPModel, path: Path, extra: dict[str, Any]) -> None:
         save_state(trainer, path / "trainer.pt")
 
 
+def _state_mismatch(exc: BaseException) -> str | None:
+    """The line of a DCP load error that says the saved state lacks an entry the model has,
+    or holds one of another shape (``None``: the error is another kind). A
+    ``CheckpointException`` (a ``BaseException``) holds each rank's error in ``failures``."""
+    failures = getattr(exc, "failures", None)
+    inner = [f[0] if isinstance(f, tuple) else f for f in failures.values()] if isinstance(failures, dict) else []
+    for line in "\n".join(str(e) for e in [*inner, exc]).splitlines():  # a rank's own error before DCP's summary
+        line = line.strip()
+        if "Missing key in checkpoint state_dict" in line or "Size mismatch" in line or "size mismatch" in line:
+            return line.rstrip(".")[:300]
+    return None
+
+
 def load(model: FSDPModel, path: Path) -> dict[str, Any]:
     """Restore model, optimizer, scheduler and RNG states in place; return ``extra``."""
     path = Path(path)
     trainer = load_state(path / "trainer.pt")
     _check_lora(model, trainer.get("lora"), path)
     state = _app_state(model)
-    with _single_process_is_intended():
-        dcp.load(
-            state,
-            storage_reader=safe_dcp_reader(path / "dcp"),
-            planner=safe_load_planner(),
-            process_group=model.meshes.ctx_group,
-        )
+    try:
+        with _single_process_is_intended():
+            dcp.load(
+                state,
+                storage_reader=safe_dcp_reader(path / "dcp"),
+                planner=safe_load_planner(),
+                process_group=model.meshes.ctx_group,
+            )
+    except (Exception, CheckpointException) as exc:  # DCP's own errors: RuntimeErrors, in a CheckpointException
+        why = _state_mismatch(exc)
+        if why is None:
+            raise
+        raise CheckpointError(
+            f"{path}: its model and optimizer state (dcp/) does not fit the model this job builds ({why}): it was "
+            "saved from another model or configuration, or edited; resume or export from another checkpoint"
+        ) from None
     set_model_state_dict(model.module, state["model"], options=_model_options(model, strict=model.peft is None))
     if model.optimizer is not None:
         set_optimizer_state_dict(model.module, model.optimizer, state["optim"])
