@@ -159,3 +159,26 @@ def test_write_manifest_skips_what_it_is_told(tmp_path: Path) -> None:
     assert verify_manifest(tmp_path) == []
     (tmp_path / "a").write_text("y")
     assert verify_manifest(tmp_path) == ["a does not match its SHA-256 in the manifest (its content was changed)"]
+
+
+def test_a_checkpoint_renamed_to_another_step_is_passed_over_naming_both_steps(tmp_path: Path) -> None:
+    """Probe rerun for issue 35 item 5: the newest checkpoint's directory renamed from
+    step_2 to step_9 was taken by its name; a --resume went on from it as newest, and after
+    a later save at step 3 the next --resume went back to it (step 2), dropping step 3. The
+    step the engine recorded (engine.json, in the manifest) must be the directory's."""
+    import json
+
+    mgr = CheckpointManager(tmp_path, keep_last=5)
+    for step in (1, 2, 3):
+        mgr.save(step, lambda d, s=step: (d / "engine.json").write_text(json.dumps({"step": s})))
+    (tmp_path / "step_00000003").rename(tmp_path / "step_00000009")
+    said: list[str] = []
+    assert mgr.latest_intact(said.append) == tmp_path / "step_00000002"
+    assert said == [
+        f"checkpoint {tmp_path / 'step_00000009'} is damaged: engine.json records step 3, not 9: the directory was "
+        "renamed or copied over; falling back to the previous checkpoint"
+    ]
+    with pytest.raises(CheckpointError, match="engine.json records step 3, not 9"):
+        CheckpointManager.check_complete(tmp_path / "step_00000009")
+    mgr.save(4, lambda d: (d / "state.bin").write_bytes(b"x"))  # no record (another writer): passes
+    assert CheckpointManager.check_complete(tmp_path / "step_00000004") == tmp_path / "step_00000004"

@@ -148,7 +148,8 @@ class CheckpointManager:
         Raises :class:`CheckpointError` when checkpoints exist but none is intact."""
         done = self.complete()
         for path in reversed(done):
-            problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST) + (also(path) if also is not None else [])
+            problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST) or misnamed(path)
+            problems += also(path) if also is not None else []
             if not problems:
                 return path
             older = "falling back to the previous checkpoint" if path != done[0] else "no older checkpoint is left"
@@ -174,7 +175,7 @@ class CheckpointManager:
                 f"{path} is not a complete checkpoint (no {MARKER} marker): it was cut off mid-write "
                 "or is not a geartrain checkpoint"
             )
-        problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST)
+        problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST) or misnamed(path)
         if problems:
             raise CheckpointError(f"checkpoint {path} is damaged: {'; '.join(problems)}")
         return path
@@ -185,6 +186,21 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(f"{_PARTIAL}*"):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def misnamed(path: Path) -> list[str]:
+    """``[problem]`` when the step an engine recorded in checkpoint ``path`` (its
+    ``engine.json``, covered by the manifest) is not the step its directory is named after
+    (a renamed or copied-over directory: resuming by its name would count steps wrongly and
+    rank it wrongly among the others), else ``[]``. A checkpoint without the record passes."""
+    try:
+        recorded = json.loads((Path(path) / "engine.json").read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return []
+    named = CheckpointManager.step_of(path)
+    if isinstance(recorded, int) and recorded != named:
+        return [f"engine.json records step {recorded}, not {named}: the directory was renamed or copied over"]
+    return []
 
 
 def save_state(state: Any, path: str | Path) -> None:
