@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -168,3 +169,15 @@ def test_a_full_disk_during_the_hf_export_is_one_line_and_removes_the_partial_ex
     )
     assert not out.exists()
     assert export_disk_full(PermissionError(errno.EACCES, "denied"), small_disk / "x", "run") is None
+
+
+def test_a_write_error_with_its_own_cause_or_a_pseudo_file_system_is_not_a_full_disk() -> None:
+    """Probe rerun for issue 35 items 6 and 11: ``geartrain export RUN /proc/x`` said "no
+    space left on proc" (its mkdir failed with ENOENT, and /proc, which has no blocks,
+    looked full); the export now says the write's own cause."""
+    from geartrain.checkpoint import disk_is_full
+
+    assert os.statvfs("/proc").f_blocks == 0
+    assert not disk_is_full(OSError(errno.ENOENT, "No such file or directory", "/proc/x"), "/proc")
+    assert not disk_is_full(RuntimeError("a writer that lost the errno"), "/proc")
+    assert disk_is_full(OSError(errno.ENOSPC, "No space left on device"), "/proc")

@@ -298,3 +298,9 @@ def test_the_model_a_checkpoint_was_trained_from_is_never_a_target(
     text = _one_line_error(geartrain("export", str(run), str(tmp_path / "out")))
     assert f"the checkpoint was built from model.path {base} (its engine.json), which cannot be read here: " in text
     assert "model-00001-of-00001.safetensors): the model is incomplete" in text, text
+
+
+def test_a_target_the_file_system_refuses_is_one_line_with_its_cause(trained: Path, geartrain) -> None:  # noqa: ANN001
+    """Probe rerun for item 11: a target under /proc was reported as 'no space left on proc'."""
+    text = _one_line_error(geartrain("export", str(trained), "/proc/geartrain-export"))
+    assert text.startswith("error: cannot write the export to /proc/geartrain-export: No such file or directory"), text

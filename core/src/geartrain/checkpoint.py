@@ -234,17 +234,22 @@ _FULL_BELOW = 1 << 20
 
 def disk_is_full(exc: BaseException, where: str | Path) -> bool:
     """Whether ``exc`` (raised while writing under ``where``) is a full disk: an ENOSPC in
-    its chain, or, as writers that lose the errno leave it, almost no space left there."""
-    for e in exception_chain(exc):
+    its chain, or, as writers that lose the errno leave it, almost no space left there (an
+    ``OSError`` with another errno in the chain, or a file system without blocks such as
+    ``/proc``, is not one)."""
+    chain = list(exception_chain(exc))
+    for e in chain:
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             return True
         if "No space left on device" in str(e):
             return True
+    if any(isinstance(e, OSError) and e.errno is not None for e in chain):
+        return False  # an error that says its own cause (no such directory, permission denied, ...)
     try:
         stat = os.statvfs(Path(where))
     except OSError:
         return False
-    return stat.f_bavail * stat.f_frsize < _FULL_BELOW
+    return stat.f_blocks > 0 and stat.f_bavail * stat.f_frsize < _FULL_BELOW  # no blocks: a pseudo file system
 
 
 def full_disk_error(exc: BaseException, where: str | Path) -> bool:

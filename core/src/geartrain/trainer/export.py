@@ -280,7 +280,11 @@ def export_checkpoint(
         _write(engine, out, tokenizer, built, step, checkpoint)
     except BaseException as exc:  # a full disk (any form of it) is one line, the partial export removed
         full = export_disk_full(exc, out, checkpoint)
-        if full is None:
-            raise
-        raise full from None
+        if full is not None:
+            raise full from None
+        if isinstance(exc, OSError) and exc.errno is not None:  # the target refused the write: one line
+            raise ExportError(
+                f"cannot write the export to {out}: {exc.strerror} ({exc.filename or out}); choose another directory"
+            ) from None
+        raise
     return out, step
