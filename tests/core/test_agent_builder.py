@@ -124,7 +124,7 @@ def test_a_tool_failing_on_every_call_and_a_raising_environment_are_one_console_
 
 def test_overwrite_removes_episodes_log(tmp_path: Path) -> None:
     (tmp_path / "episodes.log").write_text("--- step 0: validation episode(s) ---\n")
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"trainer": {}, "actor": {}}')  # a run's (a model's is refused)
     run = RunDirectory(tmp_path, overwrite=True)
     try:
         assert "episodes.log" in run.claim()

@@ -138,7 +138,7 @@ def test_resume_after_a_killed_overwrite_is_refused_and_deletes_nothing(tmp_path
     _finished_run(out)
     killed = RunDirectory(out, overwrite=True)
     killed.claim()
-    (out / "config.json").write_text("{}")
+    (out / "config.json").write_text((out / SET_ASIDE / "config.json").read_text())  # the killed run's own
     (out / "metrics.jsonl").write_text("the killed run's\n")
     killed.release()  # SIGTERM: no commit, no restore
     before = _tree(out)
@@ -247,3 +247,21 @@ def test_config_diff_refuses_a_different_lora_but_applies_its_sync_mode() -> Non
     assert verdicts["rollout.max_lora_rank"] == "applied"
     reasons = {c.key: c.reason for c in diff_configs(saved, new)}
     assert "adapters of this rank" in reasons["actor.lora.rank"]
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_config_json_no_run_wrote_is_never_taken_for_a_runs(tmp_path: Path, overwrite: bool) -> None:
+    """Probe rerun for issue 35 item 2: ``train --overwrite`` with ``trainer.output_dir`` a
+    Hugging Face model directory set the model's ``config.json`` aside as "the previous run's"
+    and deleted it after the first step (a fresh run would have written over it)."""
+    out = tmp_path / "model"
+    out.mkdir()
+    model_config = json.dumps({"model_type": "qwen2", "hidden_size": 64})
+    (out / "config.json").write_text(model_config)
+    (out / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(RunDirectoryError) as info:
+        run_job(_config(out), overwrite=overwrite)
+    assert str(info.value).startswith(f"{out / 'config.json'} is not a training run's config (a model's"), info.value
+    assert "nothing was changed" in str(info.value)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert (out / "config.json").read_text() == model_config

@@ -156,7 +156,7 @@ def test_a_starting_model_with_a_nan_weight_is_named_not_the_learning_rate(tmp_p
     # NaN; now it is set aside and put back, byte for byte (probes rerun, issue 35)
     out = tmp_path / "run"
     previous = {
-        "config.json": b"{}",
+        "config.json": b'{"trainer": {}, "actor": {}}',  # a run's (a model's config.json is refused)
         "metrics.jsonl": b'{"step": 2}\n',
         "checkpoints/actor/step_2/state.bin": b"x" * 64,
     }

@@ -24,6 +24,7 @@ the job holds it until it ends (:meth:`RunDirectory.release`).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -51,6 +52,16 @@ RUN_ENTRIES: dict[str, str] = {
 SET_ASIDE = ".geartrain-overwritten"
 #: The entries whose presence means the directory holds a run.
 _RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "sft_model", "hf", SET_ASIDE)
+
+
+def is_run_config(path: Path) -> bool:
+    """Whether the file ``path`` is a ``config.json`` a training run wrote (a JSON object
+    with its ``trainer`` and ``actor`` sections), not a model's or another program's."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "trainer" in data and "actor" in data
 
 
 def read_only(path: Path) -> bool:
@@ -132,6 +143,13 @@ class RunDirectory:
                 raise RunDirectoryError(
                     f"{entry} is not writable; fix its permissions or choose another trainer.output_dir"
                 )
+        config = self.path / "config.json"
+        if config.is_file() and not is_run_config(config):
+            raise RunDirectoryError(
+                f"{config} is not a training run's config (a model's, or another program's file): a run writes its "
+                "own config.json there and --overwrite would remove it; nothing was changed. Choose another "
+                "trainer.output_dir"
+            )
         found = self.holds_run()
         if self.resume and os.path.lexists(self.path / SET_ASIDE):
             raise RunDirectoryError(
