@@ -265,3 +265,22 @@ def test_a_config_json_no_run_wrote_is_never_taken_for_a_runs(tmp_path: Path, ov
     assert "nothing was changed" in str(info.value)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert (out / "config.json").read_text() == model_config
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_another_programs_checkpoints_are_never_taken_for_a_runs(tmp_path: Path, overwrite: bool) -> None:
+    """Probe rerun for issue 35 item 2: a project directory with another tool's
+    ``checkpoints/`` (and ``tensorboard/``, ``wandb/``) was refused as "already holds a run
+    (checkpoints)"; with the --overwrite that message suggests, all three were set aside and
+    deleted after the first step."""
+    out = tmp_path / "project"
+    for name, data in {"checkpoints/epoch=3.ckpt": "weights", "tensorboard/events": "tb", "wandb/run": "w"}.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(data)
+    before = _tree(out)
+    with pytest.raises(RunDirectoryError) as info:
+        run_job(_config(out), overwrite=overwrite)
+    assert str(info.value).startswith(f"{out / 'checkpoints'} holds what no training run saved there (epoch=3.ckpt"), (
+        info.value
+    )
+    assert _tree(out) == before

@@ -64,6 +64,19 @@ def is_run_config(path: Path) -> bool:
     return isinstance(data, dict) and "trainer" in data and "actor" in data
 
 
+def foreign_checkpoints(path: Path) -> str | None:
+    """The first entry of the directory ``path`` that a run's ``checkpoints/`` never holds
+    (it holds one directory per role, each holding only ``step_N`` and ``.partial-step_N``
+    directories), or ``None`` when everything there is a run's."""
+    for role in sorted(path.iterdir()):
+        if not role.is_dir() or role.is_symlink():
+            return role.name
+        for entry in sorted(role.iterdir()):
+            if not entry.name.startswith(("step_", ".partial-step_")):
+                return f"{role.name}/{entry.name}"
+    return None
+
+
 def read_only(path: Path) -> bool:
     """Whether ``path`` (which exists) is on a filesystem mounted read-only."""
     try:
@@ -149,6 +162,13 @@ class RunDirectory:
                 f"{config} is not a training run's config (a model's, or another program's file): a run writes its "
                 "own config.json there and --overwrite would remove it; nothing was changed. Choose another "
                 "trainer.output_dir"
+            )
+        checkpoints = self.path / "checkpoints"
+        if checkpoints.is_dir() and (foreign := foreign_checkpoints(checkpoints)):
+            raise RunDirectoryError(
+                f"{checkpoints} holds what no training run saved there ({foreign}: another program's checkpoints?): "
+                "a run keeps its checkpoints/ there and --overwrite would remove it; nothing was changed. Choose "
+                "another trainer.output_dir"
             )
         found = self.holds_run()
         if self.resume and os.path.lexists(self.path / SET_ASIDE):
