@@ -109,7 +109,7 @@ def test_a_killed_overwrite_keeps_the_run_it_set_aside(tmp_path: Path) -> None:
     before = _finished_run(out)
     killed = RunDirectory(out, overwrite=True)
     killed.claim()
-    (out / "metrics.jsonl").write_text("the killed run's\n")
+    (out / "metrics.jsonl").write_text('{"phase": "rl", "step": 0}\n')  # the killed run's
     killed.release()  # no commit, no restore: SIGKILL
     again = RunDirectory(out, overwrite=True)
     assert sorted(again.claim()) == ["checkpoints", "config.json", "metrics.jsonl"]
@@ -139,7 +139,7 @@ def test_resume_after_a_killed_overwrite_is_refused_and_deletes_nothing(tmp_path
     killed = RunDirectory(out, overwrite=True)
     killed.claim()
     (out / "config.json").write_text((out / SET_ASIDE / "config.json").read_text())  # the killed run's own
-    (out / "metrics.jsonl").write_text("the killed run's\n")
+    (out / "metrics.jsonl").write_text('{"phase": "rl", "step": 0}\n')  # the killed run's
     killed.release()  # SIGTERM: no commit, no restore
     before = _tree(out)
     with pytest.raises(RunDirectoryError) as info:
@@ -284,3 +284,14 @@ def test_another_programs_checkpoints_are_never_taken_for_a_runs(tmp_path: Path,
         info.value
     )
     assert _tree(out) == before
+
+
+def test_another_programs_metrics_jsonl_is_never_taken_for_a_runs(tmp_path: Path) -> None:
+    """The same probe with a ``metrics.jsonl`` another program wrote (lines without a step)."""
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"epoch": 1, "loss": 0.5}\n')
+    with pytest.raises(RunDirectoryError, match="metrics.jsonl is not a training run's metrics"):
+        run_job(_config(out), overwrite=True)
+    assert (out / "metrics.jsonl").read_text() == '{"epoch": 1, "loss": 0.5}\n'
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]

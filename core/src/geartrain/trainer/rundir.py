@@ -64,6 +64,24 @@ def is_run_config(path: Path) -> bool:
     return isinstance(data, dict) and "trainer" in data and "actor" in data
 
 
+def is_run_metrics(path: Path) -> bool:
+    """Whether the file ``path`` is a ``metrics.jsonl`` a run wrote: empty or cut short
+    before its first line ended (a run killed at once), or a first line that is a JSON
+    object with a ``step``."""
+    try:
+        with path.open("rb") as fh:
+            first = fh.readline(1 << 20)
+    except OSError:
+        return True  # unreadable: the entry checks above name it
+    if not first.endswith(b"\n"):
+        return True
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(row, dict) and "step" in row
+
+
 def foreign_checkpoints(path: Path) -> str | None:
     """The first entry of the directory ``path`` that a run's ``checkpoints/`` never holds
     (it holds one directory per role, each holding only ``step_N`` and ``.partial-step_N``
@@ -162,6 +180,13 @@ class RunDirectory:
                 f"{config} is not a training run's config (a model's, or another program's file): a run writes its "
                 "own config.json there and --overwrite would remove it; nothing was changed. Choose another "
                 "trainer.output_dir"
+            )
+        metrics = self.path / "metrics.jsonl"
+        if metrics.is_file() and not is_run_metrics(metrics):
+            raise RunDirectoryError(
+                f"{metrics} is not a training run's metrics (its first line is no JSON object with a step): a run "
+                "writes its own metrics.jsonl there and --overwrite would remove it; nothing was changed. Choose "
+                "another trainer.output_dir"
             )
         checkpoints = self.path / "checkpoints"
         if checkpoints.is_dir() and (foreign := foreign_checkpoints(checkpoints)):
