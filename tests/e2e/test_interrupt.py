@@ -161,3 +161,40 @@ def _interrupted_at_step_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     )
     assert max(CheckpointManager.step_of(p) for p in CheckpointManager(out / "checkpoints" / "actor").complete()) == 2
     return err
+
+
+def test_sigterm_stops_like_ctrl_c_and_puts_back_the_run_overwrite_set_aside(tmp_path: Path) -> None:
+    """Probes rerun (issue 35): SIGTERM (a timeout, a scheduler's preemption, ``docker
+    stop``) right after ``--overwrite`` set the previous run aside killed the job outright,
+    leaving the previous run in .geartrain-overwritten. Now it takes Ctrl-C's path: the
+    previous run is put back, one line, exit 143."""
+    from geartrain.testing.runs import file_tree, write_finished_run
+    from geartrain.trainer import load_train_config
+
+    out = tmp_path / "run"
+    before = write_finished_run(load_train_config(MAIN_CONFIG, [f"trainer.output_dir={out}"]), 4)
+    # the SFT warm start (hundreds of steps) lies between the claim and the first RL step
+    proc = subprocess.Popen(
+        geartrain_cmd("train", str(MAIN_CONFIG), "trainer.progress=false", f"trainer.output_dir={out}", "--overwrite"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # ends at the job's end: a hang guard is communicate's below
+            if "set aside in" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=JOB_HANG_GUARD_S)  # a hang guard: SIGTERM ends it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert last.startswith("terminated by SIGTERM at step 0; no checkpoint was completed"), last
+    after = {name: digest for name, digest in file_tree(out).items() if not name.startswith(("logs/", ".geartrain"))}
+    assert after == before and not (out / ".geartrain-overwritten").exists(), sorted(after)

@@ -1,6 +1,8 @@
-"""What a job says when it is interrupted (Ctrl-C): one line, the same from every
-placement (the inline driver here, the Ray driver in :mod:`geartrain.cluster`), and the
-exit status a shell expects from SIGINT."""
+"""What a job says when it is interrupted (Ctrl-C, or SIGTERM: a timeout, a scheduler's
+preemption, ``docker stop``): one line, the same from every placement (the inline driver
+here, the Ray driver in :mod:`geartrain.cluster`), and the exit status a shell expects from
+the signal. SIGTERM takes Ctrl-C's path, so a job stops the same way: its ranks closed, a
+previous run that ``--overwrite`` set aside put back (:mod:`geartrain.trainer.rundir`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from geartrain.errors import exception_chain
 
 #: Exit status of a process stopped by SIGINT (128 + 2), what shells and CI report.
 EXIT_INTERRUPTED = 130
+#: ... and by SIGTERM (128 + 15).
+EXIT_TERMINATED = 143
 
 
 @dataclass
@@ -27,8 +31,9 @@ class RunPosition:
     checkpoint: int | None = None
 
 
-def interrupted_message(position: RunPosition) -> str:
-    """The one line a job prints when Ctrl-C stops it::
+def interrupted_message(position: RunPosition, how: str = "interrupted") -> str:
+    """The one line a job prints when Ctrl-C (``how``: "terminated by SIGTERM" for that
+    signal) stops it::
 
         interrupted at step 7; the last complete checkpoint is step 5; continue with --resume
 
@@ -38,7 +43,7 @@ def interrupted_message(position: RunPosition) -> str:
         where = f"no checkpoint was completed in {position.output_dir}; start again with --overwrite"
     else:
         where = f"the last complete checkpoint is step {position.checkpoint}; continue with --resume"
-    return f"interrupted at step {position.step}; {where}"
+    return f"{how} at step {position.step}; {where}"
 
 
 def is_interrupt(exc: BaseException) -> bool:
@@ -49,31 +54,41 @@ def is_interrupt(exc: BaseException) -> bool:
 
 
 class InterruptWatch:
-    """Notes that SIGINT arrived while it is entered (main thread only), then lets
-    Python's own handler raise ``KeyboardInterrupt`` as usual. Code that swallows the
+    """Notes that SIGINT or SIGTERM arrived while it is entered (main thread only), then
+    raises ``KeyboardInterrupt`` as Python's own SIGINT handler does. Code that swallows the
     ``KeyboardInterrupt`` and fails otherwise (C++ writing a checkpoint: torch.save's
     zip writer reports "unexpected pos" once a write was cut) still ends as an interrupt:
-    :attr:`seen` says one arrived."""
+    :attr:`seen` says one arrived, :attr:`signum` which."""
 
     def __init__(self) -> None:
         self.seen = False
-        self._installed = False
+        self.signum: int | None = None
+        self._installed: list[int] = []
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.seen = True
+        self.signum = signum
         signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt
 
+    @property
+    def terminated(self) -> bool:
+        """Whether the signal was SIGTERM (exit :data:`EXIT_TERMINATED`, not 130)."""
+        return self.signum == signal.SIGTERM
+
     def __enter__(self) -> InterruptWatch:
-        # only over Python's own handler (a shell's Ctrl-C); SIG_IGN and others are left alone
-        if (
-            threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        ):
-            signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
+        # only over the default dispositions (a shell's Ctrl-C: Python's own handler; SIGTERM:
+        # death); SIG_IGN and handlers of others are left alone (Ray's driver installs its own
+        # SIGTERM handler, which exits through SystemExit)
+        if threading.current_thread() is threading.main_thread():
+            for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+                if signal.getsignal(signum) is default:
+                    signal.signal(signum, self._handle)
+                    self._installed.append(signum)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._installed and signal.getsignal(signal.SIGINT) == self._handle:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        self._installed = False
+        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+        for signum in self._installed:
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, defaults[signum])
+        self._installed = []

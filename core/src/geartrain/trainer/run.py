@@ -39,6 +39,7 @@ from geartrain.trainer.export import write_export_record
 from geartrain.trainer.generation import stop_rules
 from geartrain.trainer.interrupt import (
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
     InterruptWatch,
     RunPosition,
     interrupted_message,
@@ -477,6 +478,16 @@ class Job:
         write_export_record(path, total, self.out)
         return path
 
+    def settle_position(self) -> None:
+        """After an interruption: the newest checkpoint complete on disk becomes
+        ``position.checkpoint`` (an interrupt landing between a save's completion and the
+        line that records it would otherwise name the one before)."""
+        if not self.rundir.claimed or self.rundir.restored:  # what is there is not this run's
+            return
+        latest = CheckpointManager(self.ckpt_root / "actor").latest()
+        if latest is not None and CheckpointManager.step_of(latest) > (self.position.checkpoint or -1):
+            self.position.checkpoint = CheckpointManager.step_of(latest)
+
     def _commit_overwrite(self) -> None:
         """A step is done: what ``--overwrite`` set aside is deleted (once)."""
         if self.rundir.commit():
@@ -802,6 +813,8 @@ def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = Fa
         if not (is_interrupt(exc) or watch.seen):
             raise
         logging.disable(logging.CRITICAL)  # nothing may follow the one line (threads winding down)
-        print(f"\n{interrupted_message(job.position)}", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        job.settle_position()
+        how = "terminated by SIGTERM" if watch.terminated else "interrupted"
+        print(f"\n{interrupted_message(job.position, how)}", file=sys.stderr, flush=True)
+        return EXIT_TERMINATED if watch.terminated else EXIT_INTERRUPTED
     return 0

@@ -120,6 +120,10 @@ class RunDirectory:
     def __post_init__(self) -> None:
         self.path = Path(self.path)
         self.lock: RunLock | None = None
+        self.claimed = False
+        """Whether :meth:`claim` took the directory (what is in it since is this job's)."""
+        self.restored = False
+        """Whether :meth:`restore` put the previous run back (what is in it is that run's)."""
         self.set_aside: list[str] = []
         """The previous run's entries this job's claim moved into :data:`SET_ASIDE` (or found
         there, from a killed ``--overwrite``), until :meth:`commit` or :meth:`restore`."""
@@ -227,6 +231,7 @@ class RunDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         if self.lock is None:
             self.lock = RunLock.acquire(self.path)
+        self.claimed = True
         if not self.overwrite:
             return []
         aside = self.path / SET_ASIDE
@@ -287,6 +292,7 @@ class RunDirectory:
                 restored.append(name)
         shutil.rmtree(aside, ignore_errors=True)
         self.set_aside = []
+        self.restored = True
         return restored
 
     def release(self) -> None:

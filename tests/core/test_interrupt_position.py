@@ -1,0 +1,56 @@
+"""What an interrupted job names (issue 35's probes, rerun): the newest checkpoint complete
+on disk, also when the interrupt landed between a save's completion and the line that
+records it (seen in test_interrupt.py under load: the message named step 8, step 10 was
+complete); and SIGTERM takes Ctrl-C's path (exit 143, its own words)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from geartrain import CheckpointManager
+from geartrain.trainer import load_train_config
+from geartrain.trainer.interrupt import InterruptWatch, RunPosition, interrupted_message
+from geartrain.trainer.run import Job
+
+MAIN_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
+
+
+def _job(out: Path) -> Job:
+    return Job(load_train_config(MAIN_CONFIG, [f"trainer.output_dir={out}"], check_plugins=False))
+
+
+def test_an_interrupted_job_names_the_newest_checkpoint_complete_on_disk(tmp_path: Path) -> None:
+    job = _job(tmp_path / "run")
+    job.rundir.claim()
+    manager = CheckpointManager(tmp_path / "run" / "checkpoints" / "actor", keep_last=2)
+    for step in (2, 4):
+        manager.save(step, lambda d: (d / "state.bin").write_bytes(b"x"))
+    job.position.step, job.position.checkpoint = 5, 2  # the save of step 4 returned, unrecorded
+    job.settle_position()
+    job.rundir.release()
+    assert job.position.checkpoint == 4
+    assert interrupted_message(job.position).endswith("the last complete checkpoint is step 4; continue with --resume")
+
+
+def test_a_job_stopped_before_it_took_its_directory_names_no_checkpoint_there(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    CheckpointManager(out / "checkpoints" / "actor").save(6, lambda d: (d / "state.bin").write_bytes(b"x"))
+    job = _job(out)  # a previous run's checkpoint; this job never claimed the directory
+    job.settle_position()
+    assert job.position.checkpoint is None
+
+
+def test_sigterm_raises_keyboard_interrupt_inside_the_watch_and_is_told_apart() -> None:
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        watch = InterruptWatch()
+        with pytest.raises(KeyboardInterrupt), watch:
+            signal.raise_signal(signal.SIGTERM)  # the handler runs before raise_signal returns
+        assert watch.seen and watch.terminated
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default is back after the watch
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    message = interrupted_message(RunPosition(Path("out"), step=3), "terminated by SIGTERM")
+    assert message.startswith("terminated by SIGTERM at step 3; no checkpoint was completed in out")
