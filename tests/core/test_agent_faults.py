@@ -138,7 +138,16 @@ def test_close_raising_does_not_fail_start_up(tmp_path: Path, capsys: Any) -> No
         "class Leaky(GuessNumber):\n"
         "    def close(self):\n        raise RuntimeError('cannot release the sandbox')\n"
     )
-    rc = main(["check", str(GUESS), "--no-plugins", f"rollout.agent.environment={env}:Leaky", "sft.enabled=false"])
+    rc = main(
+        [
+            "check",
+            str(GUESS),
+            "--no-plugins",
+            f"trainer.output_dir={tmp_path / 'run'}",
+            f"rollout.agent.environment={env}:Leaky",
+            "sft.enabled=false",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert "Traceback" not in out.err
@@ -189,7 +198,16 @@ def test_close_calling_sys_exit_does_not_end_the_job(tmp_path: Path, capsys: Any
         "class Leaves(GuessNumber):\n"
         "    def close(self):\n        sys.exit(3)\n"
     )
-    rc = main(["check", str(GUESS), "--no-plugins", f"rollout.agent.environment={env}:Leaves", "sft.enabled=false"])
+    rc = main(
+        [
+            "check",
+            str(GUESS),
+            "--no-plugins",
+            f"trainer.output_dir={tmp_path / 'run'}",
+            f"rollout.agent.environment={env}:Leaves",
+            "sft.enabled=false",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert "Traceback" not in out.err
@@ -259,7 +277,16 @@ def test_an_environment_method_that_returns_no_result_is_refused_at_once(
         "from geartrain.agents import StepResult\n"
         f"class Odd(GuessNumber):\n{method}"
     )
-    rc = main(["check", str(GUESS), "--no-plugins", f"rollout.agent.environment={env}:Odd", "sft.enabled=false"])
+    rc = main(
+        [
+            "check",
+            str(GUESS),
+            "--no-plugins",
+            f"trainer.output_dir={tmp_path / 'run'}",
+            f"rollout.agent.environment={env}:Odd",
+            "sft.enabled=false",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2, err
     assert f"rollout.agent.environment = '{env}:Odd': Odd.{kind}; geartrain calls an environment's methods" in err, err

@@ -55,8 +55,9 @@ def test_an_agent_step_timeout_is_bounded() -> None:
     assert "rollout.agent.step_timeout_s: should be less than or equal to 10000000" in str(info.value)
 
 
-def test_a_huge_group_gets_a_note(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", str(JOB), "sampling.n=1e6", "--no-plugins"]) == 0
+def test_a_huge_group_gets_a_note(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # its own output_dir: the example's outputs/arithmetic_grpo holds a run once `make train` ran
+    assert main(["check", str(JOB), "sampling.n=1e6", "--no-plugins", f"trainer.output_dir={tmp_path / 'run'}"]) == 0
     out = capsys.readouterr().out
     assert "note: sampling.n=1000000 samples per prompt: each step generates and scores" in out, out
 

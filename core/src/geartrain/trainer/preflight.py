@@ -16,6 +16,7 @@ from geartrain.agents import EnvironmentRouter, load_environments
 from geartrain.data import PromptDataset
 from geartrain.data.sources import HUB_HINT, DataSource, looks_like_hub_id
 from geartrain.errors import ConfigError, GeartrainError
+from geartrain.hub import hub_unreachable
 from geartrain.modeling import hf_config, load_tokenizer
 from geartrain.rewards import RewardTerm, make_term, probe_term
 from geartrain.rewards.terms import takes_environments
@@ -339,6 +340,18 @@ def preflight(
     listing every problem, or return the checked pieces. ``data`` / ``validation_data``
     (a ``datasets.Dataset`` or a list of dicts) replace ``data.path`` / ``validation.path``."""
     problems: list[tuple[str, str]] = []
+    for key, path in (("model.path", config.model.path), ("model.tokenizer", config.model.tokenizer)):
+        if tokenizer is None and (why := hub_unreachable(path)) is not None:
+            raise ConfigError(
+                [
+                    (
+                        key,
+                        f"'{path}' is no file or directory here, and as a hub repository it cannot be fetched: {why}. "
+                        f"Download it where there is a network (`hf download {path} --local-dir DIR`) and set "
+                        f"{key}=DIR, or set HF_HUB_OFFLINE=1 to use a cached copy",
+                    )
+                ]
+            )
     try:
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
     except (OSError, ValueError) as exc:
