@@ -71,3 +71,15 @@ def test_max_model_len_past_the_models_positions_is_refused(geartrain, tmp_path:
     assert proc.returncode == 2
     assert "rollout.max_model_len: 1024 exceeds the model's max_position_embeddings=512" in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["check", "train"])
+def test_a_batch_larger_than_the_data_is_refused(geartrain, tmp_path: Path, command: str) -> None:
+    job, out = _job(tmp_path)
+    proc = geartrain(command, str(job), "data.batch_size=5")
+    assert proc.returncode == 2
+    assert "data.batch_size: 5 is larger than the 4 prompts of data.path" in proc.stderr
+    assert "set data.drop_last=false" in proc.stderr
+    assert not out.exists()
+    # without drop_last the last batch may be short: both take it
+    assert geartrain("check", str(job), "data.batch_size=5", "data.drop_last=false").returncode == 0

@@ -80,7 +80,8 @@ def _job(tmp_path: Path, prompts: list[str], *, max_model_len: int) -> Path:
     job = tmp_path / "job.toml"
     job.write_text(
         '[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[data]\npath = "train.jsonl"\n'
-        f'[validation]\npath = "train.jsonl"\n[rollout]\nmax_model_len = {max_model_len}\n[sampling]\nmax_tokens = 5\n'
+        f'batch_size = {len(prompts)}\n[validation]\npath = "train.jsonl"\n'
+        f"[rollout]\nmax_model_len = {max_model_len}\n[sampling]\nmax_tokens = 5\n"
     )
     return job
 

@@ -182,7 +182,7 @@ def test_a_tool_environments_specs_reach_the_prompts_chat_template(tmp_path: Pat
         {
             "model": {"tiny": "qwen2"},
             "reward": {"function": "arithmetic"},
-            "data": {"apply_chat_template": True, "max_prompt_length": 64},
+            "data": {"apply_chat_template": True, "max_prompt_length": 64, "batch_size": 1},
             "rollout": {
                 "max_model_len": 128,
                 "agent": {

@@ -198,7 +198,7 @@ def test_the_start_up_check_gives_a_reward_the_runs_max_steps(tmp_path: Any) -> 
         {
             "model": {"tiny": "qwen2"},
             "reward": {"function": "shaped.py:by_progress"},
-            "data": {"apply_chat_template": False},
+            "data": {"apply_chat_template": False, "batch_size": 1},
             "trainer": {"total_steps": 7},
             "base_dir": str(tmp_path),
         }

@@ -83,7 +83,7 @@ def _config(tmp_path: Path, **agent: Any) -> TrainConfig:
         {
             "model": {"tiny": "qwen2"},
             "reward": {"function": "environment"},
-            "data": {"answer_key": "answer", "max_prompt_length": 200},
+            "data": {"answer_key": "answer", "max_prompt_length": 200, "batch_size": len(ROWS)},
             "rollout": {
                 "max_model_len": 512,
                 "agent": {

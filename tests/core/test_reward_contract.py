@@ -139,7 +139,9 @@ def test_a_trl_conversational_reward_reads_completions_as_messages() -> None:
     """On conversational rows TRL calls a reward function with ``prompts`` = each row's
     messages and ``completions=[[{"role": "assistant", "content": text}], ...]``; geartrain
     check calls it so, and passes it."""
-    config = TrainConfig.model_validate({"model": {"tiny": "qwen2"}, "data": {"max_prompt_length": 64}})
+    config = TrainConfig.model_validate(
+        {"model": {"tiny": "qwen2"}, "data": {"max_prompt_length": 64, "batch_size": 2}}
+    )
     rows = [{"messages": [{"role": "user", "content": "2+2="}], "ground_truth": "4"}] * 2
     pre = preflight(config, reward_fn=conversational_reward, tokenizer=tiny_tokenizer(), data=rows)
     assert pre.reward is not None and pre.reward[0].batched

@@ -562,7 +562,7 @@ def test_a_row_without_a_prompt_is_the_environments_to_fill_as_in_trl(counter: t
     job = {
         "model": {"tiny": "qwen2"},
         "reward": {"function": "environment"},
-        "data": {"answer_key": "answer"},
+        "data": {"answer_key": "answer", "batch_size": 1},
         "rollout": {"agent": {"environment": "counter_env.py:Counter", "chat_template": True}},
         "base_dir": str(tmp_path),
     }

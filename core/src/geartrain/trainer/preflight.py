@@ -311,6 +311,20 @@ def _fit(
         )
 
 
+def _batch_fits(dataset: PromptDataset, config: TrainConfig, problems: list[tuple[str, str]]) -> None:
+    """The loader's own refusal, found by ``check`` too: with ``drop_last`` a batch larger than
+    the data is never full, so no step could run."""
+    size = config.data.batch_size
+    if config.data.drop_last and size > len(dataset):
+        problems.append(
+            (
+                "data.batch_size",
+                f"{size} is larger than the {len(dataset)} prompts of data.path ({dataset.source}), so no batch is "
+                "ever full; lower data.batch_size or set data.drop_last=false",
+            )
+        )
+
+
 def _environment_tools(factory: Callable[[], Any], timeout_s: float | None) -> list[dict[str, Any]]:
     """The tool specs (``tools``) of one environment built by ``factory``; a constructor
     that raises is the environment's problem, named as such. Its ``close()`` gets
@@ -447,6 +461,8 @@ def preflight(
     if "validation.path" in result.datasets:
         max_tokens = config.validation.max_tokens or config.sampling.max_tokens
         _fit("validation.path", result.datasets["validation.path"], config, max_tokens, problems, result.notes)
+    if "data.path" in result.datasets:
+        _batch_fits(result.datasets["data.path"], config, problems)
     if problems:
         raise ConfigError(problems, "the job's data and reward (nothing was trained or changed)")
     if config.sampling.n > LARGE_GROUP:
