@@ -26,6 +26,10 @@ Two calling conventions are accepted:
   (logged as ``reward/<name>``) and ``log_extra(column, values)`` (a column of
   ``completions.jsonl``): :class:`RewardContext`.
 
+Either may be ``async def`` (TRL awaits async reward functions): each call then runs to
+completion on an event loop of its own (:func:`awaited`); a batched one is awaited once per
+batch, a per-sample one once per sample.
+
 A function is batched when it says so (``reward.batched = true``, or a ``batched = True``
 attribute, e.g. from :func:`batched_reward`) or when its first parameter is named
 ``prompts``, ``completions`` or ``environments``.
@@ -39,6 +43,9 @@ own (``reward/<name>/mean``, over the samples it scored).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -131,6 +138,31 @@ class RewardTerm:
     the ground truths under this name too, as TRL passes every column by its own name."""
 
 
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` returns a coroutine: an ``async def`` function, or an object
+    whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def awaited(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A plain function that calls async ``fn`` and returns what its coroutine returns, run
+    on a new event loop each call (rewards are called from worker threads, where no loop
+    runs; in a thread that runs one, a notebook's, the coroutine gets a thread of its own).
+    ``fn``'s signature and attributes (``batched``) stay visible (``__wrapped__``)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        coroutine = fn(*args, **kwargs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no loop in this thread
+            return asyncio.run(coroutine)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="geartrain-async-reward") as pool:
+            return pool.submit(asyncio.run, coroutine).result()
+
+    return run
+
+
 def make_term(
     spec: Any,
     *,
@@ -151,6 +183,8 @@ def make_term(
     problem = signature_problem(raw, is_batched)
     if problem:
         raise GeartrainError(f"reward function '{label}': {problem}")
+    if is_async(raw):
+        raw = awaited(raw)
     fn = raw if is_batched else get_reward(raw)
     return RewardTerm(name=str(label), fn=fn, weight=float(weight), batched=is_batched, truth_column=truth_column)
 
