@@ -147,3 +147,28 @@ def test_a_pipe_or_a_device_is_named_as_such_not_as_missing(tmp_path: Path, tok)
         )
     with pytest.raises(DataError, match="no such data file"):
         PromptDataset(tmp_path / "absent.jsonl", tok, CFG)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_lone_surrogate_escape_is_named_not_a_tokenizer_traceback(tmp_path: Path, tok, suffix: str) -> None:
+    """Probe rerun for issue 35 item 13 (probes3): a JSON string escape ``\\ud800`` (half of a
+    UTF-16 pair, no character) parses, then the tokenizer raised a 31-line TypeError, exit 1.
+    The row is refused where it is read, naming the line and the key."""
+    good = {"question": "ab->", "answer": "ba"}
+    bad_line = '{"question": "a\\ud800b->", "answer": "ba"}'
+    path = tmp_path / f"rows{suffix}"
+    if suffix == ".jsonl":
+        path.write_text(json.dumps(good) + "\n" + bad_line + "\n")
+        where = "line 2"
+    else:
+        path.write_text("[" + json.dumps(good) + ",\n" + bad_line + "]\n")
+        where = "item 2"
+    with pytest.raises(DataError) as info:
+        PromptDataset(path, tok, CFG)
+    assert str(info.value) == (
+        f"{path}, {where}: 'question' holds a lone UTF-16 surrogate escape (\\ud800), which is no "
+        "character; write the character itself or a complete surrogate pair"
+    )
+    # a complete pair is a character and reads as one
+    path.write_text('{"question": "\\ud83d\\ude00->", "answer": "x"}\n')
+    assert [r.prompt for r in PromptDataset(path, tok, CFG).rows] == ["\U0001f600->"]

@@ -5,6 +5,7 @@ number (the line number for JSONL and CSV) for error messages. No downloads."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,33 @@ def _saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
 # without it the mark would glue onto the first JSON value or the first CSV column name.
 
 
+# A JSON escape of a UTF-16 surrogate (\\ud800-\\udfff). Decoded UTF-8 text holds no
+# surrogates, so only such an escape can put one in a row; alone (half a pair) it is no
+# character, and every tokenizer (and UTF-8 writer) refuses it far from the data file.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_lone_surrogates(where: str, row: Any, key: str | None = None) -> None:
+    """Raise :class:`DataError` naming ``where`` and the key if any string in ``row`` (a parsed
+    JSON value, walked through lists and objects) holds a lone surrogate; else return."""
+    if isinstance(row, str):
+        found = _LONE_SURROGATE.search(row)
+        if found:
+            name = f"{key!r}" if key is not None else "the row"
+            raise DataError(
+                f"{where}: {name} holds a lone UTF-16 surrogate escape (\\u{ord(found.group()):04x}), which is "
+                "no character; write the character itself or a complete surrogate pair"
+            )
+    elif isinstance(row, dict):
+        for k, v in row.items():
+            _refuse_lone_surrogates(where, k, key)
+            _refuse_lone_surrogates(where, v, key if key is not None else str(k))
+    elif isinstance(row, list):
+        for v in row:
+            _refuse_lone_surrogates(where, v, key)
+
+
 def _json(path: Path) -> Iterator[tuple[str, Any]]:
     text = path.read_text(encoding="utf-8-sig")
     if not text.lstrip().startswith("["):
@@ -141,8 +169,12 @@ def _json(path: Path) -> Iterator[tuple[str, Any]]:
         rows = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    escapes = _SURROGATE_ESCAPE.search(text) is not None
     for row_no, row in enumerate(rows, start=1):
-        yield f"{path}, item {row_no}", row
+        where = f"{path}, item {row_no}"
+        if escapes:
+            _refuse_lone_surrogates(where, row)
+        yield where, row
 
 
 def _csv(path: Path) -> Iterator[tuple[str, Any]]:
@@ -169,6 +201,8 @@ def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}, line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if _SURROGATE_ESCAPE.search(line):
+                _refuse_lone_surrogates(f"{path}, line {line_no}", row)
             yield f"{path}, line {line_no}", row
 
 
