@@ -295,3 +295,75 @@ def test_another_programs_metrics_jsonl_is_never_taken_for_a_runs(tmp_path: Path
         run_job(_config(out), overwrite=True)
     assert (out / "metrics.jsonl").read_text() == '{"epoch": 1, "loss": 0.5}\n'
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+
+
+def _finished_run_with(out: Path, *overrides: str) -> None:
+    """:func:`_finished_run` whose config.json has ``overrides``."""
+    _finished_run(out)
+    (out / "config.json").write_text(_config(out, *overrides).model_dump_json(indent=2))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "entry"),
+    [
+        ([], "wandb/run-1/files"),  # the run's loggers: tensorboard only
+        ([], "mlruns/0/meta.yaml"),
+        (["trainer.tensorboard=false"], "tensorboard/events.out.tfevents.1"),
+        (["trainer.export_hf=false"], "hf/model.safetensors"),
+        (["trainer.loggers=[mlflow]", "trainer.mlflow_tracking_uri=http://127.0.0.1:1"], "mlruns/0/meta.yaml"),
+    ],
+)
+@pytest.mark.parametrize("mode", ["overwrite", "resume"])
+def test_another_programs_logs_or_model_next_to_a_run_are_never_taken_for_its(
+    tmp_path: Path, overrides: list[str], entry: str, mode: str
+) -> None:
+    """Probe for issue 35 item 2 (probes2's leftover): ``hf/``, ``tensorboard/``, ``wandb/``
+    and ``mlruns/`` next to a finished run were set aside and deleted by ``--overwrite``
+    whoever wrote them; the run's config.json says which of them it writes."""
+    out = tmp_path / "run"
+    _finished_run_with(out, *overrides)
+    (out / entry).parent.mkdir(parents=True, exist_ok=True)
+    (out / entry).write_text("not geartrain's")
+    before = _tree(out)
+    name = entry.split("/")[0]
+    with pytest.raises(RunDirectoryError) as info:
+        run_job(_config(out), **{mode: True})
+    assert str(info.value).startswith(f"{out / name} holds what no training run wrote there"), info.value
+    assert "nothing was changed" in str(info.value)
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("hf/config.json", "no geartrain export wrote it"),
+        ("tensorboard/events.out.tfevents.1", "no run's config.json there accounts for it"),
+        ("mlruns/0/meta.yaml", "no run's config.json there accounts for it"),
+    ],
+)
+def test_a_project_directorys_model_or_logs_without_a_run_are_never_taken_for_a_runs(
+    tmp_path: Path, entry: str, why: str
+) -> None:
+    out = tmp_path / "project"
+    (out / entry).parent.mkdir(parents=True)
+    (out / entry).write_text("another program's")
+    before = _tree(out)
+    with pytest.raises(RunDirectoryError) as info:
+        run_job(_config(out), overwrite=True)
+    assert str(info.value).startswith(f"{out / entry.split('/')[0]} holds what no training run wrote there ({why}")
+    assert _tree(out) == before
+
+
+def test_a_runs_own_logs_and_export_are_its_to_overwrite(tmp_path: Path) -> None:
+    """The other side: what the run's config says it writes, and an ``hf/`` with an export
+    record (also ``geartrain export`` into a run made with export_hf = false), are its."""
+    out = tmp_path / "run"
+    _finished_run_with(out, "trainer.loggers=[tensorboard,wandb,mlflow]", "trainer.export_hf=false")
+    for entry in ("tensorboard/events.out.tfevents.1", "wandb/run-1/files", "mlruns/0/meta.yaml"):
+        (out / entry).parent.mkdir(parents=True, exist_ok=True)
+        (out / entry).write_text("the run's")
+    (out / "hf").mkdir()
+    (out / "hf" / "model.safetensors").write_text("weights")
+    (out / "hf" / ".geartrain-export.json").write_text('{"step": 4, "files": ["model.safetensors"]}')
+    RunDirectory(out, overwrite=True).check()
+    RunDirectory(out, resume=True).check()

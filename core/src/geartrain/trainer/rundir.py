@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geartrain.errors import GeartrainError
+from geartrain.trainer.export import EXPORT_RECORD
 from geartrain.trainer.runlock import RunLock, probe
 
 #: What a job writes into its output directory, and what kind of filesystem entry each is.
@@ -92,6 +93,65 @@ def foreign_checkpoints(path: Path) -> str | None:
         for entry in sorted(role.iterdir()):
             if not entry.name.startswith(("step_", ".partial-step_")):
                 return f"{role.name}/{entry.name}"
+    return None
+
+
+#: What marks ``hf/`` as a geartrain export made before export records existed: its model card.
+_MODEL_CARD_MARK = "trained with geartrain"
+
+
+def _run_writes(trainer: dict[str, object], name: str) -> bool:
+    """Whether a run whose config's ``trainer`` section is ``trainer`` writes the entry
+    ``name`` of its directory (``True`` where the section does not say: an older run's)."""
+    if name == "hf":
+        return trainer.get("export_hf") is not False
+    loggers = trainer.get("loggers")
+    if not isinstance(loggers, list):
+        return True
+    if name == "tensorboard":
+        return "tensorboard" in loggers and trainer.get("tensorboard") is not False
+    if name == "wandb":
+        return "wandb" in loggers
+    if name == "mlruns":  # MLflow's local store; a tracking URI puts it elsewhere
+        return "mlflow" in loggers and not trainer.get("mlflow_tracking_uri")
+    return True
+
+
+def _an_export(path: Path) -> bool:
+    """Whether the directory ``path`` is (or was made as) a geartrain export."""
+    if (path / EXPORT_RECORD).is_file():
+        return True
+    try:
+        return _MODEL_CARD_MARK in (path / "README.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def foreign_entry(path: Path) -> tuple[str, str] | None:
+    """The first of ``hf/``, ``tensorboard/``, ``wandb/`` and ``mlruns/`` in the directory
+    ``path`` that holds something its run did not write there, and why (``None``: none).
+    A run's ``config.json`` (written before anything else of the run) says which of them it
+    writes (its final export, its loggers); without one, none is a run's, except an ``hf/``
+    that is a geartrain export."""
+    trainer: dict[str, object] | None = None
+    config = path / "config.json"
+    if is_run_config(config):
+        section = json.loads(config.read_text(encoding="utf-8")).get("trainer")
+        trainer = section if isinstance(section, dict) else {}
+    for name in ("hf", "tensorboard", "wandb", "mlruns"):
+        entry = path / name
+        if not entry.is_dir() or entry.is_symlink() or not any(entry.iterdir()):
+            continue
+        if name == "hf" and _an_export(entry):
+            continue
+        if trainer is not None and not _run_writes(trainer, name):
+            return name, "the run there does not write it (its config.json turns that off)"
+        if trainer is None:
+            return name, (
+                f"no geartrain export wrote it (it has no {EXPORT_RECORD})"
+                if name == "hf"
+                else "no run's config.json there accounts for it"
+            )
     return None
 
 
@@ -198,6 +258,13 @@ class RunDirectory:
                 f"{checkpoints} holds what no training run saved there ({foreign}: another program's checkpoints?): "
                 "a run keeps its checkpoints/ there and --overwrite would remove it; nothing was changed. Choose "
                 "another trainer.output_dir"
+            )
+        if self.path.is_dir() and (foreign := foreign_entry(self.path)):
+            name, why = foreign
+            raise RunDirectoryError(
+                f"{self.path / name} holds what no training run wrote there ({why}; another program's?): a run "
+                f"keeps its own {name}/ there and --overwrite would remove it; nothing was changed. Move it away, "
+                "or choose another trainer.output_dir"
             )
         found = self.holds_run()
         if self.resume and os.path.lexists(self.path / SET_ASIDE):
