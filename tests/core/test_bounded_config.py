@@ -26,6 +26,9 @@ JOB = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.to
         ("cluster.call_timeout_s.step=1e300", "cluster.call_timeout_s.step", "less than or equal to 10000000"),
         ("cluster.startup_timeout_s=inf", "cluster.startup_timeout_s", "finite number"),
         ("actor.engine.optim.lr=nan", "actor.engine.optim.lr", "finite number"),
+        # probes3: torch.set_num_threads(100000) segfaulted the driver (exit 139) after
+        # --overwrite had set the previous run aside, and load went to 97
+        ("trainer.torch_threads=100000", "trainer.torch_threads", "less than or equal to 1024"),
     ],
 )
 def test_a_value_the_run_cannot_use_is_refused_by_its_key(override: str, key: str, says: str) -> None:
@@ -100,3 +103,18 @@ def test_the_largest_seed_is_one_every_generator_takes() -> None:
     assert first == MAX_SEED
     order = np.random.default_rng([MAX_SEED, 0]).permutation(5).tolist()
     assert sorted(order) == [0, 1, 2, 3, 4]
+
+
+def test_more_mini_batches_than_samples_is_refused() -> None:
+    """Probe rerun for issue 35 item 9 (probes3): ``algorithm.mini_batches=64`` with 4 prompts x
+    2 samples trained: 56 of the 64 optimizer steps had no sample, yet advanced the learning
+    rate schedule (its warm-up spent on nothing), and the step's actor metrics were averaged
+    over them (ratio_mean 0.125, sequences 0.125). Each optimizer step needs a sample."""
+    base = ["data.batch_size=4", "sampling.n=2", "sft.enabled=false"]
+    with pytest.raises(ConfigError) as info:
+        load_train_config(JOB, [*base, "algorithm.mini_batches=9"], check_plugins=False)
+    assert (
+        "algorithm.mini_batches (9) exceeds the samples of a step, data.batch_size (4) x sampling.n (2) = 8: "
+        "each mini-batch is one optimizer step and needs a sample; lower algorithm.mini_batches"
+    ) in str(info.value)
+    assert load_train_config(JOB, [*base, "algorithm.mini_batches=8"], check_plugins=False).algorithm.mini_batches == 8

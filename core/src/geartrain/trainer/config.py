@@ -467,8 +467,9 @@ class TrainerConfig(Section):
     free_memory: bool = False
     """Hybrid engine: offload the actor while the rollout generates and release the rollout
     while the actor trains (each switch measured in the step's metrics)."""
-    torch_threads: int | None = Field(None, ge=1)
-    """``torch.set_num_threads`` for the driver process (``None``: torch's default)."""
+    torch_threads: int | None = Field(None, ge=1, le=1024)
+    """``torch.set_num_threads`` for the driver process (``None``: torch's default); at most
+    1024 (100000 threads crashed the process)."""
     async_rollout: bool = False
     """Overlap generation with training (one-step off-policy): the rollout generates the
     next steps' samples on a thread of its own, with the weights of an earlier step, while
@@ -901,6 +902,13 @@ class TrainConfig(Section):
                 f"algorithm.advantage = '{algo.estimator}' takes its baseline from the other samples of the "
                 f"same prompt, so with sampling.n = {self.sampling.n} it would train with no baseline at all: "
                 "set sampling.n >= 2, or choose an estimator that needs no group (reinforce_plus_plus, or remax)"
+            )
+        samples = self.data.batch_size * self.sampling.n
+        if algo.mini_batches > samples:
+            raise ValueError(
+                f"algorithm.mini_batches ({algo.mini_batches}) exceeds the samples of a step, data.batch_size "
+                f"({self.data.batch_size}) x sampling.n ({self.sampling.n}) = {samples}: each mini-batch is one "
+                "optimizer step and needs a sample; lower algorithm.mini_batches"
             )
         if algo.overlong_buffer is not None and algo.overlong_buffer > self.sampling.max_tokens:
             raise ValueError(
