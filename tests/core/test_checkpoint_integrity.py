@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from geartrain import CheckpointError, CheckpointManager, load_state, save_state
+from geartrain.checkpoint import MARKER
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,3 +183,24 @@ def test_a_checkpoint_renamed_to_another_step_is_passed_over_naming_both_steps(t
         CheckpointManager.check_complete(tmp_path / "step_00000009")
     mgr.save(4, lambda d: (d / "state.bin").write_bytes(b"x"))  # no record (another writer): passes
     assert CheckpointManager.check_complete(tmp_path / "step_00000004") == tmp_path / "step_00000004"
+
+
+def test_a_newer_step_without_its_marker_is_said_when_passed_over(tmp_path: Path) -> None:
+    """Probe rerun for issue 35 item 5 (probes3): the newest checkpoint with its COMPLETE
+    marker removed was passed over in silence by ``export`` (which exported the step before)
+    and ``--resume`` (which resumed from it and later deleted the unmarked directory)."""
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2):
+        mgr.save(step, _writer(step))
+    (tmp_path / "step_00000002" / MARKER).unlink()
+    said: list[str] = []
+    assert mgr.latest_intact(said.append) == tmp_path / "step_00000001"
+    assert said == [
+        f"checkpoint {tmp_path / 'step_00000002'} is damaged: it has no COMPLETE marker (cut off mid-write, or "
+        "the marker was removed); falling back to the newest complete one"
+    ]
+    (tmp_path / "step_00000001" / MARKER).unlink()
+    said.clear()
+    assert mgr.latest_intact(said.append) is None
+    assert [line.rsplit("; ", 1)[1] for line in said] == ["no complete checkpoint is left"] * 2
+    assert [Path(line.split()[1]).name for line in said] == ["step_00000002", "step_00000001"]

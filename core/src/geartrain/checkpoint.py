@@ -134,6 +134,24 @@ class CheckpointManager:
         found = [p for p in self.root.iterdir() if p.name.startswith(_PREFIX) and (p / MARKER).exists()]
         return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 
+    def incomplete(self, newer_than: Path | None = None) -> list[Path]:
+        """Step directories (``step_N``) without the marker, newest first, only those of a
+        later step than ``newer_than`` when given: a save cut off outside the partial
+        directory, or a checkpoint whose marker was removed. Partial saves are not listed."""
+        if not self.root.exists():
+            return []
+        floor = self.step_of(newer_than) if newer_than is not None else -1
+        found = [
+            p
+            for p in self.root.iterdir()
+            if p.is_dir()
+            and p.name.startswith(_PREFIX)
+            and p.name[len(_PREFIX) :].isdigit()
+            and not (p / MARKER).exists()
+            and self.step_of(p) > floor
+        ]
+        return sorted(found, key=self.step_of, reverse=True)
+
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or ``None``."""
         done = self.complete()
@@ -147,6 +165,12 @@ class CheckpointManager:
         damaged checkpoint passed over is reported through ``echo``, naming the file.
         Raises :class:`CheckpointError` when checkpoints exist but none is intact."""
         done = self.complete()
+        for path in self.incomplete(newer_than=done[-1] if done else None):
+            older = "falling back to the newest complete one" if done else "no complete checkpoint is left"
+            echo(
+                f"checkpoint {path} is damaged: it has no {MARKER} marker (cut off mid-write, or the marker was "
+                f"removed); {older}"
+            )
         for path in reversed(done):
             problems = verify_manifest(path, exclude=_NOT_IN_MANIFEST) or misnamed(path)
             problems += also(path) if also is not None else []
