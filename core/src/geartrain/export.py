@@ -22,6 +22,10 @@ from geartrain.gguf_source import find_gguf, materialize
 if TYPE_CHECKING:
     import torch
 
+#: What an export writes next to the model (``geartrain export`` and a run's final export): the
+#: step and checkpoint it came from and its files, so that a run directory knows its ``hf/``.
+EXPORT_RECORD = ".geartrain-export.json"
+
 #: the largest ``model-*.safetensors`` file :func:`write_safetensors` writes (transformers' default is 5 GB)
 SHARD_BYTES = 4 << 30
 

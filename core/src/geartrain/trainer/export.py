@@ -25,10 +25,7 @@ from typing import Any
 from geartrain.checkpoint import CheckpointManager, export_disk_full
 from geartrain.config import EngineConfig, ModelConfig
 from geartrain.errors import CheckpointError, GeartrainError
-from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
-
-#: What an export writes next to the model: the step and checkpoint it came from and its files.
-EXPORT_RECORD = ".geartrain-export.json"
+from geartrain.export import EXPORT_RECORD, ModelCard, base_model_name, finish_adapter_export, finish_hf_export
 
 
 class ExportError(GeartrainError):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geartrain.errors import GeartrainError
-from geartrain.trainer.export import EXPORT_RECORD
+from geartrain.export import EXPORT_RECORD
 from geartrain.trainer.runlock import RunLock, probe
 
 #: What a job writes into its output directory, and what kind of filesystem entry each is.
