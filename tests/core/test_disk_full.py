@@ -181,3 +181,35 @@ def test_a_write_error_with_its_own_cause_or_a_pseudo_file_system_is_not_a_full_
     assert not disk_is_full(OSError(errno.ENOENT, "No such file or directory", "/proc/x"), "/proc")
     assert not disk_is_full(RuntimeError("a writer that lost the errno"), "/proc")
     assert disk_is_full(OSError(errno.ENOSPC, "No space left on device"), "/proc")
+
+
+@pytest.fixture
+def file_size_limit():  # noqa: ANN201
+    """This process's file size limit (``ulimit -f``) at 1 MiB for the test, then back."""
+    import resource
+    import signal
+
+    assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN  # Python's default: a write fails with EFBIG
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    yield 1 << 20
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@pytest.mark.parametrize("writer", [_file_writer, _torch_writer], ids=["os-write", "torch-save"])
+def test_a_file_size_limit_is_one_line_naming_it(tmp_path: Path, file_size_limit: int, writer) -> None:  # noqa: ANN001
+    """Probe rerun for issue 35 item 6 (probes3): under ``ulimit -f 2000`` a run's first
+    checkpoint was a 91-line traceback (torch's zip writer: 'unexpected pos'), exit 1, with
+    ``.partial-step_00000000`` left: the disk had space, so it was not taken for a full one."""
+    mgr = CheckpointManager(tmp_path / "ckpt", keep_last=2)
+    mgr.save(1, lambda d: (d / "small.bin").write_bytes(b"\x01" * 1000))
+    before = _tree(tmp_path / "ckpt")
+    with pytest.raises(DiskFullError) as info:
+        mgr.save(2, writer(2))
+    assert str(info.value) == (
+        f"no space left on {device_of(tmp_path / 'ckpt')} (or this process's file size limit, ulimit -f, "
+        f"of {file_size_limit} bytes reached) while saving step 2; the last complete checkpoint is step 1 "
+        f"({tmp_path / 'ckpt' / 'step_00000001'}). Free space there (or lower trainer.keep_last), then continue "
+        "with --resume"
+    )
+    assert _tree(tmp_path / "ckpt") == before  # the partial save is gone, step 1 untouched

@@ -119,11 +119,11 @@ class CheckpointManager:
         last = self.latest()
         if last is None:  # nothing to resume (after an --overwrite, the previous run is put back): start again
             raise DiskFullError(
-                f"no space left on {device_of(self.root)} while saving step {step}; no checkpoint was completed in "
+                f"{no_space_on(self.root)} while saving step {step}; no checkpoint was completed in "
                 f"{self.root}. Free space there, then start again with --overwrite"
             )
         raise DiskFullError(
-            f"no space left on {device_of(self.root)} while saving step {step}; the last complete checkpoint is step "
+            f"{no_space_on(self.root)} while saving step {step}; the last complete checkpoint is step "
             f"{self.step_of(last)} ({last}). Free space there (or lower trainer.keep_last), then continue with --resume"
         )
 
@@ -256,19 +256,51 @@ class DiskFullError(CheckpointError):
 _FULL_BELOW = 1 << 20
 
 
+def file_size_limit() -> int | None:
+    """This process's file size limit in bytes (``ulimit -f``; a write past it fails with
+    EFBIG, as Python ignores SIGXFSZ), or ``None`` when there is none."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _a_file_at(where: Path, size: int) -> bool:
+    """Whether a file under ``where`` (or ``where`` itself) has at least ``size`` bytes."""
+    try:
+        files = [where] if where.is_file() else where.rglob("*")
+        return any(f.is_file() and f.stat().st_size >= size for f in files)
+    except OSError:
+        return False
+
+
+def no_space_on(where: str | Path) -> str:
+    """How a failed write for want of space under ``where`` is said: ``no space left on
+    <device>``, naming the file size limit too when the process has one."""
+    said = f"no space left on {device_of(where)}"
+    limit = file_size_limit()
+    if limit is not None:
+        said += f" (or this process's file size limit, ulimit -f, of {limit} bytes reached)"
+    return said
+
+
 def disk_is_full(exc: BaseException, where: str | Path) -> bool:
-    """Whether ``exc`` (raised while writing under ``where``) is a full disk: an ENOSPC in
-    its chain, or, as writers that lose the errno leave it, almost no space left there (an
-    ``OSError`` with another errno in the chain, or a file system without blocks such as
-    ``/proc``, is not one)."""
+    """Whether ``exc`` (raised while writing under ``where``) is a full disk: an ENOSPC (or
+    a used-up quota, EDQUOT, or the file size limit, EFBIG) in its chain; or, as writers
+    that lose the errno leave it, a file under ``where`` stopped at the process's file size
+    limit, or almost no space left there (an ``OSError`` with another errno in the chain, or
+    a file system without blocks such as ``/proc``, is not one)."""
     chain = list(exception_chain(exc))
     for e in chain:
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return True
         if "No space left on device" in str(e):
             return True
     if any(isinstance(e, OSError) and e.errno is not None for e in chain):
         return False  # an error that says its own cause (no such directory, permission denied, ...)
+    limit = file_size_limit()
+    if limit is not None and _a_file_at(Path(where), limit):
+        return True  # a writer that lost the errno under ``ulimit -f``: a file stopped at the limit
     try:
         stat = os.statvfs(Path(where))
     except OSError:
@@ -296,7 +328,7 @@ def export_disk_full(exc: BaseException, path: Path, source: str | Path) -> Disk
         return None
     shutil.rmtree(path, ignore_errors=True)
     return DiskFullError(
-        f"no space left on {device_of(path.parent)} while exporting the model to {path} (the partial export was "
+        f"{no_space_on(path.parent)} while exporting the model to {path} (the partial export was "
         f"removed; the checkpoints are untouched); free space there, then: geartrain export {source} {path}"
     )
 
@@ -313,7 +345,7 @@ def run_disk_full(exc: BaseException, output_dir: Path, checkpoint: int | None) 
         if checkpoint is not None
         else "no checkpoint was completed; free space there, then start again with --overwrite"
     )
-    where = f"no space left on {device_of(output_dir)} while writing the run's files in {output_dir}"
+    where = f"{no_space_on(output_dir)} while writing the run's files in {output_dir}"
     return DiskFullError(f"{where}; {kept}")
 
 
