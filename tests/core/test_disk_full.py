@@ -213,3 +213,22 @@ def test_a_file_size_limit_is_one_line_naming_it(tmp_path: Path, file_size_limit
         "with --resume"
     )
     assert _tree(tmp_path / "ckpt") == before  # the partial save is gone, step 1 untouched
+
+
+def test_a_file_size_limit_under_the_hf_export_is_one_line(tmp_path: Path, file_size_limit: int) -> None:
+    """Probe rerun for issue 35 item 6 (probes3): ``geartrain export`` under ``ulimit -f 600``
+    was a 43-line traceback (safetensors' own error, 'File too large (os error 27)', carries no
+    errno) and left the partial export."""
+    from geartrain.checkpoint import export_disk_full
+    from geartrain.export import write_safetensors
+
+    out = tmp_path / "hf"
+    out.mkdir()
+    with pytest.raises(Exception) as info:
+        write_safetensors(out, [("w", torch.ones(1 << 19))])  # 2 MiB
+    error = export_disk_full(info.value, out, "run")
+    assert error is not None and str(error).startswith(
+        f"no space left on {device_of(tmp_path)} (or this process's file size limit, ulimit -f, of "
+        f"{file_size_limit} bytes reached) while exporting the model to {out} (the partial export was removed"
+    )
+    assert not out.exists()

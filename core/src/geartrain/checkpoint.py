@@ -294,8 +294,8 @@ def disk_is_full(exc: BaseException, where: str | Path) -> bool:
     for e in chain:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return True
-        if "No space left on device" in str(e):
-            return True
+        if any(text in str(e) for text in ("No space left on device", "Disk quota exceeded", "File too large")):
+            return True  # the strerror of ENOSPC, EDQUOT, EFBIG in a writer's own error (safetensors')
     if any(isinstance(e, OSError) and e.errno is not None for e in chain):
         return False  # an error that says its own cause (no such directory, permission denied, ...)
     limit = file_size_limit()
