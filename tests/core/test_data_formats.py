@@ -172,3 +172,33 @@ def test_a_lone_surrogate_escape_is_named_not_a_tokenizer_traceback(tmp_path: Pa
     # a complete pair is a character and reads as one
     path.write_text('{"question": "\\ud83d\\ude00->", "answer": "x"}\n')
     assert [r.prompt for r in PromptDataset(path, tok, CFG).rows] == ["\U0001f600->"]
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        (
+            "{{ cycler.__init__.__globals__.os.system('touch PWNED') }}",
+            "(SecurityError: access to attribute '__init__' of 'type' object is unsafe.)",
+        ),
+        ("{% for m in messages %}{{ m['content'] }", "(TemplateSyntaxError: "),
+        ("{{ raise_exception('roles must alternate user/assistant') }}", "(TemplateError: roles must alternate"),
+    ],
+    ids=["sandbox", "syntax", "raise_exception"],
+)
+def test_a_chat_template_that_fails_is_one_line_naming_the_row(tmp_path: Path, template: str, says: str) -> None:
+    """Probe rerun for issue 35 items 1 and 13 (probes3): a model directory whose chat template
+    reaches for ``os.system`` ran no code (transformers renders in jinja's sandbox), but
+    ``geartrain check`` ended in a 53-line traceback (SecurityError), exit 1; so did a template
+    with a syntax error, or one that refuses a row with ``raise_exception``."""
+    tok = tiny_tokenizer()
+    tok.chat_template = template
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"question": "ab->", "answer": "ba"}) + "\n")
+    cfg = DataConfig.model_validate({"prompt_key": "question", "answer_key": "answer", "apply_chat_template": True})
+    with pytest.raises(DataError) as info:
+        PromptDataset(path, tok, cfg)
+    text = str(info.value)
+    assert text.startswith(f"{path}, line 1: the tokenizer's chat template failed on this row {says}"), text
+    assert text.endswith("or set data.apply_chat_template=false")
+    assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()

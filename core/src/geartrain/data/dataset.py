@@ -279,13 +279,22 @@ class PromptDataset:
         # a conversation ending with an assistant message is a prefix the model continues
         # (TRL's continue_final_message), not a turn followed by a new assistant header
         last_is_assistant = messages[-1]["role"] == "assistant"
-        return tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=not last_is_assistant,
-            continue_final_message=last_is_assistant,
-            tokenize=False,
-            **extra,
-        )
+        from jinja2 import TemplateError
+
+        try:
+            return tokenizer.apply_chat_template(
+                messages,
+                add_generation_prompt=not last_is_assistant,
+                continue_final_message=last_is_assistant,
+                tokenize=False,
+                **extra,
+            )
+        except TemplateError as exc:  # the template's own raise_exception, a syntax error, the sandbox's refusal
+            raise DataError(
+                f"{parsed.where}: the tokenizer's chat template failed on this row ({type(exc).__name__}: {exc}); "
+                "fix the template (chat_template.jinja or tokenizer_config.json of the model) or the row, or set "
+                "data.apply_chat_template=false"
+            ) from None
 
 
 def _warn_unknown_characters(
