@@ -291,3 +291,25 @@ def test_an_environment_method_that_returns_no_result_is_refused_at_once(
     assert rc == 2, err
     assert f"rollout.agent.environment = '{env}:Odd': Odd.{kind}; geartrain calls an environment's methods" in err, err
     assert "make it a plain def" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("opening", [False, True], ids=["bridge", "opening"])
+def test_a_chat_template_that_fails_is_one_error_naming_the_setting(tmp_path: Path, opening: bool) -> None:
+    """Probe rerun for issue 35 items 1 and 7 (probes3): an agent job with
+    rollout.agent.chat_template = true on a model whose chat_template.jinja reaches for
+    ``os.system`` ran no code (jinja's sandbox) but ended in a 79-line SecurityError
+    traceback from the rank, exit 1. Now a GeartrainError (one line, exit 2) naming the fix."""
+    from geartrain.agents import chat_bridge
+    from geartrain.agents.formats import chat_opening
+    from geartrain.errors import GeartrainError
+
+    tok = tiny_tokenizer()
+    tok.chat_template = "{{ cycler.__init__.__globals__.os.system('touch " + str(tmp_path / "PWNED") + "') }}"
+    with pytest.raises(GeartrainError) as info:
+        (chat_opening if opening else chat_bridge)(tok, ["observation"])
+    assert str(info.value) == (
+        "the tokenizer's chat template failed (SecurityError: access to attribute '__init__' of 'type' object is "
+        "unsafe.); fix the template (chat_template.jinja or tokenizer_config.json of the model), or set "
+        "rollout.agent.chat_template = false to append observations as plain text"
+    )
+    assert not (tmp_path / "PWNED").exists()

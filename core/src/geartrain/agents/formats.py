@@ -167,6 +167,22 @@ def get_call_format(spec: str | CallFormat) -> CallFormat:
 _SENTINEL = "\x1fGEARTRAIN_TURN\x1f"
 
 
+def _render(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> str:
+    """``tokenizer.apply_chat_template(messages, **kwargs)``; a template that fails (jinja's
+    sandbox refusing an attribute, a syntax error, the template's own ``raise_exception``) is
+    a :class:`GeartrainError` naming the setting that turns it off."""
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, **kwargs)
+    except TemplateError as exc:
+        raise GeartrainError(
+            f"the tokenizer's chat template failed ({type(exc).__name__}: {exc}); fix the template "
+            "(chat_template.jinja or tokenizer_config.json of the model), or set rollout.agent.chat_template = false "
+            "to append observations as plain text"
+        ) from None
+
+
 def chat_bridge(tokenizer: Any, contents: Sequence[str], role: str = "tool") -> str:
     """The text a chat template puts between the end of an assistant turn's content and
     the start of the next assistant turn's content, with one ``role`` message per entry of
@@ -174,8 +190,8 @@ def chat_bridge(tokenizer: Any, contents: Sequence[str], role: str = "tool") -> 
     render an assistant turn as a prefix of the longer conversation."""
     base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
     longer = base + [{"role": role, "content": c} for c in contents]
-    text = tokenizer.apply_chat_template(longer, tokenize=False, add_generation_prompt=True)
-    head = tokenizer.apply_chat_template(base, tokenize=False)
+    text = _render(tokenizer, longer, tokenize=False, add_generation_prompt=True)
+    head = _render(tokenizer, base, tokenize=False)
     cut = head.find(_SENTINEL)
     if cut < 0 or not text.startswith(head[: cut + len(_SENTINEL)]):
         raise GeartrainError(
@@ -193,10 +209,10 @@ def chat_opening(tokenizer: Any, contents: Sequence[str], role: str = "tool") ->
     opening). Raises :class:`GeartrainError` when the template does not render the shorter
     conversation as a prefix of the longer one."""
     base = [{"role": "user", "content": _SENTINEL}]
-    closed = tokenizer.apply_chat_template(base, tokenize=False)
-    opened = tokenizer.apply_chat_template(base, tokenize=False, add_generation_prompt=True)
-    longer = tokenizer.apply_chat_template(
-        base + [{"role": role, "content": c} for c in contents], tokenize=False, add_generation_prompt=True
+    closed = _render(tokenizer, base, tokenize=False)
+    opened = _render(tokenizer, base, tokenize=False, add_generation_prompt=True)
+    longer = _render(
+        tokenizer, base + [{"role": role, "content": c} for c in contents], tokenize=False, add_generation_prompt=True
     )
     if not (opened.startswith(closed) and longer.startswith(closed)):
         raise GeartrainError(
@@ -213,7 +229,5 @@ def user_turn_tail(tokenizer: Any) -> str:
     the last user message, as TRL does with an environment's ``reset`` observation."""
     if not getattr(tokenizer, "chat_template", None):
         return ""
-    opened = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
-    )
+    opened = _render(tokenizer, [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True)
     return opened.split(_SENTINEL, 1)[1] if _SENTINEL in opened else ""
