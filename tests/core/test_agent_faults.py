@@ -313,3 +313,28 @@ def test_a_chat_template_that_fails_is_one_error_naming_the_setting(tmp_path: Pa
         "rollout.agent.chat_template = false to append observations as plain text"
     )
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_base_exception_in_an_environment_ends_its_episode_not_the_process() -> None:
+    """Probe rerun for issue 35 item 7 (probes3): a step raising a BaseException that is not
+    an Exception (asyncio's CancelledError from an environment's own event loop, a library's
+    own) killed the rank with a 66-line traceback, exit 1; a final_reward calling sys.exit
+    went the same way. Each now ends its episode as an error."""
+    import asyncio
+
+    class Cancelled(Raises):
+        def step(self, action: str) -> StepResult:
+            raise asyncio.CancelledError("the sandbox's loop was closed")
+
+    ep, _, _ = _run(Cancelled, ["1"])
+    assert ep.finish == "error" and ep.error == "CancelledError: the sandbox's loop was closed"
+
+    class ExitsScoring(Raises):
+        def step(self, action: str) -> StepResult:
+            return StepResult(observation=None, done=True)
+
+        def final_reward(self) -> float:
+            sys.exit(5)
+
+    ep, _, _ = _run(ExitsScoring, ["1"])
+    assert ep.finish == "error" and ep.error == "SystemExit: 5"

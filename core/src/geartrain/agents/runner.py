@@ -193,7 +193,9 @@ class EpisodeRunner:
             return None, None
         try:
             return _within(self.step_timeout_s, "final_reward", lambda _: final_reward(), None), None
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # sys.exit, asyncio's CancelledError: this episode's error, not the job's
             return None, exc
 
     def _score_truncated(self, ep: Episode) -> None:
@@ -420,6 +422,10 @@ class EpisodeRunner:
             return self._fail(ep, f"{type(exc).__name__}: {exc}", what, exc)
         except SystemExit as exc:  # sys.exit in an environment ends its episode, not the training process
             return self._fail(ep, f"SystemExit: {what} called sys.exit({exc.code!r})", what, exc)
+        except BaseException as exc:  # asyncio's CancelledError, a library's own BaseException: the episode's
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C stays Ctrl-C
+                raise
+            return self._fail(ep, f"{type(exc).__name__}: {exc}", what, exc)
         if what == "truncated":
             self._finish(ep, "truncated", truncated=True)
             return False
