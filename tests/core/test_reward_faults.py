@@ -108,3 +108,32 @@ def test_check_names_a_function_calling_sys_exit_at_once(geartrain, tmp_path: Pa
     )
     assert proc.returncode == 2, proc.stderr
     assert "'reward.py:leaves' raised RewardExit: the reward function called sys.exit(4)" in proc.stderr, proc.stderr
+
+
+def cancelled(response: str, ground_truth: str) -> float:
+    import asyncio
+
+    if response == "5":
+        raise asyncio.CancelledError("the judge's loop was closed")
+    return float(response == ground_truth)
+
+
+def test_a_function_raising_another_base_exception_fails_its_sample_and_the_job_goes_on(caplog: Any) -> None:
+    """Probe rerun for issue 35 item 8 (probes3): a reward function raising asyncio's
+    CancelledError (a BaseException, from its own event loop) ended geartrain check with a
+    traceback, exit 1. It is a failure of that sample, said as such, and the others score."""
+    for timeout_s in (None, 300.0):
+        scorer = RewardScorer([make_term(cancelled, name="cancelled")], timeout_s=timeout_s)
+        with caplog.at_level(logging.WARNING, logger="geartrain.rewards"):
+            result = scorer.score(["4", "5", "4"], ["4", "4", "4"])
+        assert result.scores.tolist() == [1.0, 0.0, 1.0] and result.errors == [1], timeout_s
+        assert "RewardExit: the reward function raised CancelledError: the judge's loop was closed" in caplog.text
+        caplog.clear()
+
+
+def test_check_names_a_function_raising_another_base_exception(geartrain, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    body = "import asyncio\ndef judge(response, ground_truth):\n    raise asyncio.CancelledError('closed')\n"
+    proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:judge"\n')), "--no-plugins")
+    assert proc.returncode == 2, proc.stderr
+    assert "'reward.py:judge' raised RewardExit: the reward function raised CancelledError: closed" in proc.stderr
+    assert "Traceback" not in proc.stderr

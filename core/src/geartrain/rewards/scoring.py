@@ -202,9 +202,16 @@ class RewardExit(RuntimeError):
     timeout after ``reward.timeout_s``, or end the job where no timeout is set)."""
 
 
-def exited(exc: SystemExit) -> RewardExit:
-    """The :class:`RewardExit` for ``exc``, saying the code it exited with."""
-    return RewardExit(f"the reward function called sys.exit({exc.code!r})")
+def exited(exc: BaseException) -> RewardExit:
+    """The :class:`RewardExit` for ``exc``: a ``SystemExit`` (saying the code it exited with)
+    or another ``BaseException`` that is no ``Exception`` (asyncio's ``CancelledError`` from
+    the function's own event loop, a library's own); ``KeyboardInterrupt`` is raised again
+    (Ctrl-C stays Ctrl-C)."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    if isinstance(exc, SystemExit):
+        return RewardExit(f"the reward function called sys.exit({exc.code!r})")
+    return RewardExit(f"the reward function raised {type(exc).__name__}: {exc}")
 
 
 def run_within(n: int, call: Callable[[int], Any], timeout_s: float | None, name: str) -> list[Any]:
@@ -301,8 +308,8 @@ class RewardScorer:
             return _parse_or_absent(term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i])))
         except Exception as exc:  # a user function's bug must not stop the run
             return exc
-        except SystemExit as exc:  # nor its sys.exit, which would end the scoring thread silently (a "timeout")
-            return exited(exc)
+        except BaseException as exc:  # nor its sys.exit (or another BaseException), which would end the
+            return exited(exc)  # scoring thread silently (a "timeout")
 
     def _run(self, n: int, call: Callable[[int], Any]) -> list[Any]:
         """``call(i)`` for each unit; the results before the deadline, in order."""
@@ -554,7 +561,7 @@ def probe_term(
             return True, term.fn(responses[i], truths[i], prompt=prompts[i], meta=dict(metas[i]))
         except Exception as exc:
             return False, exc
-        except SystemExit as exc:
+        except BaseException as exc:  # sys.exit, asyncio's CancelledError (Ctrl-C is raised again)
             return False, exited(exc)
 
     calls = 1 if term.batched else len(responses)
