@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -367,3 +368,20 @@ def test_a_runs_own_logs_and_export_are_its_to_overwrite(tmp_path: Path) -> None
     (out / "hf" / ".geartrain-export.json").write_text('{"step": 4, "files": ["model.safetensors"]}')
     RunDirectory(out, overwrite=True).check()
     RunDirectory(out, resume=True).check()
+
+
+def test_a_dangling_symlink_as_output_dir_or_export_target_is_named_as_such(tmp_path: Path) -> None:
+    """Probe rerun for issue 35 items 4 and 11 (probes3): ``geartrain export RUN LINK`` with a
+    symbolic link to a path that does not exist said 'LINK is a file, not a directory'."""
+    from geartrain.trainer.export import ExportError, check_target
+
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere" / "x")
+    expected = f"is a symbolic link to {tmp_path / 'nowhere' / 'x'}, which does not exist; choose another"
+    with pytest.raises(RunDirectoryError, match=re.escape(expected)):
+        RunDirectory(link).check()
+    run = tmp_path / "run"
+    (run / "checkpoints" / "actor" / "step_00000001").mkdir(parents=True)
+    with pytest.raises(ExportError, match=re.escape(expected)):
+        check_target(link, run, run / "checkpoints" / "actor" / "step_00000001", overwrite=False)
+    assert not (tmp_path / "nowhere").exists()

@@ -84,6 +84,10 @@ def check_target(
         saved = any((parent / name).is_file() for name in ("COMPLETE", "MANIFEST.json", "engine.json"))
         if in_run or saved or parent.name.startswith(".partial-step_"):
             raise ExportError(f"{where} is inside a checkpoint directory ({parent}); choose another directory")
+    if out.is_symlink() and not out.exists():
+        raise ExportError(
+            f"{where} is a symbolic link to {os.readlink(out)}, which does not exist; choose another directory"
+        )
     if os.path.lexists(out) and not out.is_dir():
         raise ExportError(f"{where} is a file, not a directory; choose another directory")
     if out.is_dir() and _holds_run(out):

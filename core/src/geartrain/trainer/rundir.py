@@ -200,6 +200,11 @@ class RunDirectory:
         where = f"trainer.output_dir '{self.path}'"
         if self.resume and self.overwrite:
             raise RunDirectoryError("--resume and --overwrite exclude each other: continue the run or replace it")
+        if self.path.is_symlink() and not self.path.exists():
+            raise RunDirectoryError(
+                f"{where} is a symbolic link to {os.readlink(self.path)}, which does not exist; "
+                "choose another trainer.output_dir"
+            )
         if os.path.lexists(self.path) and not self.path.is_dir():
             raise RunDirectoryError(f"{where} is a file, not a directory; choose another trainer.output_dir")
         if self.lock is None:
