@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from geartrain.rewards import RewardResult, RewardScorer, make_term
 from test_reward_contract import _job, geartrain  # noqa: F401 - the fixture
 
@@ -137,3 +138,20 @@ def test_check_names_a_function_raising_another_base_exception(geartrain, tmp_pa
     assert proc.returncode == 2, proc.stderr
     assert "'reward.py:judge' raised RewardExit: the reward function raised CancelledError: closed" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_decimal_score_is_a_number() -> None:
+    """Probe rerun for issue 35 item 8 (probes3): a reward returning ``Decimal("0.5")`` was
+    refused as 'not a number' while ``Fraction(1, 3)`` was taken (numbers.Real leaves Decimal
+    out). A finite Decimal scores; a non-finite one (NaN, sNaN, Infinity) is refused."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    from geartrain.rewards.scoring import parse_output
+
+    assert parse_output(Decimal("0.5")) == (0.5, {})
+    assert parse_output({"score": Decimal("-2"), "len": Decimal("3")})[0] == -2.0
+    assert parse_output(Fraction(1, 4)) == (0.25, {})
+    for bad in ("NaN", "sNaN", "Infinity"):
+        with pytest.raises(ValueError, match="not finite"):
+            parse_output(Decimal(bad))

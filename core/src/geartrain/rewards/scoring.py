@@ -20,6 +20,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from numbers import Real
 from typing import Any
 
@@ -187,7 +188,10 @@ def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
         score, extras = output, {}
     if isinstance(score, torch.Tensor) and score.numel() == 1:
         score = score.item()
-    if not isinstance(score, Real):
+    if isinstance(score, Decimal):  # a number too (numbers.Real leaves it out); sNaN has no float
+        if not score.is_finite():
+            raise _BadOutput(f"reward score is not finite ({score})")
+    elif not isinstance(score, Real):
         raise _BadOutput(f"reward score is {type(score).__name__}, not a number")
     score = float(score)
     if not math.isfinite(score):
