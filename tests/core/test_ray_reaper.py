@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 DRIVER = """
-import os, subprocess, sys
+import os, subprocess, sys, time
 from pathlib import Path
 from geartrain.cluster.ray_reaper import start_reaper, stop_reaper
 session = os.environ["SESSION"]  # not in the driver's own command line, as with Ray
@@ -28,9 +28,20 @@ raylet = subprocess.Popen([sys.executable, "-c",
 worker = int(raylet.stdout.readline())  # the worker exists from here on
 agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"--session_dir={session}"])
 pipe = start_reaper(session)
-reaper = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and p.name != str(os.getpid())
-          and b"geartrain.cluster.ray_reaper" in (p / "cmdline").read_bytes()
-          and session.encode() in (p / "cmdline").read_bytes()]
+
+def cmdline(p):
+    try:
+        return (p / "cmdline").read_bytes()
+    except OSError:  # gone while scanned
+        return b""
+
+deadline = time.monotonic() + 60  # a hang guard: the scan is repeated until the reaper's command line shows
+while True:  # (seen once at load 8: a single scan right after start_reaper found none)
+    reaper = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and p.name != str(os.getpid())
+              and b"geartrain.cluster.ray_reaper" in cmdline(p) and session.encode() in cmdline(p)]
+    if reaper or time.monotonic() > deadline:
+        break
+    time.sleep(0.05)
 print(raylet.pid, agent.pid, worker, *reaper, flush=True)
 if sys.argv[2] == "clean":
     stop_reaper(pipe)
