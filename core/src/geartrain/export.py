@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 #: What an export writes next to the model (``geartrain export`` and a run's final export): the
 #: step and checkpoint it came from and its files, so that a run directory knows its ``hf/``.
 EXPORT_RECORD = ".geartrain-export.json"
+#: The words of a full export's model card heading that say geartrain made it.
+MODEL_CARD_MARK = "trained with geartrain"
 
 #: the largest ``model-*.safetensors`` file :func:`write_safetensors` writes (transformers' default is 5 GB)
 SHARD_BYTES = 4 << 30
@@ -170,7 +172,7 @@ def model_card(card: ModelCard, config: Mapping[str, Any]) -> str:
         *([f"base_model: {card.base_model}"] if "/" in card.base_model and not card.base_model.startswith("/") else []),
         "---",
         "",
-        f"# {config.get('architectures', ['model'])[0]} trained with geartrain",
+        f"# {config.get('architectures', ['model'])[0]} {MODEL_CARD_MARK}",
         "",
         f"- base model: {card.base_model}",
         f"- algorithm: {card.algorithm}",

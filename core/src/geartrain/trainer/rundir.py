@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geartrain.errors import GeartrainError
-from geartrain.export import EXPORT_RECORD
+from geartrain.export import EXPORT_RECORD, MODEL_CARD_MARK
 from geartrain.trainer.runlock import RunLock, probe
 
 #: What a job writes into its output directory, and what kind of filesystem entry each is.
@@ -55,14 +55,20 @@ SET_ASIDE = ".geartrain-overwritten"
 _RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints", "sft_model", "hf", SET_ASIDE)
 
 
-def is_run_config(path: Path) -> bool:
-    """Whether the file ``path`` is a ``config.json`` a training run wrote (a JSON object
-    with its ``trainer`` and ``actor`` sections), not a model's or another program's."""
+def _run_config(path: Path) -> dict[str, object] | None:
+    """The file ``path`` as a training run's ``config.json`` (a JSON object with its
+    ``trainer`` and ``actor`` sections), or ``None`` when it is not one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "trainer" in data and "actor" in data
+        return None
+    return data if isinstance(data, dict) and "trainer" in data and "actor" in data else None
+
+
+def is_run_config(path: Path) -> bool:
+    """Whether the file ``path`` is a ``config.json`` a training run wrote (a JSON object
+    with its ``trainer`` and ``actor`` sections), not a model's or another program's."""
+    return _run_config(path) is not None
 
 
 def is_run_metrics(path: Path) -> bool:
@@ -96,10 +102,6 @@ def foreign_checkpoints(path: Path) -> str | None:
     return None
 
 
-#: What marks ``hf/`` as a geartrain export made before export records existed: its model card.
-_MODEL_CARD_MARK = "trained with geartrain"
-
-
 def _run_writes(trainer: dict[str, object], name: str) -> bool:
     """Whether a run whose config's ``trainer`` section is ``trainer`` writes the entry
     ``name`` of its directory (``True`` where the section does not say: an older run's)."""
@@ -122,7 +124,7 @@ def _an_export(path: Path) -> bool:
     if (path / EXPORT_RECORD).is_file():
         return True
     try:
-        return _MODEL_CARD_MARK in (path / "README.md").read_text(encoding="utf-8", errors="replace")
+        return MODEL_CARD_MARK in (path / "README.md").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
 
@@ -134,9 +136,8 @@ def foreign_entry(path: Path) -> tuple[str, str] | None:
     writes (its final export, its loggers); without one, none is a run's, except an ``hf/``
     that is a geartrain export."""
     trainer: dict[str, object] | None = None
-    config = path / "config.json"
-    if is_run_config(config):
-        section = json.loads(config.read_text(encoding="utf-8")).get("trainer")
+    if (config := _run_config(path / "config.json")) is not None:
+        section = config["trainer"]
         trainer = section if isinstance(section, dict) else {}
     for name in ("hf", "tensorboard", "wandb", "mlruns"):
         entry = path / name
