@@ -4,6 +4,7 @@ library: W&B offline, MLflow in a local store; both get the numbers metrics.json
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,41 @@ def test_an_mlflow_file_store_named_by_its_uri_gets_every_metric(
     (run,) = client.search_runs([client.get_experiment_by_name("geartrain").experiment_id])
     history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "actor/entropy")}
     assert sorted(entropy) == [1, 2, 3] and history == pytest.approx(entropy)
+
+
+@pytest.mark.parametrize("credentials", ["none", "a host that refuses"])
+def test_a_databricks_uri_it_cannot_use_deletes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], credentials: str
+) -> None:
+    """Probe 2c left by probes3 (issue 35, item 2): ``mlflow_tracking_uri=databricks`` without
+    credentials passed the checks (MLflow makes its client without them) and failed when
+    the run started, after ``--overwrite`` had set the previous run aside, with an MLflow
+    warning line before the error. Now one line, before anything is moved."""
+    for var in ("DATABRICKS_HOST", "DATABRICKS_TOKEN", "DATABRICKS_CONFIG_PROFILE", "DATABRICKS_CONFIG_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.databrickscfg
+    said = "no Databricks credentials are configured: set DATABRICKS_HOST and DATABRICKS_TOKEN"
+    if credentials != "none":
+        with socket.socket() as s:  # a port nothing listens on: connections are refused
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        monkeypatch.setenv("DATABRICKS_HOST", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("DATABRICKS_TOKEN", "dapi-not-a-token")
+        said = f"the Databricks workspace http://127.0.0.1:{port} does not answer"
+    out = tmp_path / "run"
+    before = _finished_run(out)
+    config = load_train_config(
+        MAIN_CONFIG,
+        [*RUN, 'trainer.loggers=["mlflow"]', "trainer.mlflow_tracking_uri=databricks", f"trainer.output_dir={out}"],
+        check_plugins=False,
+    )
+    capfd.readouterr()
+    with pytest.raises(ConfigError) as info:
+        run_job(config, overwrite=True)
+    assert "trainer.loggers: MLflow cannot use trainer.mlflow_tracking_uri='databricks' (" + said in str(info.value), (
+        info.value
+    )
+    assert len(str(info.value).splitlines()) == 2
+    assert file_tree(out) == before
+    printed = capfd.readouterr()
+    assert "WARNING" not in printed.err + printed.out, printed

@@ -87,6 +87,8 @@ def _store_problem(uri: str) -> str | None:
     (mlflow-skinny has no database stores: it refuses them here, not after ``--overwrite``)."""
     from geartrain.trainer.rundir import read_only
 
+    if uri.split(":", 1)[0] in ("databricks", "databricks-uc"):  # before the file stores: a bare word is a path
+        return _databricks_problem(uri)
     directory = _file_store(uri)
     if directory is not None:
         existing = directory.expanduser().absolute()
@@ -105,6 +107,53 @@ def _store_problem(uri: str) -> str | None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"{type(exc).__name__}: {first[:300]}"
     return None
+
+
+def _databricks_problem(uri: str) -> str | None:
+    """Why a Databricks tracking ``uri`` cannot be used: a workspace that does not answer
+    (asked before the Databricks SDK, which retries for minutes), or no credentials
+    configured (MLflow takes the client without them and fails only when the run starts).
+    MLflow's warning about the SDK's default auth is kept quiet: this is the one line."""
+    import logging
+
+    from mlflow.utils.databricks_utils import get_databricks_host_creds
+
+    host = _databricks_host(uri)
+    if host is not None:
+        why = _no_answer(host if "://" in host else f"https://{host}")
+        if why is not None:
+            return f"the Databricks workspace {host} does not answer ({why})"
+    quiet = logging.getLogger("mlflow.utils.databricks_utils")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        get_databricks_host_creds(uri)
+    except Exception:  # noqa: BLE001 - MLflow's refusal of the configuration, whatever its type
+        return (
+            "no Databricks credentials are configured: set DATABRICKS_HOST and DATABRICKS_TOKEN, or a profile in "
+            "~/.databrickscfg"
+        )
+    finally:
+        quiet.setLevel(level)
+    return None
+
+
+def _databricks_host(uri: str) -> str | None:
+    """The workspace host a Databricks ``uri`` names: ``DATABRICKS_HOST``, else its profile's
+    ``host`` in the Databricks config file (``databricks://PROFILE``; ``DEFAULT``); ``None``
+    when neither says (other auth methods are left to the SDK)."""
+    import configparser
+
+    if os.environ.get("DATABRICKS_HOST"):
+        return os.environ["DATABRICKS_HOST"]
+    profile = uri.split("://", 1)[1].split(":", 1)[0] if "://" in uri else ""
+    profile = profile or os.environ.get("DATABRICKS_CONFIG_PROFILE") or "DEFAULT"
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(os.environ.get("DATABRICKS_CONFIG_FILE") or Path.home() / ".databrickscfg")
+        return parser.get(profile, "host", fallback=None) or None
+    except (OSError, configparser.Error):
+        return None
 
 
 def _wandb_online(mode: str | None) -> bool:
