@@ -338,3 +338,50 @@ def test_a_base_exception_in_an_environment_ends_its_episode_not_the_process() -
 
     ep, _, _ = _run(ExitsScoring, ["1"])
     assert ep.finish == "error" and ep.error == "SystemExit: 5"
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        (
+            "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('Only user and assistant roles are "
+            "supported!') }}{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}",
+            "rollout.agent.chat_template: the tokenizer's chat template failed (TemplateError: Only user and "
+            "assistant roles are supported!); fix the template",
+        ),
+        (
+            None,
+            "rollout.agent.chat_template: rollout.agent.chat_template = true renders observations with the "
+            "tokenizer's chat template, and this tokenizer has none; set rollout.agent.chat_template = false",
+        ),
+    ],
+    ids=["refuses the tool role", "no template"],
+)
+def test_check_renders_an_agent_jobs_chat_template_as_the_episodes_do(
+    tmp_path: Path, capsys: Any, template: str | None, said: str
+) -> None:
+    """Probe 1b/9d left by probes3: ``geartrain check`` passed an agent job whose chat
+    template cannot render an observation turn (many templates refuse roles other than
+    user and assistant), which ``train`` then refused only after an --overwrite had set
+    the previous run aside. Check (and train's preflight) now render one observation."""
+    tok = tiny_tokenizer()
+    tok.chat_template = template
+    tok.save_pretrained(tmp_path / "tok")
+    if template is None:
+        (tmp_path / "tok" / "chat_template.jinja").unlink(missing_ok=True)
+    rc = main(
+        [
+            "check",
+            str(GUESS),
+            "--no-plugins",
+            f"trainer.output_dir={tmp_path / 'run'}",
+            f"model.tokenizer={tmp_path / 'tok'}",
+            "rollout.agent.chat_template=true",
+            "sft.enabled=false",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert said in err, err
+    assert "Traceback" not in err

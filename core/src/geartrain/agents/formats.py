@@ -169,10 +169,15 @@ _SENTINEL = "\x1fGEARTRAIN_TURN\x1f"
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> str:
     """``tokenizer.apply_chat_template(messages, **kwargs)``; a template that fails (jinja's
-    sandbox refusing an attribute, a syntax error, the template's own ``raise_exception``) is
-    a :class:`GeartrainError` naming the setting that turns it off."""
+    sandbox refusing an attribute, a syntax error, the template's own ``raise_exception``), or
+    none to render, is a :class:`GeartrainError` naming the setting that turns it off."""
     from jinja2 import TemplateError
 
+    if not getattr(tokenizer, "chat_template", None):
+        raise GeartrainError(
+            "rollout.agent.chat_template = true renders observations with the tokenizer's chat template, and this "
+            "tokenizer has none; set rollout.agent.chat_template = false to append observations as plain text"
+        )
     try:
         return tokenizer.apply_chat_template(messages, **kwargs)
     except TemplateError as exc:

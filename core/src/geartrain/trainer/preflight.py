@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geartrain.agents import EnvironmentRouter, load_environments
+from geartrain.agents import EnvironmentRouter, chat_bridge, load_environments
 from geartrain.data import PromptDataset
 from geartrain.data.sources import HUB_HINT, DataSource, looks_like_hub_id
 from geartrain.errors import ConfigError, GeartrainError
 from geartrain.hub import hub_unreachable
+from geartrain.lora_check import check_lora
 from geartrain.modeling import hf_config, load_tokenizer
 from geartrain.rewards import RewardTerm, make_term, probe_term
 from geartrain.rewards.terms import takes_environments
@@ -221,12 +222,13 @@ def _tokenizer_problem(config: TrainConfig, exc: BaseException) -> str:
     return f"cannot load the tokenizer{f' of {source}' if source else ''}: {why}{hint}"
 
 
-def _model_builds(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
+def _model_builds(config: TrainConfig, problems: list[tuple[str, str]], notes: list[str]) -> None:
     """The policy can be built as configured: its architecture builds (on the meta device:
     nothing is allocated; ``config_overrides`` of the wrong type are named; query heads a
     whole multiple of key/value heads), its safetensors files' headers read, an inline job's
     weights fit this machine's memory, and a local model's pickle weights hold only tensors
-    (read without running code). Each is one line before anything is claimed."""
+    (read without running code), and LoRA adapts layers of it (:func:`check_lora`). Each is
+    one line before anything is claimed."""
     from geartrain.modeling import build_hf_model, pickled_weights_problem, unreadable_safetensors_problem
 
     model = config.model
@@ -260,6 +262,10 @@ def _model_builds(config: TrainConfig, problems: list[tuple[str, str]]) -> None:
             )
         )
         return
+    if config.actor.lora is not None:
+        lora = check_lora(build_hf_model(model, meta=True), config.actor.lora)  # a model of its own: PEFT changes it
+        problems += lora.problems
+        notes += lora.notes
     if config.cluster.placement != "inline":
         return  # ranks on other machines: their memory is not this one's
     weights = sum(p.numel() * p.element_size() for p in module.parameters())
@@ -371,7 +377,7 @@ def preflight(
     except (OSError, ValueError) as exc:
         raise ConfigError([("model", _tokenizer_problem(config, exc))]) from None
     result = Preflight(tokenizer=tokenizer)
-    _model_builds(config, problems)
+    _model_builds(config, problems, result.notes)
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)
@@ -402,6 +408,11 @@ def preflight(
                 dataset_kwargs["tools"] = _environment_tools(factory, agent.step_timeout_s)
         except GeartrainError as exc:
             problems.append(("rollout.agent.environment", str(exc)))
+        if agent.chat_template:
+            try:  # as the episodes render every observation (templates that refuse a role fail here)
+                chat_bridge(tokenizer, ["observation"], agent.observation_role)
+            except GeartrainError as exc:
+                problems.append(("rollout.agent.chat_template", str(exc)))
 
     data_cfg = config.data.model_copy(update={"path": config.resolve(config.data.path)})
     sources: list[tuple[str, Any, Callable[[Any], PromptDataset]]] = [

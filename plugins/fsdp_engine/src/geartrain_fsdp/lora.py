@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from geartrain.config import LoraConfig, ModelConfig
+from geartrain.lora_check import linear_names, target_problem
 from torch import nn
 
 #: The adapter's name inside PEFT (one adapter per engine).
@@ -42,12 +43,13 @@ def wrap(hf: nn.Module, config: LoraConfig) -> Any:
         init_lora_weights=init,
         bias="none",
     )
+    layers = linear_names(hf)  # before PEFT: a refused wrapping leaves the model half wrapped
     try:
         peft_model = get_peft_model(hf, peft_config, adapter_name=ADAPTER, autocast_adapter_dtype=True)
-    except ValueError as exc:  # e.g. target_modules matching nothing
+    except ValueError as exc:  # e.g. target_modules matching nothing: in check's words
         from geartrain.errors import ConfigError
 
-        raise ConfigError([("lora.target_modules", str(exc).splitlines()[0])]) from None
+        raise ConfigError([("lora.target_modules", target_problem(layers, config.target_modules, exc))]) from None
     return peft_model
 
 
