@@ -3,6 +3,8 @@ and the largest-preset search runs its tries in child processes."""
 
 from __future__ import annotations
 
+import pytest
+import torch
 from geartrain.bench_memory import PHASES, largest_trainable, measure
 from geartrain.cli import main
 
@@ -34,3 +36,30 @@ def test_largest_trainable_tries_in_child_processes() -> None:
     best, outcomes = largest_trainable(["tiny"], device="cpu", cpu_offload=False, gradient_checkpointing=True, **SHAPE)
     assert best == "tiny", outcomes
     assert outcomes["tiny"].startswith("trains (update peak")
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--samples", "0"], "--samples must be at least 1 (got 0)"),
+        (["--rows", "0"], "--rows must be at least 1 (got 0)"),
+        (["--response-tokens", "-3"], "--response-tokens must be at least 1 (got -3)"),
+        (["--rows", "6", "--samples", "4"], "--rows (6) must be a multiple of --samples (4)"),
+        (["--device", "tpu"], "--device 'tpu': choose cpu or cuda"),
+        (["--device", "cuda:x"], "--device 'cuda:x': choose cpu or cuda"),
+    ],
+)
+def test_bad_options_are_one_line_naming_the_option(options: list[str], named: str, capsys) -> None:  # noqa: ANN001
+    # probes4: --samples 0 was a ZeroDivisionError traceback, --device tpu torch's 48-line
+    # RuntimeError, --rows 0 blamed RolloutConfig's max_num_seqs
+    assert main(["bench", "memory", "tiny", "--device", "cpu", *options]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and named in err[0], err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_cuda_on_a_machine_without_one_is_one_line(capsys) -> None:  # noqa: ANN001
+    # probes4: a 37-line traceback ending in "Distributed package doesn't have NCCL built in"
+    assert main(["bench", "memory", "tiny", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --device cuda: this machine has no CUDA device; use --device cpu"], err

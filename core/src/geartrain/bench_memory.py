@@ -312,6 +312,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the measurement as one JSON line")
 
 
+def argument_problem(args: argparse.Namespace, device: str) -> str | None:
+    """What is wrong with ``geartrain bench memory``'s options for ``device`` (``None``:
+    nothing), naming the option: the sizes are positive, ``--rows`` is a multiple of
+    ``--samples``, and the device is ``cpu`` or a CUDA device this machine has."""
+    for option in ("rows", "samples", "prompt_tokens", "response_tokens", "micro_batch_tokens"):
+        value = getattr(args, option)
+        if value < 1:
+            return f"--{option.replace('_', '-')} must be at least 1 (got {value})"
+    if args.rows % args.samples:
+        return f"--rows ({args.rows}) must be a multiple of --samples ({args.samples}): rows are prompts x samples"
+    kind, _, index = device.partition(":")
+    if kind == "cpu" and not index:
+        return None
+    if kind != "cuda" or (index and not index.isdigit()):
+        return f"--device {device!r}: choose cpu or cuda (cuda:N for one GPU)"
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return f"--device {device}: this machine has no CUDA device; use --device cpu"
+    if index and int(index) >= count:
+        return f"--device {device}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """``geartrain bench memory``: measure, print, and with ``--largest`` search."""
     import torch
@@ -319,6 +344,10 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.model not in CANDIDATES:
         print(f"error: unknown model {args.model!r}; choose from {', '.join(CANDIDATES)}", file=sys.stderr)
+        return 2
+    problem = argument_problem(args, device)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     shape = dict(
         rows=args.rows,
