@@ -304,3 +304,35 @@ def test_a_target_the_file_system_refuses_is_one_line_with_its_cause(trained: Pa
     """Probe rerun for item 11: a target under /proc was reported as 'no space left on proc'."""
     text = _one_line_error(geartrain("export", str(trained), "/proc/geartrain-export"))
     assert text.startswith("error: cannot write the export to /proc/geartrain-export: No such file or directory"), text
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_an_interrupted_export_leaves_nothing_behind(
+    run: Path,
+    tmp_path: Path,
+    geartrain,
+    monkeypatch: pytest.MonkeyPatch,
+    existed: bool,  # noqa: ANN001
+) -> None:
+    # probes4: Ctrl-C after the weights were written left config.json and model.safetensors
+    # without the export's record, which the next export (even with --overwrite) refused as
+    # foreign files; now the partial export goes and the same command runs again
+    import geartrain.trainer.export as export_module
+
+    target = tmp_path / "out"
+    if existed:
+        target.mkdir()
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        assert (target / "model.safetensors").is_file()  # the weights were written
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(export_module, "finish_hf_export", interrupted)
+        done = geartrain("export", str(run), str(target))
+    assert done.returncode == 130, done.stderr
+    assert f"the partial export in {target} was removed" in done.stdout
+    assert (sorted(target.iterdir()) == []) if existed else not target.exists()
+    again = geartrain("export", str(run), str(target))
+    assert again.returncode == 0, again.stderr
+    assert (target / "model.safetensors").is_file() and (target / ".geartrain-export.json").is_file()

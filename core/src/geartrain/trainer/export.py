@@ -169,6 +169,20 @@ def _remove(entries: list[Path]) -> None:
             entry.unlink()
 
 
+def _remove_partial(out: Path, before: set[Path] | None) -> None:
+    """Remove what an interrupted or failed export wrote into ``out``: all of it when the
+    export created ``out`` (``before`` is ``None``), else the entries not in ``before`` (an
+    export whose record, written last, is missing would be refused as foreign files)."""
+    if before is None:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    try:
+        written = [entry for entry in out.iterdir() if entry not in before]
+        _remove(written)
+    except OSError:  # best effort: the error being raised is the one to report
+        pass
+
+
 def what_built(checkpoint: Path, run: Path, *, trust_remote_code: bool, echo: Callable[[str], None]) -> dict[str, Any]:
     """The engine config, the policy's model config, the run's base model and algorithm the
     checkpoint was saved from: its ``engine.json``, or for an older checkpoint the run's
@@ -277,12 +291,16 @@ def export_checkpoint(
     extra = engine.load_checkpoint(checkpoint)
     step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
     _remove(stale)  # only now: everything that could refuse has run
+    before = set(out.iterdir()) if out.is_dir() else None
     try:
         _write(engine, out, tokenizer, built, step, checkpoint)
     except BaseException as exc:  # a full disk (any form of it) is one line, the partial export removed
         full = export_disk_full(exc, out, checkpoint)
         if full is not None:
             raise full from None
+        _remove_partial(out, before)
+        if isinstance(exc, KeyboardInterrupt):
+            echo(f"the partial export in {out} was removed")
         if isinstance(exc, OSError) and exc.errno is not None:  # the target refused the write: one line
             raise ExportError(
                 f"cannot write the export to {out}: {exc.strerror} ({exc.filename or out}); choose another directory"
