@@ -118,3 +118,13 @@ def test_more_mini_batches_than_samples_is_refused() -> None:
         "each mini-batch is one optimizer step and needs a sample; lower algorithm.mini_batches"
     ) in str(info.value)
     assert load_train_config(JOB, [*base, "algorithm.mini_batches=8"], check_plugins=False).algorithm.mini_batches == 8
+
+
+def test_an_sft_stop_without_a_dev_set_is_refused() -> None:
+    # probes4: sft.stop_at_accuracy with no sft.dev_path passed check and the warm start ran
+    # all of sft.steps (the dev accuracy it stops on is never measured) without a word
+    with pytest.raises(ConfigError, match=r"sft: stop_at_accuracy .* sft.dev_path, which is not set"):
+        load_train_config(JOB, ["sft.dev_path=null"], check_plugins=False)
+    # the same section while the warm start is off is left alone
+    config = load_train_config(JOB, ["sft.dev_path=null", "sft.enabled=false"], check_plugins=False)
+    assert config.sft.stop_at_accuracy == 0.3

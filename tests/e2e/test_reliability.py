@@ -253,6 +253,7 @@ SFT = [
     "sft.steps=2",
     "sft.min_steps=1",
     "sft.dev_path=null",
+    "sft.stop_at_accuracy=null",  # no dev set to stop on
     "sft.batch_size=8",
     "trainer.total_steps=1",
 ]

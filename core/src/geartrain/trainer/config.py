@@ -414,6 +414,17 @@ class SFTConfig(Section):
     min_steps: int = Field(0, ge=0)
     """Steps before ``stop_at_accuracy`` may stop the warm start."""
 
+    @model_validator(mode="after")
+    def _stop_needs_a_dev_set(self) -> SFTConfig:
+        # the dev accuracy is measured only on dev_path's prompts: without them the stop
+        # could never act, and the warm start would run all of `steps` without a word
+        if self.enabled and self.stop_at_accuracy is not None and self.dev_path is None:
+            raise ValueError(
+                "stop_at_accuracy stops the warm start on the accuracy measured on sft.dev_path, "
+                "which is not set (it would never stop early): set sft.dev_path or remove sft.stop_at_accuracy"
+            )
+        return self
+
 
 class TrainerConfig(Section):
     """The RL loop: its length, output directory, seed, checkpoints, logging and speed knobs."""
