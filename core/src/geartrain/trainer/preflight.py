@@ -262,19 +262,19 @@ def _model_builds(config: TrainConfig, problems: list[tuple[str, str]], notes: l
             )
         )
         return
-    if config.actor.lora is not None:
-        lora = check_lora(build_hf_model(model, meta=True), config.actor.lora)  # a model of its own: PEFT changes it
+    weights = sum(p.numel() * p.element_size() for p in module.parameters())
+    params = sum(p.numel() for p in module.parameters())
+    if config.actor.lora is not None:  # wraps the module in place: its sizes are the base model's, taken above
+        lora = check_lora(module, config.actor.lora)
         problems += lora.problems
         notes += lora.notes
     if config.cluster.placement != "inline":
         return  # ranks on other machines: their memory is not this one's
-    weights = sum(p.numel() * p.element_size() for p in module.parameters())
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return
     if weights > memory:
-        params = sum(p.numel() for p in module.parameters())
         problems.append(
             (
                 "model",
