@@ -387,3 +387,18 @@ def test_actor_lora_reaches_the_engine_and_an_adapter_sync_sizes_the_rollout() -
     )  # merged: no LoRA in the rollout
     with pytest.raises(ConfigError, match="set LoRA once"):
         _job(["actor.lora.rank=8", "actor.engine.lora.rank=4"], check_plugins=False)
+
+
+@pytest.mark.parametrize("extra", [["examples/arithmetic/grpo.toml"], ["trainer.total_steps=3"]])
+def test_config_schema_refuses_a_job_file_or_overrides_it_would_ignore(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--schema describes every job's fields; a job file or overrides given with it were
+    silently ignored (probe of issue 35, round 4), so the user thought they saw their job."""
+    from geartrain import cli
+
+    assert cli.main(["config", "--schema", *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert f"takes no job file or overrides (got {extra[0]}): drop --schema" in captured.err

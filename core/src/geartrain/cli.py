@@ -89,6 +89,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
     from geartrain.trainer.config import TrainConfig, load_train_config
 
     if args.schema:
+        given = [a for a in (args.config, *args.overrides) if a]
+        if given:
+            raise GeartrainError(
+                f"geartrain config --schema describes the fields of every job and takes no job file or "
+                f"overrides (got {' '.join(given)}): drop --schema to print this job's values"
+            )
         if args.json:
             print(json.dumps(TrainConfig.model_json_schema(), indent=2))
             return 0
