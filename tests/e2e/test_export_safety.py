@@ -336,3 +336,48 @@ def test_an_interrupted_export_leaves_nothing_behind(
     again = geartrain("export", str(run), str(target))
     assert again.returncode == 0, again.stderr
     assert (target / "model.safetensors").is_file() and (target / ".geartrain-export.json").is_file()
+
+
+_TERMINATED_EXPORT = """
+import os, signal, sys
+import geartrain.trainer.export as export_module
+from geartrain.cli import main
+
+run, target = sys.argv[1], sys.argv[2]
+
+def terminated(*args, **kwargs):
+    assert os.path.isfile(os.path.join(target, "model.safetensors"))  # the weights were written
+    os.kill(os.getpid(), signal.SIGTERM)
+
+export_module.finish_hf_export = terminated
+sys.exit(main(["export", run, target]))
+"""
+
+
+def test_an_export_terminated_by_sigterm_leaves_nothing_behind(run: Path, tmp_path: Path) -> None:
+    # probes4: SIGTERM (a timeout, a scheduler) mid-write killed the process with the partial
+    # export in place, which the next export refused as foreign files; it now takes Ctrl-C's path
+    import os
+    import sys
+
+    target = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", _TERMINATED_EXPORT, str(run), str(target)],
+        capture_output=True,
+        text=True,
+        timeout=600,  # a hang guard only: the export of the tiny model takes seconds
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip().splitlines() == ["terminated by SIGTERM"], done.stderr
+    assert f"the partial export in {target} was removed" in done.stdout
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("where", ["checkpoints/actor", "checkpoints"])
+def test_a_directory_of_checkpoints_says_which_to_give(trained: Path, tmp_path: Path, geartrain, where: str) -> None:  # noqa: ANN001
+    # probes4: `export RUN/checkpoints/actor` said only "not a complete checkpoint (no COMPLETE marker)"
+    text = _one_line_error(geartrain("export", str(trained / where), str(tmp_path / "out")))
+    assert f"{trained / where} holds a run's checkpoints, not one: give one of them" in text, text
+    assert f"{trained / 'checkpoints' / 'actor'}/step_N) or the run directory {trained.resolve()}" in text, text
+    assert not (tmp_path / "out").exists()

@@ -148,10 +148,19 @@ def to_toml(data: dict[str, Any]) -> str:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from geartrain.trainer.export import export_checkpoint
+    from geartrain.trainer.interrupt import EXIT_TERMINATED, InterruptWatch
 
-    out, step = export_checkpoint(
-        args.checkpoint, args.out_dir, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code
-    )
+    watch = InterruptWatch()
+    try:
+        with watch:
+            out, step = export_checkpoint(
+                args.checkpoint, args.out_dir, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code
+            )
+    except KeyboardInterrupt:
+        if not watch.terminated:
+            raise
+        print("\nterminated by SIGTERM", file=sys.stderr)
+        return EXIT_TERMINATED
     print(f"exported step {step} of {args.checkpoint} to {out}")
     return 0
 

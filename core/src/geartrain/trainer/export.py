@@ -22,10 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from geartrain.checkpoint import CheckpointManager, export_disk_full
+from geartrain.checkpoint import MARKER, CheckpointManager, export_disk_full
 from geartrain.config import EngineConfig, ModelConfig
 from geartrain.errors import CheckpointError, GeartrainError
 from geartrain.export import EXPORT_RECORD, ModelCard, base_model_name, finish_adapter_export, finish_hf_export
+from geartrain.trainer.interrupt import InterruptWatch, is_interrupt
 
 
 class ExportError(GeartrainError):
@@ -41,6 +42,7 @@ def run_of(checkpoint: Path, echo: Callable[[str], None] = print) -> tuple[Path,
         if latest is None:
             raise CheckpointError(f"{checkpoint} holds no complete checkpoint to export")
         return latest, checkpoint
+    _refuse_a_checkpoint_root(checkpoint)
     CheckpointManager.check_complete(checkpoint)
     run = checkpoint.resolve().parents[2]
     if not (run / "config.json").is_file() and not (checkpoint / "engine.json").is_file():
@@ -49,6 +51,19 @@ def run_of(checkpoint: Path, echo: Callable[[str], None] = print) -> tuple[Path,
             "(<output_dir>/checkpoints/actor/step_N)"
         )
     return checkpoint, run
+
+
+def _refuse_a_checkpoint_root(path: Path) -> None:
+    """A directory of checkpoints (``<run>/checkpoints/actor`` or ``<run>/checkpoints``) is
+    not one checkpoint: say which to give instead of "not a complete checkpoint"."""
+    root = path / "actor" if (path / "actor").is_dir() and path.name == "checkpoints" else path
+    if (root / MARKER).exists() or not any(root.glob("step_*")):
+        return
+    run = root.resolve().parents[1]
+    raise CheckpointError(
+        f"{path} holds a run's checkpoints, not one: give one of them ({root}/step_N) or the run directory "
+        f"{run} (its newest intact checkpoint)"
+    )
 
 
 def check_target(
@@ -292,14 +307,18 @@ def export_checkpoint(
     step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
     _remove(stale)  # only now: everything that could refuse has run
     before = set(out.iterdir()) if out.is_dir() else None
+    # SIGTERM (a timeout, a scheduler) takes Ctrl-C's path: it would otherwise kill the process
+    # with the partial export still in place
+    watch = InterruptWatch()
     try:
-        _write(engine, out, tokenizer, built, step, checkpoint)
+        with watch:
+            _write(engine, out, tokenizer, built, step, checkpoint)
     except BaseException as exc:  # a full disk (any form of it) is one line, the partial export removed
         full = export_disk_full(exc, out, checkpoint)
         if full is not None:
             raise full from None
         _remove_partial(out, before)
-        if isinstance(exc, KeyboardInterrupt):
+        if is_interrupt(exc) or watch.seen:
             echo(f"the partial export in {out} was removed")
         if isinstance(exc, OSError) and exc.errno is not None:  # the target refused the write: one line
             raise ExportError(
