@@ -202,3 +202,95 @@ def test_a_chat_template_that_fails_is_one_line_naming_the_row(tmp_path: Path, t
     assert text.startswith(f"{path}, line 1: the tokenizer's chat template failed on this row {says}"), text
     assert text.endswith("or set data.apply_chat_template=false")
     assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
+
+
+def _refusal(path: Path, tok) -> str:
+    with pytest.raises(DataError) as info:
+        PromptDataset(path, tok, CFG)
+    return str(info.value)
+
+
+def test_json_the_parser_refuses_is_one_line_naming_the_line(tmp_path: Path, tok) -> None:
+    """Probe rerun for issue 35 item 13 (probes5): a row nested 200000 arrays deep
+    (RecursionError) and an integer of 5000 digits (Python's int-conversion limit, a
+    ValueError) passed ``json.loads``' JSONDecodeError handler: a 44-line traceback, exit 1.
+    The same for a ``.json`` array file."""
+    good = json.dumps({"question": "ab->", "answer": "ba"})
+    deep = '{"question": "ab->", "answer": "ba", "m": ' + "[" * 200000 + "]" * 200000 + "}"
+    (tmp_path / "deep.jsonl").write_text(good + "\n" + deep + "\n")
+    assert _refusal(tmp_path / "deep.jsonl", tok) == (
+        f"{tmp_path / 'deep.jsonl'}, line 2: JSON nested too deeply to read (arrays or objects in each other)"
+    )
+    (tmp_path / "deep.json").write_text("[" + deep + "]")
+    assert _refusal(tmp_path / "deep.json", tok) == (
+        f"{tmp_path / 'deep.json'}: JSON nested too deeply to read (arrays or objects in each other)"
+    )
+    (tmp_path / "big.jsonl").write_text(good + "\n" + '{"question": "ab->", "answer": ' + "9" * 5000 + "}\n")
+    said = _refusal(tmp_path / "big.jsonl", tok)
+    assert said.startswith(f"{tmp_path / 'big.jsonl'}, line 2: not readable JSON (Exceeds the limit (4300 digits)")
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_a_json_or_csv_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path, tok, suffix: str) -> None:
+    """Probe rerun for issue 35 item 13 (probes5): invalid UTF-8 in a ``.json`` array or a
+    ``.csv`` file was a 42-line UnicodeDecodeError traceback, exit 1 (``.jsonl`` said it in
+    one line)."""
+    path = tmp_path / f"rows{suffix}"
+    if suffix == ".json":
+        path.write_bytes(b'[{"question": "ab->", "answer": "ba"},\n {"question": "a\xffb->", "answer": "x"}]')
+        line, column = 2, 17
+    else:
+        path.write_bytes(b"question,answer\nab->,ba\na\xffb->,x\n")
+        line, column = 3, 2
+    assert _refusal(path, tok) == (
+        f"{path}, line {line}: not UTF-8 (byte 0xff at column {column}); save the file as UTF-8"
+    )
+
+
+def test_a_csv_cell_longer_than_the_csv_modules_limit_is_a_prompt_like_any(tmp_path: Path, tok) -> None:
+    """Probe rerun for issue 35 item 13 (probes5): a CSV cell of 200000 characters was a
+    37-line ``_csv.Error: field larger than field limit (131072)`` traceback, exit 1. It is
+    a prompt like a JSONL one: too long for max_prompt_length, dropped and counted. The csv
+    module's own limit is left as it was."""
+    import csv
+
+    path = tmp_path / "rows.csv"
+    path.write_text('question,answer\nab->,ba\n"' + "x" * 200000 + '",y\n')
+    before = csv.field_size_limit()
+    dataset = PromptDataset(path, tok, CFG)
+    assert [r.prompt for r in dataset.rows] == ["ab->"]
+    assert dataset.num_filtered == 1
+    assert csv.field_size_limit() == before
+
+
+def test_a_huge_row_is_dropped_without_being_tokenized(tmp_path: Path) -> None:
+    """Probe rerun for issue 35 item 13 (probes5): a JSONL row with a 50 MB prompt was
+    tokenized whole before being dropped as longer than max_prompt_length: 3 minutes, then
+    the tokenizer aborted (``memory allocation of 268435456 bytes failed``, exit 134) under an
+    8 GB address-space limit. A text longer than max_prompt_length times the longest token
+    is dropped without tokenizing; the tokenizer (the real one, its calls recorded) never
+    sees it."""
+    tok = tiny_tokenizer()
+    seen: list[int] = []
+    real_call = type(tok).__call__
+
+    def recording(self, text, *args, **kwargs):  # the real tokenizer; only the lengths are kept
+        seen.extend(len(t) for t in ([text] if isinstance(text, str) else text))
+        return real_call(self, text, *args, **kwargs)
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        json.dumps({"question": "ab->", "answer": "ba"})
+        + "\n"
+        + json.dumps({"question": "x" * 1_000_000, "answer": "y"})
+        + "\n"
+    )
+    cfg = DataConfig.model_validate(
+        {"prompt_key": "question", "answer_key": "answer", "apply_chat_template": False, "max_prompt_length": 16}
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(tok), "__call__", recording)
+        dataset = PromptDataset(path, tok, cfg)
+    assert [r.prompt for r in dataset.rows] == ["ab->"]
+    assert dataset.num_filtered == 1
+    assert max(seen) < 1000

@@ -97,10 +97,16 @@ class PromptDataset:
         if not parsed:
             raise DataError(f"{self.source}: no rows")
         texts = [self._render(p, tokenizer) for p in parsed]
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        # a text longer than this holds more than max_prompt_length tokens: it is dropped
+        # without being tokenized (a 50 MB row must not be tokenized whole to be thrown away)
+        bound = (self.config.max_prompt_length + 1) * longest_token_chars(tokenizer)
+        fits = [len(t) <= bound for t in texts]
+        self.num_filtered = fits.count(False)
+        parsed = [p for p, ok in zip(parsed, fits, strict=True) if ok]
+        texts = [t for t, ok in zip(texts, fits, strict=True) if ok]
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         _warn_unknown_characters(self.source, parsed, texts, ids, tokenizer)
         self.rows: list[PromptRow] = []
-        self.num_filtered = 0
         for p, text, prompt_ids in zip(parsed, texts, ids, strict=True):
             if len(prompt_ids) > self.config.max_prompt_length:
                 self.num_filtered += 1
@@ -121,7 +127,7 @@ class PromptDataset:
                 "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
                 self.source,
                 self.num_filtered,
-                len(parsed),
+                len(fits),
                 self.config.max_prompt_length,
             )
         if not self.rows:
@@ -295,6 +301,16 @@ class PromptDataset:
                 "fix the template (chat_template.jinja or tokenizer_config.json of the model) or the row, or set "
                 "data.apply_chat_template=false"
             ) from None
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` stands for: its longest vocabulary
+    entry, at least 8 (64 where the vocabulary cannot be read). A text longer than ``n``
+    times this holds more than ``n`` tokens, whatever the tokenizer makes of it."""
+    try:
+        return max(8, max((len(t) for t in tokenizer.get_vocab()), default=1))
+    except Exception:  # noqa: BLE001 - any tokenizer: an upper bound is enough
+        return 64
 
 
 def _warn_unknown_characters(

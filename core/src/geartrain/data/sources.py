@@ -160,8 +160,35 @@ def _refuse_lone_surrogates(where: str, row: Any, key: str | None = None) -> Non
             _refuse_lone_surrogates(where, v, key)
 
 
+def _decode(path: Path, raw: bytes, encoding: str) -> str:
+    """``raw`` (the whole file) as text; :class:`DataError` naming the line and column of
+    the first byte that is not UTF-8."""
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DataError(
+            f"{path}, line {line}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {column}); save the file as UTF-8"
+        ) from None
+
+
+def _loads(where: str, text: str) -> Any:
+    """``json.loads(text)``; every way it refuses text (bad syntax, nesting deeper than
+    Python's recursion limit, an integer of more digits than ``int`` converts) is a
+    :class:`DataError` naming ``where``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deeply to read (arrays or objects in each other)") from None
+    except ValueError as exc:  # an integer literal beyond sys.get_int_max_str_digits()
+        raise DataError(f"{where}: not readable JSON ({exc})") from None
+
+
 def _json(path: Path) -> Iterator[tuple[str, Any]]:
-    text = path.read_text(encoding="utf-8-sig")
+    text = _decode(path, path.read_bytes(), "utf-8-sig")
     if not text.lstrip().startswith("["):
         yield from _jsonl(path)  # one object per line
         return
@@ -169,6 +196,8 @@ def _json(path: Path) -> Iterator[tuple[str, Any]]:
         rows = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except (RecursionError, ValueError):
+        rows = _loads(str(path), text)  # raises the same error, worded
     escapes = _SURROGATE_ESCAPE.search(text) is not None
     for row_no, row in enumerate(rows, start=1):
         where = f"{path}, item {row_no}"
@@ -179,10 +208,23 @@ def _json(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _csv(path: Path) -> Iterator[tuple[str, Any]]:
     import csv
+    import io
+    import sys
 
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        for row_no, row in enumerate(csv.DictReader(f), start=2):  # line 1 is the header
-            yield f"{path}, line {row_no}", dict(row)
+    text = _decode(path, path.read_bytes(), "utf-8-sig")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    limit = csv.field_size_limit()
+    # a long prompt is a cell of any size (dropped later by data.max_prompt_length, as in
+    # JSONL), not the csv module's 128 KiB refusal; the module's limit is put back at once
+    csv.field_size_limit(sys.maxsize)
+    try:
+        rows = list(reader)
+    except csv.Error as exc:
+        raise DataError(f"{path}, line {reader.line_num}: not valid CSV ({exc})") from None
+    finally:
+        csv.field_size_limit(limit)
+    for row_no, row in enumerate(rows, start=2):  # line 1 is the header
+        yield f"{path}, line {row_no}", dict(row)
 
 
 def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
@@ -197,10 +239,7 @@ def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
                 ) from None
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}, line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            row = _loads(f"{path}, line {line_no}", line)
             if _SURROGATE_ESCAPE.search(line):
                 _refuse_lone_surrogates(f"{path}, line {line_no}", row)
             yield f"{path}, line {line_no}", row
