@@ -385,3 +385,52 @@ def test_check_renders_an_agent_jobs_chat_template_as_the_episodes_do(
     assert rc == 2, err
     assert said in err, err
     assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- probes5
+
+
+class _BrokenMessage(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+class _BrokenResult:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def _raise_broken() -> str:
+    raise _BrokenMessage
+
+
+@pytest.mark.parametrize(
+    ("result", "shown"),
+    [
+        (lambda: b"caf\xff!".decode("utf-8", "surrogateescape"), "(caf\ufffd!)"),
+        (_raise_broken, "(error: _BrokenMessage: <_BrokenMessage whose str() raised RuntimeError>)"),
+        (_BrokenResult, "(error: RuntimeError: no text)"),
+    ],
+    ids=["not-utf8", "exception-str-raises", "result-str-raises"],
+)
+def test_a_tool_whose_output_is_no_text_is_an_observation_not_a_failed_run(
+    caplog: Any, result: Any, shown: str
+) -> None:
+    """Probe rerun for issue 35 items 3 and 7 (probes5), on examples/calculator's path: a tool
+    returning bytes decoded with ``errors="surrogateescape"`` (a program's output, a file name
+    that is not UTF-8) crashed the run in the tokenizer (60 lines, exit 1); a tool raising an
+    exception whose ``__str__`` raises printed a thread traceback per call (11627 lines) and
+    ended every episode with ``IndexError``; a result whose ``__str__`` raises ended every
+    episode as an environment error. Each is now the call's observation, and the episode goes on."""
+
+    def t(x: str) -> Any:
+        """A tool."""
+        return result()
+
+    with caplog.at_level(logging.WARNING, logger="geartrain"):
+        ep, _, _ = _run(lambda: ToolEnvironment([t], call_format="compact", timeout_s=5.0), ["[t 1]", "done"])
+    assert ep.error is None and ep.finish == "done"
+    (obs,) = [s for s in ep.segments if s.kind == "observation"]
+    assert obs.text == shown
+    said = [r.getMessage() for r in caplog.records if "not UTF-8" in r.getMessage()]
+    assert len(said) == (1 if "\ufffd" in shown else 0)

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,8 @@ __all__ = ["TURN_STRIDE", "EpisodeRunner", "RunnerLimits", "episode_metrics"]
 
 #: Sampling streams per episode: turn k of episode e uses key e * TURN_STRIDE + k.
 TURN_STRIDE = 1024
+#: A lone UTF-16 surrogate: no character, and no tokenizer or UTF-8 writer takes one.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 #: The least "typical duration" the batching window is a share of (before anything is measured).
 MIN_TYPICAL_S = 0.01
 
@@ -178,6 +181,24 @@ class EpisodeRunner:
             )
         return kept[0] if isinstance(obs, str) else kept
 
+    def _as_text(self, obs: str | Sequence[str]) -> str | Sequence[str]:
+        """``obs`` with each lone UTF-16 surrogate (what ``bytes.decode(errors="surrogateescape")``
+        makes of bytes that are not UTF-8: a tool relaying a program's output or a file name)
+        replaced by U+FFFD, the replacement character, as a UTF-8 decoder with
+        ``errors="replace"`` shows them: no tokenizer encodes a lone surrogate. Said once per
+        :attr:`said`."""
+        texts = [obs] if isinstance(obs, str) else list(obs)
+        if not any(_LONE_SURROGATE.search(t) for t in texts):
+            return obs
+        if "observation surrogates" not in self.said:
+            self.said.add("observation surrogates")
+            logger.warning(
+                "an observation held text that is not UTF-8 (lone surrogates, as bytes decoded with "
+                "errors='surrogateescape' give); each became U+FFFD, the replacement character (said once)"
+            )
+        fixed = [_LONE_SURROGATE.sub("\ufffd", t) for t in texts]
+        return fixed[0] if isinstance(obs, str) else fixed
+
     def _room(self, ep: Episode) -> int:
         """Tokens the episode may still add after its prompt."""
         cap = self.limits.max_model_len - len(ep.prompt_ids)
@@ -287,7 +308,7 @@ class EpisodeRunner:
             self._finish(ep, "truncated", truncated=True)
             return False
         if obs:
-            obs = self._cut(ep, obs)
+            obs = self._as_text(self._cut(ep, obs))
         ids = None
         if first and obs and getattr(ep.env, "reset_extends_prompt", False):
             self._extend_prompt(ep, obs)
@@ -454,7 +475,7 @@ class EpisodeRunner:
     def _fail(self, ep: Episode, error: str, what: str | None = None, exc: BaseException | None = None) -> bool:
         """End ``ep`` as an environment error; the first failure of each kind in this
         runner (one per step and rank in the trainer) is logged, with its traceback when it raised."""
-        ep.error = error
+        ep.error = _LONE_SURROGATE.sub("\ufffd", error)  # an exception's text about a file name that is not UTF-8
         self._finish(ep, "error")
         kind = f"{what or 'result'}: {type(exc).__name__ if exc else error.split(' ', 1)[0]}"
         if kind not in self.logged_failures:

@@ -135,12 +135,10 @@ def run_with_timeout(
     def target() -> None:
         try:
             box.append((True, fn(**kwargs)))
-        except Exception as exc:  # a tool's bug is an observation, not a dead run
-            box.append((False, f"{type(exc).__name__}: {exc}"))
         except SystemExit as exc:  # would end the thread silently: the call then read as a timeout
-            box.append((False, f"SystemExit: the tool called sys.exit({exc.code!r})"))
-        except BaseException as exc:  # noqa: BLE001 - anything else a tool raises is its error too
-            box.append((False, f"{type(exc).__name__}: {exc}"))
+            box.append((False, f"SystemExit: the tool called sys.exit({_text(exc.code, repr)})"))
+        except BaseException as exc:  # noqa: BLE001 - a tool's bug (whatever it raises) is an observation, not a dead run
+            box.append((False, f"{type(exc).__name__}: {_text(exc, str)}"))
         finally:
             done.set()
 
@@ -150,6 +148,15 @@ def run_with_timeout(
         return False, f"timed out after {timeout_s}s", time.perf_counter() - start
     ok, value = box[0]
     return ok, value, time.perf_counter() - start
+
+
+def _text(value: Any, how: Callable[[Any], str]) -> str:
+    """``how(value)``, or where that raises (an exception class whose ``__str__`` is broken)
+    a line saying so: the message of a tool's error must not become an error of its own."""
+    try:
+        return how(value)
+    except Exception as exc:  # noqa: BLE001 - any __str__/__repr__ may raise anything
+        return f"<{type(value).__name__} whose {how.__name__}() raised {type(exc).__name__}>"
 
 
 def run_sync(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -267,8 +274,13 @@ class ToolEnvironment(Environment):
             kwargs = t.bind(call)
         except ValueError as exc:
             return ToolOutcome(name=call.name, ok=False, text=str(exc))
-        ok, value, seconds = run_with_timeout(t.fn, kwargs, self.timeout_s)
-        return ToolOutcome(name=call.name, ok=ok, text=str(value), seconds=seconds)
+        fn = t.fn
+
+        def as_text(**kw: Any) -> str:  # on the call's thread, within its timeout: a result's str() is the tool's
+            return str(fn(**kw))
+
+        ok, value, seconds = run_with_timeout(as_text, kwargs, self.timeout_s)
+        return ToolOutcome(name=call.name, ok=ok, text=value, seconds=seconds)
 
     def step(self, action: str) -> StepResult:
         calls, errors = self.call_format.parse(action)
