@@ -6,13 +6,14 @@ where it raised, not a traceback at every step; ``close()`` raising does not fai
 
 from __future__ import annotations
 
+import ast
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from geartrain import SamplingParams
+from geartrain import GeartrainError, SamplingParams
 from geartrain.agents import Environment, EpisodeRunner, RunnerLimits, StepResult, ToolEnvironment
 from geartrain.agents.tools import run_with_timeout
 from geartrain.cli import main
@@ -434,3 +435,40 @@ def test_a_tool_whose_output_is_no_text_is_an_observation_not_a_failed_run(
     assert obs.text == shown
     said = [r.getMessage() for r in caplog.records if "not UTF-8" in r.getMessage()]
     assert len(said) == (1 if "\ufffd" in shown else 0)
+
+
+@pytest.mark.parametrize("stops", ["[']', 5]", "'</tool_call>'"], ids=["a-number", "a-bare-string"])
+def test_stop_texts_that_are_not_a_list_of_strings_are_refused_by_check_and_the_runner(
+    tmp_path: Path, capsys: Any, stops: str
+) -> None:
+    """Probe rerun for issue 35 item 7 (probes5): an environment whose ``stop_texts`` held a
+    number passed ``geartrain check``; ``train`` then died in the tokenizer on the rank
+    (53 lines, exit 1). A bare string was read as a list of one-character stop texts: each
+    turn would end at its first ``t``. Both are one line naming the class, in check and run."""
+    env = tmp_path / "env.py"
+    env.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(GUESS.parent)!r})\n"
+        "from env import GuessNumber\n"
+        f"class Stops(GuessNumber):\n    stop_texts = {stops}\n"
+    )
+    rc = main(
+        [
+            "check",
+            str(GUESS),
+            "--no-plugins",
+            f"trainer.output_dir={tmp_path / 'run'}",
+            f"rollout.agent.environment={env}:Stops",
+            "sft.enabled=false",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    said = f"Stops.stop_texts must be a list of strings (the texts that end a model turn), got {stops}"
+    assert f"rollout.agent.environment: {said}" in err, err
+
+    class Stops(Raises):
+        stop_texts = ast.literal_eval(stops)
+
+    with pytest.raises(GeartrainError, match=r"^Stops\.stop_texts must be a list of strings"):
+        _run(Stops, ["1"])

@@ -40,7 +40,7 @@ from geartrain.types import SamplingParams
 
 logger = logging.getLogger("geartrain.agents")
 
-__all__ = ["TURN_STRIDE", "EpisodeRunner", "RunnerLimits", "episode_metrics"]
+__all__ = ["TURN_STRIDE", "EpisodeRunner", "RunnerLimits", "environment_stop_texts", "episode_metrics"]
 
 #: Sampling streams per episode: turn k of episode e uses key e * TURN_STRIDE + k.
 TURN_STRIDE = 1024
@@ -116,8 +116,10 @@ class EpisodeRunner:
         texts = list(stop_texts)
         for one in factory.factories.values() if isinstance(factory, EnvironmentRouter) else [factory]:
             probe = self._new_env_of(one)
-            texts += list(getattr(probe, "stop_texts", None) or [])
-            self._close(probe)
+            try:
+                texts += environment_stop_texts(probe)
+            finally:
+                self._close(probe)
         self.stop_texts = [t for t in dict.fromkeys(texts) if t]
         self.stop_sequences = [tokenizer.encode(t, add_special_tokens=False) for t in self.stop_texts]
 
@@ -589,6 +591,19 @@ def _quietly(close: Callable[[], Any]) -> None:
         close()
     except BaseException:  # noqa: BLE001 - a close nobody waits for: nothing to report to
         pass
+
+
+def environment_stop_texts(env: Any) -> list[str]:
+    """``env.stop_texts`` (none: ``[]``); :class:`GeartrainError` naming the class when it
+    is not a list of strings: a bare string would end a turn at each of its characters, a
+    number is no text to stop on."""
+    own = getattr(env, "stop_texts", None) or []
+    if isinstance(own, str | bytes) or not isinstance(own, Sequence) or not all(isinstance(t, str) for t in own):
+        raise GeartrainError(
+            f"{type(env).__name__}.stop_texts must be a list of strings (the texts that end a model turn), "
+            f"got {own!r:.200}"
+        )
+    return list(own)
 
 
 def _step_result_problem(result: StepResult) -> str | None:

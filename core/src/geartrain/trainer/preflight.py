@@ -335,14 +335,22 @@ def _environment_tools(factory: Callable[[], Any], timeout_s: float | None) -> l
     """The tool specs (``tools``) of one environment built by ``factory``; a constructor
     that raises is the environment's problem, named as such. Its ``close()`` gets
     ``timeout_s`` (``rollout.agent.step_timeout_s``)."""
-    from geartrain.agents.runner import close_environment
+    from geartrain.agents.runner import close_environment, environment_stop_texts
 
     try:
         env = factory()
     except Exception as exc:  # noqa: BLE001 - a user's constructor: any failure is reported
         raise GeartrainError(f"building the environment raised {type(exc).__name__}: {exc}") from None
     try:
-        return [dict(t) for t in getattr(env, "tools", None) or ()]
+        environment_stop_texts(env)  # as the episodes' runner reads them
+        try:
+            tools = getattr(env, "tools", None) or ()
+            return [dict(t) for t in tools]
+        except Exception as exc:  # noqa: BLE001 - a user's property: any failure is reported
+            raise GeartrainError(
+                f"{type(env).__name__}.tools must be a list of tool specs (dicts); reading it raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
     finally:
         close_environment(env, timeout_s)  # closing a probe must not fail or hold up start-up, as an episode's
 
