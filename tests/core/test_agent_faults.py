@@ -472,3 +472,25 @@ def test_stop_texts_that_are_not_a_list_of_strings_are_refused_by_check_and_the_
 
     with pytest.raises(GeartrainError, match=r"^Stops\.stop_texts must be a list of strings"):
         _run(Stops, ["1"])
+
+
+def test_an_environment_reward_past_the_largest_float_ends_its_episode_not_the_run() -> None:
+    """Probe rerun for issue 35 item 7 (probes5): ``StepResult.reward = 10**400`` raised
+    OverflowError out of the runner (54 lines from the rank, exit 1); ``10**5000`` would
+    have raised in the message's repr. Each ends its episode as an environment error."""
+
+    class Huge(Raises):
+        def __init__(self, reward: int) -> None:
+            self.reward = reward
+
+        def step(self, action: str) -> StepResult:
+            return StepResult(reward=self.reward, done=True)
+
+    ep, _, _ = _run(lambda: Huge(10**400), ["1"])
+    assert (
+        ep.finish == "error"
+        and ep.error.startswith("StepResult.reward is 1000")
+        and ep.error.endswith("..., not a finite number")
+    )
+    ep, _, _ = _run(lambda: Huge(10**5000), ["1"])
+    assert ep.error == "StepResult.reward is <int whose repr() raised ValueError>, not a finite number"

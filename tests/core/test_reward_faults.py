@@ -155,3 +155,54 @@ def test_a_decimal_score_is_a_number() -> None:
     for bad in ("NaN", "sNaN", "Infinity"):
         with pytest.raises(ValueError, match="not finite"):
             parse_output(Decimal(bad))
+
+
+class _FloatRaises(float):
+    def __float__(self) -> float:
+        raise RuntimeError("no float")
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (10**400, "reward score int is not finite as a float (int too large to convert to float)"),
+        ("fraction", "reward score Fraction is not finite as a float (integer division result too large for a float)"),
+        (_FloatRaises(0.5), "reward score _FloatRaises has no float value (RuntimeError: no float)"),
+        ("meta", "reward score Tensor has no float value (RuntimeError: Tensor.item() cannot be called on meta"),
+    ],
+    ids=["int-10**400", "fraction-10**400", "float-raises", "meta-tensor"],
+)
+def test_a_number_with_no_finite_float_is_refused_not_a_traceback(value: Any, says: str) -> None:
+    """Probe rerun for issue 35 item 8 (probes5): a reward returning ``10**400``,
+    ``Fraction(10**400, 3)``, a float subclass whose ``float()`` raises or a meta tensor ended
+    ``geartrain check`` in a 26-29-line traceback (OverflowError, RuntimeError), exit 1."""
+    from fractions import Fraction
+
+    import torch
+    from geartrain.rewards.scoring import parse_output
+
+    value = {"fraction": Fraction(10**400, 3), "meta": torch.empty((), device="meta")}.get(value, value)
+    with pytest.raises(ValueError) as info:
+        parse_output(value)
+    assert str(info.value).startswith(says)
+    assert parse_output({"score": 1.0, "huge": 10**400, "odd": _FloatRaises(1.0)}) == (1.0, {})
+
+
+def test_numpys_bool_is_a_number_as_pythons_is() -> None:
+    """Probe rerun for issue 35 item 8 (probes5): ``np.bool_`` (what ``pred == gold`` gives on
+    numpy values) was refused as 'bool, not a number' while Python's ``True`` scores 1.0."""
+    import numpy as np
+    from geartrain.rewards.scoring import parse_output
+
+    assert parse_output(np.bool_(True)) == (1.0, {}) == parse_output(True)
+    assert parse_output({"score": np.bool_(False)}) == (0.0, {})
+
+
+def test_check_names_a_score_whose_repr_python_refuses(geartrain, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    """``10**5000``: even its repr raises (Python's 4300-digit limit); check said it in a
+    32-line ValueError traceback, exit 1."""
+    body = "def huge(response, ground_truth):\n    return 10**5000\n"
+    proc = geartrain("check", str(_job(tmp_path, body, '[reward]\nfunction = "reward.py:huge"\n')), "--no-plugins")
+    assert proc.returncode == 2, proc.stderr
+    assert "'reward.py:huge' returned int <int whose repr() raised ValueError> on " in proc.stderr, proc.stderr
+    assert "reward score int is not finite as a float" in proc.stderr and "Traceback" not in proc.stderr

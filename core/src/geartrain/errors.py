@@ -119,6 +119,17 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
 _ANSI = None
 
 
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (``...`` marks the cut), for naming a value
+    a user's code returned; where ``repr`` itself raises (an int of more digits than Python
+    converts, a broken ``__repr__``) a line saying so."""
+    try:
+        text = repr(value)
+    except Exception as exc:  # noqa: BLE001 - any __repr__ may raise anything
+        return f"<{type(value).__name__} whose repr() raised {type(exc).__name__}>"
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
 def without_ansi(text: str) -> str:
     """``text`` without terminal escape sequences (colours, bold: torch's messages carry
     some), for one-line messages that may go to a file or a log."""

@@ -34,7 +34,7 @@ from geartrain.agents.formats import chat_bridge, chat_opening, user_turn_tail
 from geartrain.agents.loading import EnvironmentRouter
 from geartrain.agents.trajectory import Episode, Segment
 from geartrain.batch import Batch
-from geartrain.errors import GeartrainError
+from geartrain.errors import GeartrainError, short_repr
 from geartrain.stop_texts import stop_text_end
 from geartrain.types import SamplingParams
 
@@ -248,7 +248,7 @@ class EpisodeRunner:
             if value is not None and turns:
                 number = _finite(value)  # the rule of StepResult.reward
                 if number is None:
-                    self._fail(ep, f"final_reward returned {value!r}, not a finite number")
+                    self._fail(ep, f"final_reward returned {short_repr(value)}, not a finite number")
                     return
                 turns[-1].reward += number
                 turns[-1].info["final_reward"] = number
@@ -614,7 +614,7 @@ def _step_result_problem(result: StepResult) -> str | None:
     ):
         return f"StepResult.observation is {type(obs).__name__}, not a str, a list of str or None"
     if _finite(result.reward) is None:
-        return f"StepResult.reward is {result.reward!r}, not a finite number"
+        return f"StepResult.reward is {short_repr(result.reward)}, not a finite number"
     return None
 
 
@@ -623,7 +623,7 @@ def _finite(reward: Any) -> float | None:
     numpy scalar, a one-element tensor), else ``None``."""
     try:
         value = None if isinstance(reward, (str, bytes)) else float(reward)
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - an int past the largest float (OverflowError), a type whose float() raises
         return None
     return value if value is not None and math.isfinite(value) else None
 

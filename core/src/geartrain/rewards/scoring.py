@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from geartrain.errors import short_repr
 from geartrain.rewards.registry import RewardFn, RewardOutput
 from geartrain.rewards.terms import Messages, RewardContext, RewardTerm, TrainerState, as_terms, call_batched
 
@@ -186,18 +187,39 @@ def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
         score, extras = output["score"], {k: v for k, v in output.items() if k != "score"}
     else:
         score, extras = output, {}
-    if isinstance(score, torch.Tensor) and score.numel() == 1:
-        score = score.item()
-    if isinstance(score, Decimal):  # a number too (numbers.Real leaves it out); sNaN has no float
-        if not score.is_finite():
-            raise _BadOutput(f"reward score is not finite ({score})")
-    elif not isinstance(score, Real):
-        raise _BadOutput(f"reward score is {type(score).__name__}, not a number")
-    score = float(score)
+    kind = type(score).__name__
+    try:
+        if isinstance(score, torch.Tensor) and score.numel() == 1:
+            score = score.item()  # a meta tensor has no value: refused below
+        if type(score).__module__ == "numpy" and type(score).__name__ in ("bool", "bool_"):
+            score = bool(score)  # numpy's bool (a comparison's result), as a Python bool is: True is 1.0
+        if isinstance(score, Decimal):  # a number too (numbers.Real leaves it out); sNaN has no float
+            if not score.is_finite():
+                raise _BadOutput(f"reward score is not finite ({score})")
+        elif not isinstance(score, Real):
+            raise _BadOutput(f"reward score is {type(score).__name__}, not a number")
+        score = float(score)
+    except _BadOutput:
+        raise
+    except OverflowError as exc:  # an int or Fraction beyond the largest float: no finite score
+        raise _BadOutput(f"reward score {kind} is not finite as a float ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - a number type's own float()/item() may raise anything
+        raise _BadOutput(f"reward score {kind} has no float value ({type(exc).__name__}: {exc})") from None
     if not math.isfinite(score):
         raise _BadOutput(f"reward score is not finite ({score})")
-    numeric = {k: float(v) for k, v in extras.items() if isinstance(v, Real) and math.isfinite(float(v))}
+    numeric = {k: f for k, v in extras.items() if (f := _finite_extra(v)) is not None}
     return score, numeric
+
+
+def _finite_extra(value: Any) -> float | None:
+    """A dict output's extra ``value`` as a finite float, else ``None`` (left out of the metrics)."""
+    if not isinstance(value, Real):
+        return None
+    try:
+        number = float(value)
+    except Exception:  # noqa: BLE001 - an int past the largest float, a float subclass that raises
+        return None
+    return number if math.isfinite(number) else None
 
 
 class RewardExit(RuntimeError):
@@ -608,7 +630,7 @@ def probe_term(
             parse_output(out)
         except ValueError as exc:
             return (
-                f"returned {type(out).__name__} {out!r:.60} on {where[i]}: {exc}; "
+                f"returned {type(out).__name__} {short_repr(out)} on {where[i]}: {exc}; "
                 "return a number, a dict with a numeric 'score', or None where the function does not apply"
             )
     return None
