@@ -147,3 +147,37 @@ def test_the_trl_names_table_and_the_guides_table_agree() -> None:
             # an optional section (rollout.agent: AgentConfig | None) is walked as its model
             models = [a for a in (typing.get_args(annotation) or (annotation,)) if isinstance(a, type)]
             node = next((a for a in models if hasattr(a, "model_fields")), models[0] if models else type(None))
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("deep.toml", "x = " + "[" * 100000 + "]" * 100000 + "\n", "values nested too deeply"),
+        ("deep.yaml", "x: " + "[" * 100000 + "]" * 100000 + "\n", "values nested too deeply"),
+        ("big.toml", "[trainer]\ntotal_steps = " + "9" * 5000 + "\n", "Exceeds the limit (4300 digits)"),
+        ("big.yaml", "trainer:\n  total_steps: " + "9" * 5000 + "\n", "Exceeds the limit (4300 digits)"),
+    ],
+    ids=["deep-toml", "deep-yaml", "bigint-toml", "bigint-yaml"],
+)
+def test_a_job_file_its_parser_refuses_in_any_way_is_one_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, says: str
+) -> None:
+    """Probe rerun for issue 35 item 13 (probes5): a job file nesting arrays 100000 deep
+    (RecursionError, about 2990 lines of traceback) or holding a 5000-digit integer
+    (ValueError, 43-54 lines) ended ``geartrain config`` with exit 1."""
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"cannot parse: {says}" in err, err
+
+
+def test_a_job_file_that_is_a_pipe_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Probe rerun for issue 35 item 13 (probes5): a FIFO named job.toml was refused as 'a
+    directory'; it is said to be a pipe (and nothing is read from it: that would block)."""
+    import os
+
+    fifo = tmp_path / "job.toml"
+    os.mkfifo(fifo)
+    assert main(["config", str(fifo)]) == 2
+    assert "is not a regular file (a pipe, device or socket)" in capsys.readouterr().err

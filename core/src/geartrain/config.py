@@ -264,8 +264,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError([("", f"file not found: {path}")])
-    if not path.is_file():
+    if path.is_dir():
         raise ConfigFileError(str(path), "is a directory, not a config file (give the .toml/.yaml file in it)")
+    if not path.is_file():  # a FIFO, a device, a socket: reading could block forever
+        raise ConfigFileError(str(path), "is not a regular file (a pipe, device or socket); give the .toml/.yaml file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -284,6 +286,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError([("", f"unknown config format '{path.suffix}' (use .toml, .yaml or .yml)")], str(path))
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError([("", f"cannot parse: {exc}")], str(path)) from exc
+    except RecursionError:  # arrays or tables nested deeper than the parsers' recursion
+        raise ConfigError(
+            [("", "cannot parse: values nested too deeply (arrays or tables in each other)")], str(path)
+        ) from None
+    except ValueError as exc:  # an integer past sys.get_int_max_str_digits(), which neither parser words
+        raise ConfigError([("", f"cannot parse: {exc}")], str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError([("", "the top level must be a table/mapping")], str(path))
     return data
