@@ -494,3 +494,15 @@ def test_an_environment_reward_past_the_largest_float_ends_its_episode_not_the_r
     )
     ep, _, _ = _run(lambda: Huge(10**5000), ["1"])
     assert ep.error == "StepResult.reward is <int whose repr() raised ValueError>, not a finite number"
+
+
+def test_a_chat_template_raising_a_python_error_is_one_error_naming_the_setting() -> None:
+    """Probe rerun for issue 35 item 7 (probes5): a template whose expression raises a Python
+    error as it renders (``{{ 1/0 }}``) was not caught as jinja's TemplateError is: a traceback."""
+    from geartrain.agents import chat_bridge
+    from geartrain.errors import GeartrainError
+
+    tok = tiny_tokenizer()
+    tok.chat_template = "{{ messages | length / 0 }}"
+    with pytest.raises(GeartrainError, match=r"^the tokenizer's chat template failed \(ZeroDivisionError: division"):
+        chat_bridge(tok, ["observation"])

@@ -183,8 +183,10 @@ def test_a_lone_surrogate_escape_is_named_not_a_tokenizer_traceback(tmp_path: Pa
         ),
         ("{% for m in messages %}{{ m['content'] }", "(TemplateSyntaxError: "),
         ("{{ raise_exception('roles must alternate user/assistant') }}", "(TemplateError: roles must alternate"),
+        # probes5: a Python error of the template's own expression was a 42-line traceback, exit 1
+        ("{{ messages | length / 0 }}", "(ZeroDivisionError: division by zero)"),
     ],
-    ids=["sandbox", "syntax", "raise_exception"],
+    ids=["sandbox", "syntax", "raise_exception", "python-error"],
 )
 def test_a_chat_template_that_fails_is_one_line_naming_the_row(tmp_path: Path, template: str, says: str) -> None:
     """Probe rerun for issue 35 items 1 and 13 (probes3): a model directory whose chat template

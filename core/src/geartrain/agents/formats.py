@@ -180,7 +180,8 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> st
         )
     try:
         return tokenizer.apply_chat_template(messages, **kwargs)
-    except TemplateError as exc:
+    except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
+        # also a Python error the template's expressions raise as they render ({{ 1/0 }})
         raise GeartrainError(
             f"the tokenizer's chat template failed ({type(exc).__name__}: {exc}); fix the template "
             "(chat_template.jinja or tokenizer_config.json of the model), or set rollout.agent.chat_template = false "

@@ -295,7 +295,9 @@ class PromptDataset:
                 tokenize=False,
                 **extra,
             )
-        except TemplateError as exc:  # the template's own raise_exception, a syntax error, the sandbox's refusal
+        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
+            # the template's own raise_exception, a syntax error, the sandbox's refusal, or a Python
+            # error the template's expressions raise as they render ({{ 1/0 }}, int('x'), range(10**9))
             raise DataError(
                 f"{parsed.where}: the tokenizer's chat template failed on this row ({type(exc).__name__}: {exc}); "
                 "fix the template (chat_template.jinja or tokenizer_config.json of the model) or the row, or set "
