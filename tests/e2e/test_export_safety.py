@@ -381,3 +381,11 @@ def test_a_directory_of_checkpoints_says_which_to_give(trained: Path, tmp_path: 
     assert f"{trained / where} holds a run's checkpoints, not one: give one of them" in text, text
     assert f"{trained / 'checkpoints' / 'actor'}/step_N) or the run directory {trained.resolve()}" in text, text
     assert not (tmp_path / "out").exists()
+
+
+def test_a_source_that_does_not_exist_is_named_so(tmp_path: Path, geartrain) -> None:  # noqa: ANN001
+    # probes5 s4: a missing path was "not a complete checkpoint (no COMPLETE marker)"
+    missing = tmp_path / "no-such-run"
+    text = _one_line_error(geartrain("export", str(missing), str(tmp_path / "out")))
+    assert text.startswith(f"error: {missing} does not exist; give a checkpoint"), text
+    assert not (tmp_path / "out").exists()

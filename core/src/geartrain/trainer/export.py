@@ -37,6 +37,10 @@ def run_of(checkpoint: Path, echo: Callable[[str], None] = print) -> tuple[Path,
     """``(checkpoint, run directory)`` for a checkpoint directory
     (``<run>/checkpoints/actor/step_N``) or a run directory (its newest intact checkpoint;
     each damaged newer one is reported through ``echo`` as ``--resume`` reports it)."""
+    if not checkpoint.exists():
+        raise CheckpointError(
+            f"{checkpoint} does not exist; give a checkpoint (<output_dir>/checkpoints/actor/step_N) or a run directory"
+        )
     if (checkpoint / "checkpoints" / "actor").is_dir():
         latest = CheckpointManager(checkpoint / "checkpoints" / "actor").latest_intact(echo)
         if latest is None:
