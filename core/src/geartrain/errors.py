@@ -3,6 +3,8 @@ wrong, where, and how to fix it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class GeartrainError(Exception):
     """Base class of geartrain's user-facing errors."""
@@ -119,14 +121,19 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
 _ANSI = None
 
 
-def short_repr(value: object, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters (``...`` marks the cut), for naming a value
-    a user's code returned; where ``repr`` itself raises (an int of more digits than Python
-    converts, a broken ``__repr__``) a line saying so."""
+def text_of(value: object, how: Callable[[object], str] = str) -> str:
+    """``how(value)`` (``str`` or ``repr``) of a value a user's code made; where that itself
+    raises (an int of more digits than Python converts, a broken ``__str__``/``__repr__``) a
+    line saying so: naming the value must not become an error of its own."""
     try:
-        text = repr(value)
-    except Exception as exc:  # noqa: BLE001 - any __repr__ may raise anything
-        return f"<{type(value).__name__} whose repr() raised {type(exc).__name__}>"
+        return how(value)
+    except Exception as exc:  # noqa: BLE001 - any __str__/__repr__ may raise anything
+        return f"<{type(value).__name__} whose {how.__name__}() raised {type(exc).__name__}>"
+
+
+def short_repr(value: object, limit: int = 60) -> str:
+    """:func:`text_of` ``repr(value)``, cut to ``limit`` characters (``...`` marks the cut)."""
+    text = text_of(value, repr)
     return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
 
 

@@ -167,12 +167,19 @@ def get_call_format(spec: str | CallFormat) -> CallFormat:
 _SENTINEL = "\x1fGEARTRAIN_TURN\x1f"
 
 
+def chat_template_errors() -> tuple[type[BaseException], ...]:
+    """What a chat template that fails as it renders raises: jinja's own errors (the
+    template's ``raise_exception``, a syntax error, the sandbox's refusal) and the Python
+    errors its expressions raise (``{{ 1/0 }}``, ``int('x')``, ``range(10**9)``)."""
+    from jinja2 import TemplateError
+
+    return (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError)
+
+
 def _render(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> str:
     """``tokenizer.apply_chat_template(messages, **kwargs)``; a template that fails (jinja's
     sandbox refusing an attribute, a syntax error, the template's own ``raise_exception``), or
     none to render, is a :class:`GeartrainError` naming the setting that turns it off."""
-    from jinja2 import TemplateError
-
     if not getattr(tokenizer, "chat_template", None):
         raise GeartrainError(
             "rollout.agent.chat_template = true renders observations with the tokenizer's chat template, and this "
@@ -180,8 +187,7 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], **kwargs: Any) -> st
         )
     try:
         return tokenizer.apply_chat_template(messages, **kwargs)
-    except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
-        # also a Python error the template's expressions raise as they render ({{ 1/0 }})
+    except chat_template_errors() as exc:
         raise GeartrainError(
             f"the tokenizer's chat template failed ({type(exc).__name__}: {exc}); fix the template "
             "(chat_template.jinja or tokenizer_config.json of the model), or set rollout.agent.chat_template = false "

@@ -27,7 +27,7 @@ from typing import Any
 
 from geartrain.agents.environment import Environment, StepResult
 from geartrain.agents.formats import CallFormat, ToolCall, ToolOutcome, get_call_format
-from geartrain.errors import GeartrainError
+from geartrain.errors import GeartrainError, text_of
 from geartrain.user_code import import_object
 
 __all__ = ["Tool", "ToolEnvironment", "run_sync", "run_with_timeout", "schema_of", "tool", "tool_of_function"]
@@ -136,9 +136,9 @@ def run_with_timeout(
         try:
             box.append((True, fn(**kwargs)))
         except SystemExit as exc:  # would end the thread silently: the call then read as a timeout
-            box.append((False, f"SystemExit: the tool called sys.exit({_text(exc.code, repr)})"))
+            box.append((False, f"SystemExit: the tool called sys.exit({text_of(exc.code, repr)})"))
         except BaseException as exc:  # noqa: BLE001 - a tool's bug (whatever it raises) is an observation, not a dead run
-            box.append((False, f"{type(exc).__name__}: {_text(exc, str)}"))
+            box.append((False, f"{type(exc).__name__}: {text_of(exc)}"))
         finally:
             done.set()
 
@@ -148,15 +148,6 @@ def run_with_timeout(
         return False, f"timed out after {timeout_s}s", time.perf_counter() - start
     ok, value = box[0]
     return ok, value, time.perf_counter() - start
-
-
-def _text(value: Any, how: Callable[[Any], str]) -> str:
-    """``how(value)``, or where that raises (an exception class whose ``__str__`` is broken)
-    a line saying so: the message of a tool's error must not become an error of its own."""
-    try:
-        return how(value)
-    except Exception as exc:  # noqa: BLE001 - any __str__/__repr__ may raise anything
-        return f"<{type(value).__name__} whose {how.__name__}() raised {type(exc).__name__}>"
 
 
 def run_sync(fn: Callable[..., Any]) -> Callable[..., Any]:

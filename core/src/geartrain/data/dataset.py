@@ -285,7 +285,7 @@ class PromptDataset:
         # a conversation ending with an assistant message is a prefix the model continues
         # (TRL's continue_final_message), not a turn followed by a new assistant header
         last_is_assistant = messages[-1]["role"] == "assistant"
-        from jinja2 import TemplateError
+        from geartrain.agents.formats import chat_template_errors
 
         try:
             return tokenizer.apply_chat_template(
@@ -295,9 +295,7 @@ class PromptDataset:
                 tokenize=False,
                 **extra,
             )
-        except (TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
-            # the template's own raise_exception, a syntax error, the sandbox's refusal, or a Python
-            # error the template's expressions raise as they render ({{ 1/0 }}, int('x'), range(10**9))
+        except chat_template_errors() as exc:
             raise DataError(
                 f"{parsed.where}: the tokenizer's chat template failed on this row ({type(exc).__name__}: {exc}); "
                 "fix the template (chat_template.jinja or tokenizer_config.json of the model) or the row, or set "

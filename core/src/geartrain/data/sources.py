@@ -173,18 +173,22 @@ def _decode(path: Path, raw: bytes, encoding: str) -> str:
         ) from None
 
 
+def _not_json(where: str, exc: ValueError | RecursionError) -> DataError:
+    """The error for each way ``json.loads`` refuses text: bad syntax, nesting deeper than
+    Python's recursion limit, an integer of more digits than ``int`` converts."""
+    if isinstance(exc, json.JSONDecodeError):
+        return DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+    if isinstance(exc, RecursionError):
+        return DataError(f"{where}: JSON nested too deeply to read (arrays or objects in each other)")
+    return DataError(f"{where}: not readable JSON ({exc})")  # an integer beyond sys.get_int_max_str_digits()
+
+
 def _loads(where: str, text: str) -> Any:
-    """``json.loads(text)``; every way it refuses text (bad syntax, nesting deeper than
-    Python's recursion limit, an integer of more digits than ``int`` converts) is a
-    :class:`DataError` naming ``where``."""
+    """``json.loads(text)``; a refusal is a :class:`DataError` naming ``where``."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    except RecursionError:
-        raise DataError(f"{where}: JSON nested too deeply to read (arrays or objects in each other)") from None
-    except ValueError as exc:  # an integer literal beyond sys.get_int_max_str_digits()
-        raise DataError(f"{where}: not readable JSON ({exc})") from None
+    except (RecursionError, ValueError) as exc:
+        raise _not_json(where, exc) from None
 
 
 def _json(path: Path) -> Iterator[tuple[str, Any]]:
@@ -194,10 +198,9 @@ def _json(path: Path) -> Iterator[tuple[str, Any]]:
         return
     try:
         rows = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}, line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    except (RecursionError, ValueError):
-        rows = _loads(str(path), text)  # raises the same error, worded
+    except (RecursionError, ValueError) as exc:
+        where = f"{path}, line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else str(path)
+        raise _not_json(where, exc) from None
     escapes = _SURROGATE_ESCAPE.search(text) is not None
     for row_no, row in enumerate(rows, start=1):
         where = f"{path}, item {row_no}"
