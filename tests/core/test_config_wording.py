@@ -181,3 +181,28 @@ def test_a_job_file_that_is_a_pipe_is_named_as_one(tmp_path: Path, capsys: pytes
     os.mkfifo(fifo)
     assert main(["config", str(fifo)]) == 2
     assert "is not a regular file (a pipe, device or socket)" in capsys.readouterr().err
+
+
+def test_a_yaml_key_given_twice_is_refused_naming_both_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Probe rerun for issue 35 (probes5 leftover): a YAML job file giving a key twice ran with
+    the last value silently (TOML refuses it). A YAML merge key still overrides, as YAML says."""
+    path = tmp_path / "job.yaml"
+    path.write_text("trainer:\n  total_steps: 3\n  seed: 1\n  total_steps: 5\n")
+    assert main(["config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot parse: line 4: key 'total_steps' is given twice (first on line 2); keep one" in err, err
+    path.write_text("base: &b {total_steps: 3, seed: 1}\ntrainer:\n  <<: *b\n  total_steps: 5\n")
+    from geartrain.config import read_config_file
+
+    assert read_config_file(path)["trainer"] == {"total_steps": 5, "seed": 1}
+
+
+def test_bench_without_a_measurement_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    """Probe rerun for issue 35 (probes5 leftover): ``geartrain bench`` alone said 'the
+    following arguments are required: bench', naming the command itself, not ``memory``."""
+    with pytest.raises(SystemExit) as info:
+        main(["bench"])
+    assert info.value.code == 2
+    assert "the following arguments are required: {memory}" in capsys.readouterr().err

@@ -296,3 +296,69 @@ def test_a_huge_row_is_dropped_without_being_tokenized(tmp_path: Path) -> None:
     assert [r.prompt for r in dataset.rows] == ["ab->"]
     assert dataset.num_filtered == 1
     assert max(seen) < 1000
+
+
+_USER_ONLY = "{% for m in messages %}{% if m.role == 'user' %}<u>{{ m.content }}{% endif %}{% endfor %}<a>"
+
+
+@pytest.mark.parametrize(
+    ("template", "settings", "messages", "says"),
+    [
+        ("<u>question<a>", {}, None, "leaves out the user message's content, so every prompt would render as the same"),
+        (_USER_ONLY, {"system_prompt": "Be brief."}, None, "leaves out system messages, so data.system_prompt would"),
+        (
+            _USER_ONLY,
+            {},
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab->"}],
+            "leaves out system messages, so the rows' system messages would be lost",
+        ),
+    ],
+    ids=["ignores-messages", "drops-system-prompt", "drops-rows-system"],
+)
+def test_a_chat_template_that_loses_messages_is_refused(
+    tmp_path: Path, template: str, settings: dict, messages: list | None, says: str
+) -> None:
+    """Probe rerun for issue 35 (probes5 leftover): a chat template that ignores the messages
+    passed ``geartrain check`` and trained every prompt as the same text (a silent wrong
+    result); one that drops system messages lost data.system_prompt silently."""
+    tok = tiny_tokenizer()
+    tok.chat_template = template
+    path = tmp_path / "rows.jsonl"
+    row = {"messages": messages} if messages else {"question": "ab->"}
+    path.write_text(json.dumps({**row, "answer": "ba"}) + "\n")
+    cfg = DataConfig.model_validate(
+        {"prompt_key": "question", "answer_key": "answer", "apply_chat_template": True, **settings}
+    )
+    with pytest.raises(DataError) as info:
+        PromptDataset(path, tok, cfg)
+    assert str(info.value).startswith(f"{path}: the tokenizer's chat template {says}"), str(info.value)
+    # the same template is fine where it loses nothing: no system message to keep
+    if settings or messages:
+        path.write_text(json.dumps({"question": "ab->", "answer": "ba"}) + "\n")
+        cfg = DataConfig.model_validate({"prompt_key": "question", "answer_key": "answer", "apply_chat_template": True})
+        assert [r.prompt for r in PromptDataset(path, tok, cfg).rows] == ["<u>ab-><a>"]
+
+
+def test_a_template_emitting_megabytes_a_row_holds_one_row_at_a_time(tmp_path: Path) -> None:
+    """Probe rerun for issue 35 (probes5 leftover): a chat template emitting 100 MB per row
+    held every row's text before the length filter dropped them (MemoryError, or the machine
+    out of memory). Each text is dropped as soon as it is rendered: the peak is about one
+    row's text, not the file's."""
+    import tracemalloc
+
+    tok = tiny_tokenizer()
+    row_chars = 4_000_000
+    tok.chat_template = "{{ 'x' * " + str(row_chars) + " }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": "a"}) + "\n" for i in range(12)))
+    cfg = DataConfig.model_validate(
+        {"prompt_key": "question", "answer_key": "answer", "apply_chat_template": True, "max_prompt_length": 16}
+    )
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match="every prompt is longer than max_prompt_length=16"):
+            PromptDataset(path, tok, cfg)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * row_chars, f"peak {peak / 1e6:.0f} MB for rows of {row_chars / 1e6:.0f} MB"

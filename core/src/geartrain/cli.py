@@ -252,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("bench", help="measurements on this machine")
-    bench = p.add_subparsers(dest="bench", required=True)
+    # the metavar names the choices in "required" errors (argparse names the dest otherwise)
+    bench = p.add_subparsers(dest="bench", required=True, metavar="{memory}")
     from geartrain.bench_memory import add_arguments
 
     m = bench.add_parser(

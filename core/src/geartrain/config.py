@@ -259,6 +259,28 @@ ConfigT = TypeVar("ConfigT", bound=BaseModel)
 # ----------------------------------------------------------------------------- loading
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader refusing a key given twice in one mapping (PyYAML keeps the last
+    silently; TOML refuses it). Merge keys (``<<``) still override, as YAML defines."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                earlier = first.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the base loader words that refusal
+                continue
+            if earlier is not key_node:
+                raise yaml.YAMLError(
+                    f"line {key_node.start_mark.line + 1}: key {key!r} is given twice "
+                    f"(first on line {earlier.start_mark.line + 1}); keep one"
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Parse a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file into a dict."""
     path = Path(path)
@@ -281,7 +303,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
         elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader
         else:
             raise ConfigError([("", f"unknown config format '{path.suffix}' (use .toml, .yaml or .yml)")], str(path))
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:

@@ -96,14 +96,22 @@ class PromptDataset:
         parsed = [self._parse(where, row) for where, row in read_rows(source)]
         if not parsed:
             raise DataError(f"{self.source}: no rows")
-        texts = [self._render(p, tokenizer) for p in parsed]
+        self._check_template_keeps_messages(parsed, tokenizer)
         # a text longer than this holds more than max_prompt_length tokens: it is dropped
-        # without being tokenized (a 50 MB row must not be tokenized whole to be thrown away)
+        # without being tokenized (a 50 MB row must not be tokenized whole to be thrown away),
+        # and as soon as it is rendered (a template emitting 100 MB a row must not be held
+        # for every row before the filter)
         bound = (self.config.max_prompt_length + 1) * longest_token_chars(tokenizer)
-        fits = [len(t) <= bound for t in texts]
-        self.num_filtered = fits.count(False)
-        parsed = [p for p, ok in zip(parsed, fits, strict=True) if ok]
-        texts = [t for t, ok in zip(texts, fits, strict=True) if ok]
+        kept: list[tuple[_Parsed, str]] = []
+        for p in parsed:
+            text = self._render(p, tokenizer)
+            if len(text) <= bound:
+                kept.append((p, text))
+        total = len(parsed)
+        self.num_filtered = total - len(kept)
+        parsed = [p for p, _ in kept]
+        texts = [t for _, t in kept]
+        del kept
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         _warn_unknown_characters(self.source, parsed, texts, ids, tokenizer)
         self.rows: list[PromptRow] = []
@@ -127,7 +135,7 @@ class PromptDataset:
                 "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
                 self.source,
                 self.num_filtered,
-                len(fits),
+                total,
                 self.config.max_prompt_length,
             )
         if not self.rows:
@@ -259,10 +267,48 @@ class PromptDataset:
             checked.append({"role": message["role"], "content": message["content"]})
         return checked
 
+    def _uses_template(self, parsed: _Parsed) -> bool:
+        cfg = self.config
+        return cfg.apply_chat_template if cfg.apply_chat_template is not None else parsed.messages is not None
+
+    def _check_template_keeps_messages(self, parsed: list[_Parsed], tokenizer: Any) -> None:
+        """Refuse a chat template that leaves out the user's message (every prompt would be
+        the same text: a silent wrong result) or, where the job has system messages
+        (``data.system_prompt`` or the rows' own), the system message (its content would be
+        lost). Rendered once, on marker messages; a template that fails on them is left to
+        fail on the first row, which names it."""
+        rows = [p for p in parsed if self._uses_template(p)]
+        if not rows or not getattr(tokenizer, "chat_template", None):
+            return
+        has_system = self.config.system_prompt is not None or any(
+            m["role"] == "system" for p in rows for m in (p.messages or ())
+        )
+        user, system = "geartrain-marker-user-5f1c", "geartrain-marker-system-9b2e"
+        messages = [{"role": "user", "content": user}]
+        if has_system:
+            messages.insert(0, {"role": "system", "content": system})
+        from geartrain.agents.formats import chat_template_errors
+
+        try:
+            text = str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)).lower()
+        except chat_template_errors():
+            return
+        fix = "fix the template (chat_template.jinja or tokenizer_config.json of the model)"
+        if user not in text:
+            raise DataError(
+                f"{self.source}: the tokenizer's chat template leaves out the user message's content, so every "
+                f"prompt would render as the same text; {fix}, or set data.apply_chat_template=false"
+            )
+        if has_system and system not in text:
+            where = "data.system_prompt" if self.config.system_prompt is not None else "the rows' system messages"
+            raise DataError(
+                f"{self.source}: the tokenizer's chat template leaves out system messages, so {where} would be lost; "
+                f"{fix}, or drop {where}"
+            )
+
     def _render(self, parsed: _Parsed, tokenizer: Any) -> str:
         cfg = self.config
-        use_template = cfg.apply_chat_template if cfg.apply_chat_template is not None else parsed.messages is not None
-        if not use_template:
+        if not self._uses_template(parsed):
             if parsed.messages is not None:
                 raise DataError(
                     f"{parsed.where}: '{parsed.messages_from}' rows need data.apply_chat_template (true or unset): "
