@@ -1,10 +1,13 @@
 """The main job with ``rollout.placement = "separate"`` (1 trainer rank + 2 rollout replicas,
 ``algorithm.max_staleness = 1``: streamed, every sample at most one version old) learns like
-the colocated one: at least +30 points of held-out accuracy.
+the colocated one: its held-out gain is within 8 points of the colocated job's on the same
+machine, from the same SFT warm start, and at least 15 points.
 
 The GRPO schedule is shortened to STEPS steps (the cosine decay over STEPS, 20 warm-up
-steps), the smallest that gained >= 30 points with margin on the inline job (bench/RESULTS.md,
-"third version")."""
+steps). Not a fixed +30 points: where the SFT warm start stops depends on the CPU's numerics
+(it reaches its 30 % dev-accuracy stop inside a phase change): on the AMD EPYC VMs it stops at
+340 steps (30.9 % held-out) and GRPO gains 40+ points; on an Intel Xeon VM (2026-11-28) at 320
+steps (54.7 %), and 200 steps gained 24.6 points colocated and 23.4 separate."""
 
 from __future__ import annotations
 
@@ -35,19 +38,29 @@ SHORTER = [
 ]
 
 
-def test_main_job_with_a_separate_rollout_gains_30_points(tmp_path: Path) -> None:
-    out = tmp_path / "run"
+def _rl_records(out: Path) -> list[dict]:
+    return [r for r in records(out / "metrics.jsonl") if r.get("phase") == "rl"]
+
+
+def test_main_job_with_a_separate_rollout_learns_like_the_colocated_one(tmp_path: Path) -> None:
+    out, inline = tmp_path / "run", tmp_path / "colocated"
     start = time.monotonic()
     proc = run_cli("train", str(MAIN_CONFIG), *SEPARATE, *SHORTER, f"trainer.output_dir={out}", timeout=1800)
     seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    recs = records(out / "metrics.jsonl")
-    rl = [r for r in recs if r.get("phase") == "rl"]
+    proc = run_cli("train", str(MAIN_CONFIG), *SHORTER, f"trainer.output_dir={inline}", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rl, reference = _rl_records(out), _rl_records(inline)
     before, after = rl[0]["val/accuracy"], rl[-1]["val/accuracy"]
+    assert before == reference[0]["val/accuracy"], "both jobs start from the same SFT warm start"
+    gain, colocated = 100 * (after - before), 100 * (reference[-1]["val/accuracy"] - before)
     print(
-        f"main job, separate rollout (2 replicas, k = 1): {100 * before:.1f}% -> {100 * after:.1f}% in {seconds:.0f}s"
+        f"main job, separate rollout (2 replicas, k = 1): {100 * before:.1f}% -> {100 * after:.1f}% in {seconds:.0f}s; "
+        f"colocated: {colocated:+.1f} points"
     )
-    assert 100 * (after - before) >= 30.0, f"gain {100 * (after - before):.1f} points ({before} -> {after})"
+    assert gain >= max(15.0, colocated - 8.0), (
+        f"gain {gain:.1f} points ({before} -> {after}), colocated {colocated:.1f}"
+    )
     steps = rl[1:]
     assert len(steps) == STEPS
     assert max(r["async/staleness_max"] for r in steps) == 1.0  # it ran one version ahead, never more
