@@ -89,6 +89,12 @@ def verify_manifest(directory: str | Path, *, exclude: frozenset[str] = WRITTEN_
         actual = file.stat().st_size
         if actual != size:
             problems.append(f"{name} has {actual} bytes, the manifest says {size} (truncated or rewritten)")
-        elif _sha256(file) != sha:
+            continue
+        try:
+            same = _sha256(file) == sha
+        except OSError as exc:  # its permissions, or an I/O error: named, as a damaged file is
+            problems.append(f"{name} cannot be read ({exc.strerror or exc})")
+            continue
+        if not same:
             problems.append(f"{name} does not match its SHA-256 in the manifest (its content was changed)")
     return problems

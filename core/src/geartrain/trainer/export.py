@@ -77,9 +77,13 @@ def check_target(
     its own files, the directory of a model the checkpoint was built from (``models``:
     its ``model.path`` or tokenizer), a file, read-only, or not empty (unless ``overwrite``).
     Returns the entries to remove first (those a previous export recorded). Reads only."""
-    from geartrain.trainer.rundir import read_only
+    from geartrain.trainer.rundir import RunDirectoryError, read_only, refuse_dead_link
 
     where = f"the export target {out}"
+    try:
+        refuse_dead_link(out, where, "choose another directory")  # before resolve(): a loop raises there
+    except RunDirectoryError as exc:
+        raise ExportError(str(exc)) from None
     resolved = out.resolve()
     for model in models or []:
         for source in (model.path, model.tokenizer):
@@ -103,10 +107,6 @@ def check_target(
         saved = any((parent / name).is_file() for name in ("COMPLETE", "MANIFEST.json", "engine.json"))
         if in_run or saved or parent.name.startswith(".partial-step_"):
             raise ExportError(f"{where} is inside a checkpoint directory ({parent}); choose another directory")
-    if out.is_symlink() and not out.exists():
-        raise ExportError(
-            f"{where} is a symbolic link to {os.readlink(out)}, which does not exist; choose another directory"
-        )
     if os.path.lexists(out) and not out.is_dir():
         raise ExportError(f"{where} is a file, not a directory; choose another directory")
     if out.is_dir() and _holds_run(out):

@@ -490,8 +490,15 @@ class Job:
 
     def _commit_overwrite(self) -> None:
         """A step is done: what ``--overwrite`` set aside is deleted (once)."""
-        if self.rundir.commit():
+        if not self.rundir.commit():
+            return
+        if self.rundir.not_deleted is None:
             self.echo(f"--overwrite: deleted the previous run (set aside in {self.out / SET_ASIDE} until now)")
+        else:
+            self.echo(
+                f"--overwrite: could not delete all of the previous run: {self.rundir.not_deleted}; what is left "
+                f"of it is in {self.out / SET_ASIDE}: delete that by hand (before any --resume of this run)"
+            )
 
     def _restore_overwritten(self) -> None:
         """The job failed before its first step: the previous run that ``--overwrite`` set

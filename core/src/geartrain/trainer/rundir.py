@@ -24,6 +24,7 @@ the job holds it until it ends (:meth:`RunDirectory.release`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -169,6 +170,37 @@ class RunDirectoryError(GeartrainError):
     one of its entries is of the wrong kind)."""
 
 
+def dead_link(path: Path) -> tuple[Path, str] | None:
+    """``(link, how it is said)`` for the first of ``path`` and its parents (from the root
+    down) that is a symbolic link leading nowhere: to a path that does not exist, or into a
+    loop of links (a directory can be created neither there nor under it); ``None`` when
+    there is none."""
+    for entry in reversed([path, *path.parents]):
+        if not os.path.lexists(entry):
+            return None  # neither it nor anything under it exists: all of it can be created
+        try:
+            os.stat(entry)
+        except OSError as exc:
+            if not os.path.islink(entry):
+                return None  # not a link's doing (permissions): the checks that follow say it
+            target = os.readlink(entry)
+            if exc.errno == errno.ELOOP:
+                return entry, f"a symbolic link to {target} that leads back to itself (a loop of symbolic links)"
+            return entry, f"a symbolic link to {target}, which does not exist"
+    return None
+
+
+def refuse_dead_link(path: Path, where: str, choose: str) -> None:
+    """Raise :class:`RunDirectoryError` when ``path`` or one of its parents is a symbolic
+    link leading nowhere (:func:`dead_link`), naming it; ``choose`` ends the line."""
+    if (dead := dead_link(path)) is None:
+        return
+    link, said = dead
+    if link == path:
+        raise RunDirectoryError(f"{where} is {said}; {choose}")
+    raise RunDirectoryError(f"{where} cannot be created: {link} is {said}; {choose}")
+
+
 @dataclass
 class RunDirectory:
     """``path`` as the output directory of a fresh run (``resume=False``), a continued one
@@ -184,6 +216,8 @@ class RunDirectory:
         self.claimed = False
         """Whether :meth:`claim` took the directory (what is in it since is this job's)."""
         self.restored = False
+        self.not_deleted: str | None = None
+        """Why :meth:`commit` could not delete all that was set aside (``None``: it could)."""
         """Whether :meth:`restore` put the previous run back (what is in it is that run's)."""
         self.set_aside: list[str] = []
         """The previous run's entries this job's claim moved into :data:`SET_ASIDE` (or found
@@ -201,11 +235,7 @@ class RunDirectory:
         where = f"trainer.output_dir '{self.path}'"
         if self.resume and self.overwrite:
             raise RunDirectoryError("--resume and --overwrite exclude each other: continue the run or replace it")
-        if self.path.is_symlink() and not self.path.exists():
-            raise RunDirectoryError(
-                f"{where} is a symbolic link to {os.readlink(self.path)}, which does not exist; "
-                "choose another trainer.output_dir"
-            )
+        refuse_dead_link(self.path, where, "choose another trainer.output_dir")
         if os.path.lexists(self.path) and not self.path.is_dir():
             raise RunDirectoryError(f"{where} is a file, not a directory; choose another trainer.output_dir")
         if self.lock is None:
@@ -240,7 +270,11 @@ class RunDirectory:
                     f"{entry} is not a regular file (geartrain writes its {name} there); "
                     "move it away or choose another trainer.output_dir"
                 )
-            if not os.access(entry, os.W_OK):
+            if kind == "dir" and not os.access(entry, os.R_OK | os.X_OK):
+                raise RunDirectoryError(
+                    f"{entry} cannot be read (its permissions deny it); fix them or choose another trainer.output_dir"
+                )
+            if not os.access(entry, os.W_OK | (os.X_OK if kind == "dir" else 0)):
                 raise RunDirectoryError(
                     f"{entry} is not writable; fix its permissions or choose another trainer.output_dir"
                 )
@@ -259,6 +293,8 @@ class RunDirectory:
                 "another trainer.output_dir"
             )
         checkpoints = self.path / "checkpoints"
+        if checkpoints.is_dir():
+            self._check_checkpoint_permissions(checkpoints)
         if checkpoints.is_dir() and (foreign := foreign_checkpoints(checkpoints)):
             raise RunDirectoryError(
                 f"{checkpoints} holds what no training run saved there ({foreign}: another program's checkpoints?): "
@@ -272,6 +308,14 @@ class RunDirectory:
                 f"keeps its own {name}/ there and --overwrite would remove it; nothing was changed. Move it away, "
                 "or choose another trainer.output_dir"
             )
+        if self.overwrite:
+            for name in [*RUN_ENTRIES, SET_ASIDE]:
+                if (blocked := _undeletable(self.path / name)) is not None:
+                    raise RunDirectoryError(
+                        f"{blocked} cannot be emptied (its permissions deny it): --overwrite could not delete the "
+                        "previous run there; nothing was changed. Fix its permissions, or choose another "
+                        "trainer.output_dir"
+                    )
         found = self.holds_run()
         if self.resume and os.path.lexists(self.path / SET_ASIDE):
             raise RunDirectoryError(
@@ -292,6 +336,28 @@ class RunDirectory:
                 "afresh (Python: run_job(config, resume=True) / run_job(config, overwrite=True)), "
                 "or choose another trainer.output_dir"
             )
+
+    def _check_checkpoint_permissions(self, checkpoints: Path) -> None:
+        """Each role's directory under ``checkpoints`` can be listed (and, for a resumed
+        run, which saves there, written), and each of its step directories read: else one
+        line naming it, not a ``PermissionError`` from a listing or, after hours of
+        training, from a save."""
+        for role in sorted(checkpoints.iterdir()):
+            if not role.is_dir():
+                continue  # foreign_checkpoints names it
+            if not os.access(role, os.R_OK | os.X_OK | (os.W_OK if self.resume else 0)):
+                said = (
+                    "is not readable and writable (the resumed run loads and saves its checkpoints there)"
+                    if self.resume
+                    else "cannot be read (its permissions deny it)"
+                )
+                raise RunDirectoryError(f"{role} {said}; fix its permissions or choose another trainer.output_dir")
+            for step in sorted(role.iterdir()):
+                if step.is_dir() and not os.access(step, os.R_OK | os.X_OK):
+                    raise RunDirectoryError(
+                        f"{step} cannot be read (its permissions deny it); fix them or choose another "
+                        "trainer.output_dir"
+                    )
 
     def claim(self) -> list[str]:
         """Create the directory; with ``overwrite``, move the previous run's entries (only
@@ -339,13 +405,19 @@ class RunDirectory:
 
     def commit(self) -> bool:
         """The new run has finished a step: delete what ``--overwrite`` set aside (this job's
-        claim, or a killed earlier one's). Returns whether anything was deleted. Only an
-        ``--overwrite`` job deletes it: a fresh run or ``--resume`` never does."""
+        claim, or a killed earlier one's). Returns whether anything was set aside. Only an
+        ``--overwrite`` job deletes it: a fresh run or ``--resume`` never does. A deletion
+        that fails (a file made undeletable since the checks) does not stop the new run:
+        ``not_deleted`` says why, and what is left stays in :data:`SET_ASIDE`."""
         aside = self.path / SET_ASIDE
         self.set_aside = []
+        self.not_deleted = None
         if not self.overwrite or not os.path.lexists(aside):
             return False
-        _remove(aside)
+        try:
+            _remove(aside)
+        except OSError as exc:
+            self.not_deleted = f"{exc.strerror or exc} ({exc.filename or aside})"
         return True
 
     def restore(self) -> list[str]:
@@ -373,6 +445,22 @@ class RunDirectory:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+def _undeletable(entry: Path) -> Path | None:
+    """The first directory in the tree ``entry`` (a directory, not a link to one) whose
+    entries this process may not delete or list (it lacks write, search or read permission),
+    or ``None``: a tree ``_remove`` can delete."""
+    if not entry.is_dir() or entry.is_symlink():
+        return None
+    for top, dirs, files in os.walk(entry):
+        if (dirs or files) and not os.access(top, os.W_OK | os.X_OK):
+            return Path(top)
+        for name in dirs:
+            sub = Path(top, name)
+            if not sub.is_symlink() and not os.access(sub, os.R_OK | os.X_OK):
+                return sub
+    return None
 
 
 def _remove(entry: Path) -> None:
