@@ -176,3 +176,17 @@ def test_a_checkpoint_file_that_cannot_be_read_is_named_as_damaged(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['trainer.pt cannot be read (Permission denied)']"
     assert verify_manifest(step) == []
+
+
+@pytest.mark.parametrize(
+    "override", ["trainer.total_steps=true", "sampling.temperature=false", "actor.engine.optim.lr=true"]
+)
+def test_a_bool_given_for_a_number_is_refused(override: str) -> None:
+    """``trainer.total_steps=true`` trained one step and ``sampling.temperature=false``
+    sampled greedily, silently: pydantic's lax mode reads true and false as 1 and 0."""
+    from geartrain.errors import ConfigError
+    from geartrain.trainer import load_train_config
+
+    with pytest.raises(ConfigError, match="should be a number, not (true|false)"):
+        load_train_config(ROOT / "examples" / "arithmetic" / "grpo.toml", [override], check_plugins=False)
+    load_train_config(ROOT / "examples" / "arithmetic" / "grpo.toml", ["trainer.progress=false"], check_plugins=False)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from geartrain.agents.config import AgentConfig
 from geartrain.errors import ConfigError, ConfigFileError
@@ -61,6 +61,32 @@ class Section(BaseModel):
     # validation of a section inside another (a job file, TrainConfig(trainer={...})) does
     # not call __init__ (pydantic's mark for its own): the outer error holds every problem
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """``true``/``false`` given for a number is refused: pydantic's lax mode reads them
+        as 1 and 0 (``trainer.total_steps=true`` trained one step, silently)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _a_number_not_a_bool(field.annotation):
+            raise ValueError(f"should be a number, not {str(value).lower()}")
+        return value
+
+
+def _a_number_not_a_bool(annotation: Any) -> bool:
+    """Whether a field of type ``annotation`` takes an int or a float and no bool (``int``,
+    ``float | None``, ``Annotated[int, ...]``; not ``bool | int``, not ``list[int]``)."""
+    number = False
+    stack = [annotation]
+    while stack:
+        kind = stack.pop()
+        if kind is bool:
+            return False
+        if kind is int or kind is float:
+            number = True
+        elif typing.get_origin(kind) in (typing.Union, typing.Annotated) or type(kind).__name__ == "UnionType":
+            stack.extend(typing.get_args(kind))
+    return number
 
 
 class ModelConfig(Section):
