@@ -208,6 +208,9 @@ def test_resume_lists_every_change_and_refuses_the_ones_that_cannot_apply(tmp_pa
     with pytest.raises(ConfigError) as err:
         run_job(changed, resume=True)
     message = str(err.value)
+    # two refusals; the applied change and the way out are notes, not problems (probes6: "3 problem(s)" for one)
+    assert "the config differs from the run's: 2 problem(s)\n" in message, message
+    assert len(err.value.problems) == 2
     assert "actor.engine.optim.lr: 0.0003 -> 0.01: refused, the optimizer and LR schedule are restored" in message
     assert (
         "model.config_overrides.hidden_size: 128 -> 64: refused, the checkpoint holds this model's weights" in message

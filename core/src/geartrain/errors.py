@@ -3,7 +3,7 @@ wrong, where, and how to fix it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 class GeartrainError(Exception):
@@ -53,12 +53,15 @@ class ConfigError(GeartrainError):
     ``parallel.tp``): the core prefixes the section's path (``actor.engine.``) and the CLI
     prints it without a traceback."""
 
-    def __init__(self, problems: list[tuple[str, str]], source: str | None = None) -> None:
+    def __init__(
+        self, problems: list[tuple[str, str]], source: str | None = None, *, notes: Sequence[str] = ()
+    ) -> None:
         self.problems = problems
         self.source = source
         head = f"invalid configuration{f' in {source}' if source else ''}: {len(problems)} problem(s)"
         lines = [head] + [f"  {path}: {msg}" if path else f"  {msg}" for path, msg in problems]
-        super().__init__("\n".join(lines))
+        # context and the way out, printed after the problems and not counted as ones
+        super().__init__("\n".join(lines + [f"  {note}" for note in notes]))
 
 
 class ConfigFileError(ConfigError):

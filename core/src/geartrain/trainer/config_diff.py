@@ -125,14 +125,10 @@ def check_resume_config(saved: dict[str, Any], new: dict[str, Any], source: str)
     if refused:
         problems = [(c.key, f"{json.dumps(c.old)} -> {json.dumps(c.new)}: refused, {c.reason}") for c in refused]
         applied = [c for c in changes if c.verdict == "applied"]
-        if applied:
-            problems.append(("", "would be applied: " + "; ".join(c.line() for c in applied)))
-        problems.append(
-            (
-                "",
-                "revert the refused settings to resume, or start a new run (another trainer.output_dir, "
-                "or --overwrite; e.g. from this run's export with model.path=<output_dir>/hf)",
-            )
+        notes = ["would be applied: " + "; ".join(c.line() for c in applied)] if applied else []
+        notes.append(
+            "revert the refused settings to resume, or start a new run (another trainer.output_dir, "
+            "or --overwrite; e.g. from this run's export with model.path=<output_dir>/hf)"
         )
-        raise ConfigError(problems, f"--resume of {source}: the config differs from the run's")
+        raise ConfigError(problems, f"--resume of {source}: the config differs from the run's", notes=notes)
     return changes
