@@ -96,30 +96,27 @@ def _check(out: Path, mode: str) -> str:
     return done.stdout.strip()
 
 
+def _check_with_mode(out: Path, mode: str, path: Path, permissions: int) -> str:
+    """:func:`_check` while ``path`` has ``permissions`` (restored to 0o755 afterwards)."""
+    path.chmod(permissions)
+    try:
+        return _check(out, mode)
+    finally:
+        path.chmod(0o755)
+
+
 def test_a_resume_into_a_role_directory_it_cannot_write_is_one_line_before_training(tmp_path: Path) -> None:
     """``chmod 555 <run>/checkpoints/actor`` then ``--resume``: the run trained its steps, then
     its save died in a 45-line ``PermissionError`` (exit 1). A ``checkpoints/`` it cannot
     list was a 32-line one at once."""
     out = _run(tmp_path / "run")
     role = out / "checkpoints" / "actor"
-    role.chmod(0o555)
-    try:
-        line = _check(out, "resume")
-    finally:
-        role.chmod(0o755)
+    line = _check_with_mode(out, "resume", role, 0o555)
     assert line.startswith(f"{role} is not readable and writable") and "fix its permissions" in line
-    (out / "checkpoints").chmod(0o300)
-    try:
-        line = _check(out, "resume")
-    finally:
-        (out / "checkpoints").chmod(0o755)
+    line = _check_with_mode(out, "resume", out / "checkpoints", 0o300)
     assert line.startswith(f"{out / 'checkpoints'} cannot be read")
     step = role / "step_00000004"
-    step.chmod(0o000)
-    try:
-        line = _check(out, "resume")
-    finally:
-        step.chmod(0o755)
+    line = _check_with_mode(out, "resume", step, 0o000)
     assert line.startswith(f"{step} cannot be read")
     assert _check(out, "resume") == "ok"
 
@@ -133,11 +130,7 @@ def test_an_overwrite_that_could_not_delete_the_previous_run_is_refused_before_i
     directory one that ``--resume`` refuses."""
     out = _run(tmp_path / "run")
     role = out / "checkpoints" / "actor"
-    role.chmod(0o555)
-    try:
-        line = _check(out, "overwrite")
-    finally:
-        role.chmod(0o755)
+    line = _check_with_mode(out, "overwrite", role, 0o555)
     assert line.startswith(f"{role} cannot be emptied (its permissions deny it)") and "nothing was changed" in line
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl"]
     assert _check(out, "overwrite") == "ok"

@@ -102,16 +102,16 @@ class PromptDataset:
         # and as soon as it is rendered (a template emitting 100 MB a row must not be held
         # for every row before the filter)
         bound = (self.config.max_prompt_length + 1) * longest_token_chars(tokenizer)
-        kept: list[tuple[_Parsed, str]] = []
+        total = len(parsed)
+        fitting: list[_Parsed] = []
+        texts: list[str] = []
         for p in parsed:
             text = self._render(p, tokenizer)
             if len(text) <= bound:
-                kept.append((p, text))
-        total = len(parsed)
-        self.num_filtered = total - len(kept)
-        parsed = [p for p, _ in kept]
-        texts = [t for _, t in kept]
-        del kept
+                fitting.append(p)
+                texts.append(text)
+        parsed = fitting
+        self.num_filtered = total - len(parsed)
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         _warn_unknown_characters(self.source, parsed, texts, ids, tokenizer)
         self.rows: list[PromptRow] = []

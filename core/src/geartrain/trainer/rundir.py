@@ -216,9 +216,9 @@ class RunDirectory:
         self.claimed = False
         """Whether :meth:`claim` took the directory (what is in it since is this job's)."""
         self.restored = False
+        """Whether :meth:`restore` put the previous run back (what is in it is that run's)."""
         self.not_deleted: str | None = None
         """Why :meth:`commit` could not delete all that was set aside (``None``: it could)."""
-        """Whether :meth:`restore` put the previous run back (what is in it is that run's)."""
         self.set_aside: list[str] = []
         """The previous run's entries this job's claim moved into :data:`SET_ASIDE` (or found
         there, from a killed ``--overwrite``), until :meth:`commit` or :meth:`restore`."""
