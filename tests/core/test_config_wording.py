@@ -113,6 +113,26 @@ def test_one_entry_of_a_list_is_overridden_by_its_index(tmp_path: Path) -> None:
     assert "reward.functions.5.weight: 'reward.functions' is a list of 2: an index is 0 to 1, or 2 to append" in text
 
 
+def test_an_override_given_twice_is_named_and_the_last_is_used(caplog: pytest.LogCaptureFixture) -> None:
+    """Probe of issue 35: ``trainer.total_steps=5 trainer.total_steps=7`` took 7 silently.
+    Layering a shared list of overrides and then the differing one is a use, so the last
+    still wins, with one warning line naming both."""
+    with caplog.at_level("WARNING", logger="geartrain.config"):
+        config = load_train_config(
+            JOB, ["trainer.total_steps=5", "sampling.n=4", "trainer.total_steps = 7"], check_plugins=False
+        )
+    assert config.trainer.total_steps == 7
+    said = [r.getMessage() for r in caplog.records if r.name == "geartrain.config"]
+    assert said == [
+        "trainer.total_steps is given twice on the command line ('trainer.total_steps=5', then "
+        "'trainer.total_steps = 7'); the last is used"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="geartrain.config"):
+        load_train_config(JOB, ["trainer.total_steps=5", "sampling.n=4"], check_plugins=False)
+    assert not [r for r in caplog.records if r.name == "geartrain.config"]
+
+
 def test_a_trl_name_in_a_job_file_gets_the_same_answer_and_typos_still_get_did_you_mean(tmp_path: Path) -> None:
     text = _error(tmp_path, "[trainer]\nmax_steps = 3\nmax_stalenes = 1\n", [])
     assert "trainer.max_steps: unknown key 'max_steps'; TRL's 'max_steps' is trainer.total_steps" in text

@@ -172,7 +172,13 @@ def test_a_checkpoint_file_that_cannot_be_read_is_named_as_damaged(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    "override", ["trainer.total_steps=true", "sampling.temperature=false", "actor.engine.optim.lr=true"]
+    "override",
+    [
+        "trainer.total_steps=true",
+        "sampling.temperature=false",
+        "actor.engine.optim.lr=true",
+        "actor.engine.optim.betas=[true,0.9]",
+    ],
 )
 def test_a_bool_given_for_a_number_is_refused(override: str) -> None:
     """``trainer.total_steps=true`` trained one step and ``sampling.temperature=false``
@@ -183,3 +189,7 @@ def test_a_bool_given_for_a_number_is_refused(override: str) -> None:
     with pytest.raises(ConfigError, match="should be a number, not (true|false)"):
         load_train_config(ROOT / "examples" / "arithmetic" / "grpo.toml", [override], check_plugins=False)
     load_train_config(ROOT / "examples" / "arithmetic" / "grpo.toml", ["trainer.progress=false"], check_plugins=False)
+    config = load_train_config(
+        ROOT / "examples" / "arithmetic" / "grpo.toml", ["actor.engine.optim.betas=[0.8,0.99]"], check_plugins=False
+    )
+    assert config.actor.engine.optim.betas == (0.8, 0.99)

@@ -97,3 +97,23 @@ def test_a_job_releases_its_lock_when_it_fails(tmp_path: Path) -> None:
         run_job(_config(out))
     assert (out / LOCK_NAME).exists()
     RunLock.acquire(out).release()
+
+
+@pytest.mark.parametrize("target", ["hf", "exports/step4", "."])
+def test_an_export_into_a_live_runs_directory_is_refused(live, target: str) -> None:  # noqa: ANN001
+    """Probe of issue 35 (probes6): ``geartrain export RUN RUN/hf`` was accepted while the
+    run trained, and the run's own export at its end writes the same directory. Exporting
+    a live run's newest checkpoint elsewhere is a use, and stays allowed."""
+    from geartrain.trainer.export import ExportError, check_target
+
+    out, proc = live
+    checkpoint = out / "checkpoints" / "actor" / "step_00000004"
+    with pytest.raises(ExportError) as err:
+        check_target(out / target, out, checkpoint, overwrite=False)
+    message = str(err.value)
+    assert f"is inside {out}, the directory of a run still training (pid {proc.pid} on host" in message, message
+    elsewhere = out.parent / "elsewhere"
+    assert check_target(elsewhere, out, checkpoint, overwrite=False) == []
+    proc.kill()
+    proc.wait()
+    assert check_target(out / "hf", out, checkpoint, overwrite=False) == []  # the run has ended

@@ -219,6 +219,24 @@ def test_resume_lists_every_change_and_refuses_the_ones_that_cannot_apply(tmp_pa
     assert _tree(out) == before
 
 
+def test_resume_with_total_steps_below_the_runs_step_is_refused(tmp_path: Path) -> None:
+    """Probe of issue 35 (probes6): ``--resume trainer.total_steps=7`` on a run at step 10
+    said 'takes effect from the next step', trained nothing and exported step 10 as 7's."""
+    out = tmp_path / "run"
+    before = _finished_run(out)  # its newest checkpoint: step 4
+    with pytest.raises(ConfigError) as err:
+        run_job(_config(out, "trainer.total_steps=3"), resume=True)
+    assert err.value.problems == [
+        (
+            "trainer.total_steps",
+            "3 is below the step this run already reached (4, its checkpoint step_00000004): nothing would train, "
+            "and its export would be step 4's",
+        )
+    ]
+    assert f"`geartrain export {out} DIR` exports it" in str(err.value)
+    assert _tree(out) == before
+
+
 def test_config_diff_verdicts() -> None:
     saved = _config(Path("out")).model_dump(mode="json")
     new = _config(
@@ -355,6 +373,25 @@ def test_a_project_directorys_model_or_logs_without_a_run_are_never_taken_for_a_
     with pytest.raises(RunDirectoryError) as info:
         run_job(_config(out), overwrite=True)
     assert str(info.value).startswith(f"{out / entry.split('/')[0]} holds what no training run wrote there ({why}")
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "resume"])
+def test_a_run_whose_config_json_is_gone_is_refused_naming_config_json(tmp_path: Path, mode: str) -> None:
+    """Probe of issue 35 (probes6): with config.json deleted, the refusal blamed the run's
+    own tensorboard/ ('another program's?') and never named the missing file."""
+    out = tmp_path / "run"
+    _finished_run_with(out, "trainer.loggers=[tensorboard]")
+    (out / "tensorboard").mkdir(exist_ok=True)
+    (out / "tensorboard" / "events.out.tfevents.1").write_text("the run's")
+    (out / "config.json").unlink()
+    before = _tree(out)
+    with pytest.raises(RunDirectoryError) as info:
+        run_job(_config(out), **{mode: True})
+    message = str(info.value)
+    assert message.startswith(f"{out} holds a run (metrics.jsonl, checkpoints"), message
+    assert "whose config.json is missing" in message
+    assert "Put the run's config.json back, or move tensorboard/ away" in message
     assert _tree(out) == before
 
 

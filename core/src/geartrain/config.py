@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import logging
 import re
 import tomllib
 import typing
@@ -27,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from geartrain.agents.config import AgentConfig
 from geartrain.errors import ConfigError, ConfigFileError
 from geartrain.limits import MAX_SEED
+
+_log = logging.getLogger(__name__)
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -68,8 +71,14 @@ class Section(BaseModel):
         """``true``/``false`` given for a number is refused: pydantic's lax mode reads them
         as 1 and 0 (``trainer.total_steps=true`` trained one step, silently)."""
         field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and _a_number_not_a_bool(field.annotation):
+        if field is None:
+            return value
+        if isinstance(value, bool) and _a_number_not_a_bool(field.annotation):
             raise ValueError(f"should be a number, not {str(value).lower()}")
+        if isinstance(value, list | tuple) and _numbers_not_bools(field.annotation):
+            for index, item in enumerate(value):
+                if isinstance(item, bool):
+                    raise ValueError(f"item {index} should be a number, not {str(item).lower()}")
         return value
 
 
@@ -87,6 +96,21 @@ def _a_number_not_a_bool(annotation: Any) -> bool:
         elif typing.get_origin(kind) in (typing.Union, typing.Annotated) or type(kind).__name__ == "UnionType":
             stack.extend(typing.get_args(kind))
     return number
+
+
+def _numbers_not_bools(annotation: Any) -> bool:
+    """Whether a field of type ``annotation`` is a list or tuple of numbers taking no bool
+    (``tuple[float, float]``, ``list[int] | None``)."""
+    stack = [annotation]
+    while stack:
+        kind = stack.pop()
+        origin = typing.get_origin(kind)
+        if origin in (list, tuple):
+            items = [arg for arg in typing.get_args(kind) if arg is not Ellipsis]
+            return bool(items) and all(_a_number_not_a_bool(arg) for arg in items)
+        if origin in (typing.Union, typing.Annotated) or type(kind).__name__ == "UnionType":
+            stack.extend(typing.get_args(kind))
+    return False
 
 
 class ModelConfig(Section):
@@ -366,11 +390,19 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     ``function``, keeping its other keys; index ``len`` appends an entry, a missing list is
     created); any other index of a list is one problem naming the key."""
     problems = []
+    given: dict[str, str] = {}
     for item in overrides:
         if "=" not in item:
             problems.append((item, "an override must look like key.path=value"))
             continue
         key, raw = item.split("=", 1)
+        if (earlier := given.get(key.strip())) is not None:
+            # layering (a shared list of overrides, then the one that differs) is a use, so
+            # the last one wins as an option given twice does in argparse, but never silently
+            _log.warning(
+                "%s is given twice on the command line ('%s', then '%s'); the last is used", key.strip(), earlier, item
+            )
+        given[key.strip()] = item
         parts = key.strip().split(".")
         node: Any = data
         for i, part in enumerate(parts):

@@ -78,6 +78,7 @@ def check_target(
     its ``model.path`` or tokenizer), a file, read-only, or not empty (unless ``overwrite``).
     Returns the entries to remove first (those a previous export recorded). Reads only."""
     from geartrain.trainer.rundir import RunDirectoryError, read_only, refuse_dead_link
+    from geartrain.trainer.runlock import held
 
     where = f"the export target {out}"
     try:
@@ -85,6 +86,14 @@ def check_target(
     except RunDirectoryError as exc:
         raise ExportError(str(exc)) from None
     resolved = out.resolve()
+    for parent in [resolved, *resolved.parents]:
+        live, owner = held(parent)
+        if live:
+            who = owner.describe() if owner is not None else "its owner did not record itself yet"
+            raise ExportError(
+                f"{where} is inside {parent}, the directory of a run still training ({who}): it writes its own "
+                "files there, its export among them; choose a directory outside it, or export once it has ended"
+            )
     for model in models or []:
         for source in (model.path, model.tokenizer):
             if source is None or not Path(source).exists():

@@ -29,6 +29,9 @@ class JsonlLogger:
     def __init__(self, path: str | Path, *, resume_step: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: on resume: the steps up to ``resume_step`` with no RL record in the file (cut or
+        #: edited by hand); a job's metrics have one for every step, a sampled log may not
+        self.missing_rl_steps: list[int] = []
         if resume_step is None:
             self.path.write_text("")
         else:
@@ -38,10 +41,12 @@ class JsonlLogger:
     def truncate_after(self, step: int) -> None:
         """Drop the RL records with ``step > step`` (written after the checkpoint the run
         resumes from) and any cut-off last line."""
+        self.missing_rl_steps = list(range(1, step + 1))
         if not self.path.exists():
             self.path.write_text("")
             return
         kept = []
+        seen: set[int] = set()
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
                 record = json.loads(line)
@@ -49,7 +54,10 @@ class JsonlLogger:
                 continue  # a line cut off by a kill
             if record.get("phase") == "rl" and int(record.get("step", 0)) > step:
                 continue
+            if record.get("phase") == "rl":
+                seen.add(int(record.get("step", 0)))
             kept.append(line)
+        self.missing_rl_steps = [s for s in self.missing_rl_steps if s not in seen]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         tmp.replace(self.path)
@@ -60,6 +68,17 @@ class JsonlLogger:
 
     def close(self) -> None:
         self._file.close()
+
+
+def step_ranges(steps: list[int]) -> str:
+    """``[3, 5, 6, 7]`` -> ``"3, 5-7"``."""
+    runs: list[list[int]] = []
+    for step in sorted(steps):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

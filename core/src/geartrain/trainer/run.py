@@ -54,6 +54,7 @@ from geartrain.trainer.metrics import (
     TqdmLoggingHandler,
     plot_curves,
     read_jsonl,
+    step_ranges,
 )
 from geartrain.trainer.preflight import Preflight, preflight
 from geartrain.trainer.rl import RLRoles, RLTrainer
@@ -233,6 +234,22 @@ class Job:
                     self.echo(f"  {change.line()}")
         else:
             self.echo(f"--resume: {saved} is missing, so the config cannot be compared with the run's")
+        reached, total = CheckpointManager.step_of(latest), self.config.trainer.total_steps
+        if total < reached:
+            raise ConfigError(
+                [
+                    (
+                        "trainer.total_steps",
+                        f"{total} is below the step this run already reached ({reached}, its checkpoint "
+                        f"{latest.name}): nothing would train, and its export would be step {reached}'s",
+                    )
+                ],
+                f"--resume of {self.out}",
+                notes=[
+                    f"give trainer.total_steps={reached} or more to resume it; to keep step {reached} as it is, "
+                    f"`geartrain export {self.out} DIR` exports it"
+                ],
+            )
         return latest
 
     def _sft(self, pre: Preflight, jsonl: JsonlLogger, tb: Fanout | None) -> ModelConfig:
@@ -610,6 +627,11 @@ class Job:
         self._placement()  # ranks start once every check passed (a local Ray instance takes seconds)
         resume_step = CheckpointManager.step_of(latest) if latest is not None else None
         jsonl = JsonlLogger(self.out / "metrics.jsonl", resume_step=resume_step)
+        if jsonl.missing_rl_steps:
+            self.echo(
+                f"--resume: {jsonl.path} has no record of step(s) {step_ranges(jsonl.missing_rl_steps)} "
+                f"(cut or edited since they were trained); its curves will have a gap there"
+            )
         tb = (
             TensorBoardLogger(
                 self.out / "tensorboard", purge_step=(resume_step + 1) if resume_step is not None else None

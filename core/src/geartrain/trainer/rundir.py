@@ -303,6 +303,14 @@ class RunDirectory:
             )
         if self.path.is_dir() and (foreign := foreign_entry(self.path)):
             name, why = foreign
+            others = [m for m in self.holds_run() if m not in ("config.json", name)]
+            if others and not os.path.lexists(self.path / "config.json"):
+                raise RunDirectoryError(
+                    f"{self.path} holds a run ({', '.join(others)}) whose config.json is missing: it is what says "
+                    f"whether {name}/ is that run's, so {name}/ may be another program's, and --overwrite would "
+                    f"remove it; nothing was changed. Put the run's config.json back, or move {name}/ away, or "
+                    "choose another trainer.output_dir"
+                )
             raise RunDirectoryError(
                 f"{self.path / name} holds what no training run wrote there ({why}; another program's?): a run "
                 f"keeps its own {name}/ there and --overwrite would remove it; nothing was changed. Move it away, "

@@ -79,22 +79,28 @@ def _refusal(directory: Path, owner: LockOwner | None) -> RunLockedError:
     )
 
 
-def probe(directory: str | Path) -> None:
-    """Raise :class:`RunLockedError` if a live run holds ``directory``. Changes nothing
-    (no lock file is created where there is none)."""
+def held(directory: str | Path) -> tuple[bool, LockOwner | None]:
+    """Whether a live run holds ``directory``, and who (``None`` while the owner has not
+    recorded itself yet). Changes nothing (no lock file is created where there is none)."""
     path = Path(directory) / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY)  # flock needs no write access (a read-only filesystem)
-    except (FileNotFoundError, NotADirectoryError):
-        return
     except OSError:
-        return  # the writability checks name this; a lock we cannot open is not held by us
+        return False, None  # none there; or one we cannot open (the writability checks name that)
     try:
         if not _try_flock(fd):
-            raise _refusal(Path(directory), _read_owner(fd))
+            return True, _read_owner(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
+        return False, None
     finally:
         os.close(fd)
+
+
+def probe(directory: str | Path) -> None:
+    """Raise :class:`RunLockedError` if a live run holds ``directory``. Changes nothing."""
+    live, owner = held(directory)
+    if live:
+        raise _refusal(Path(directory), owner)
 
 
 class RunLock:
