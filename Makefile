@@ -9,12 +9,11 @@
 #   make train-agent  the agentic main job (examples/calculator): SFT on tool-use traces, GRPO on
 #                multi-turn episodes with a calculator tool, then the control (same SFT start, no tool)
 #   make test    the lint gate (make lint: ruff check + ruff format --check, seconds), then every
-#                test suite, each in an environment holding only what it needs, one after another
-#   make test TEST_JOBS=N   (or make -jN test) the same, N suites side by side, longest first,
-#                each suite's output printed whole when it ends. Lint still runs alone first and
-#                every environment is built before any suite starts. Fresh clone, shared 2-core
-#                machine, 2026-11-27: 32.4 min with TEST_JOBS=2, 41.6 min sequential
-#                (bench/RESULTS.md, "make test side by side").
+#                test suite, each in an environment holding only what it needs, two side by side,
+#                longest first, each suite's output printed whole when it ends. Lint still runs
+#                alone first and every environment is built before any suite starts.
+#   make test TEST_JOBS=N   (or make -jN test) the same, N suites side by side; TEST_JOBS=1 one
+#                after another (bench/RESULTS.md, "make test side by side").
 #   make lint    ruff check . and ruff format --check . with the pinned ruff in .venvs/lint
 #
 # Environments (all gitignored):
@@ -208,15 +207,22 @@ ENVS := .venvs/lint/.ok .venvs/core/.ok .venvs/fsdp/.ok .venvs/vllm/.ok .venvs/m
 envs:
 	$(ENV_LOCK) $(MAKE) -j3 $(ENVS)
 
-# The suites in the order plain `make test` runs them, and (TEST_JOBS) longest first so that N
-# side by side end close together (quiet 2-core figures: e2e 12 min, Ray 10, SGLang 1.4 + 3.5
-# chained, FSDP 3, core 3, Megatron 1.3, vLLM 0.9).
+# The suites in the order `make test TEST_JOBS=1` runs them, and longest first so that N side
+# by side end close together (2-core Intel Xeon VM, one after another, at load: e2e 30 min,
+# Ray 25, SGLang 4 + 13 chained, FSDP 12.5, core 12, Megatron 4.4, vLLM 2.2).
 SUITES := test-core test-fsdp test-vllm test-megatron test-sglang test-sglang-e2e test-e2e test-ray
 SUITES_LONGEST_FIRST := test-e2e test-ray test-sglang-chain test-fsdp test-core test-megatron test-vllm
+# How many suites run side by side. Two by default: most tests spend their time in one Python
+# process (a job at trainer.torch_threads = 1, interpreters importing torch), so one suite
+# leaves the second core mostly idle; one after another, the suites outgrew CI's 90 minutes on
+# the slower 2-core VMs (bench/RESULTS.md, "make test side by side"). TEST_JOBS=1 (or make -j1
+# test) runs them one after another; make -jN test, N side by side.
 TEST_JOBS ?=
-# non-empty when suites run side by side: TEST_JOBS, or make's own -jN (N > 1; seen in MAKEFLAGS
-# inside a recipe)
-SIDE_BY_SIDE = $(or $(filter-out 1,$(TEST_JOBS)),$(filter-out -j1,$(filter -j%,$(MAKEFLAGS))))
+# TEST_JOBS, else make's own -jN (seen in MAKEFLAGS inside a recipe only), else 2
+JOBS_GIVEN = $(filter -j%,$(MAKEFLAGS))
+SUITE_JOBS = $(or $(TEST_JOBS),$(if $(JOBS_GIVEN),,2))
+# non-empty when suites run side by side
+SIDE_BY_SIDE = $(or $(filter-out 1,$(SUITE_JOBS)),$(filter-out -j1,$(JOBS_GIVEN)))
 
 # The two SGLang suites as one job: listed as two goals, a parallel make that finds
 # test-sglang-e2e waiting on test-sglang starts every later goal first and runs it last, alone
@@ -235,7 +241,7 @@ test-sglang-chain:
 # (bind to port 0), and every local Ray instance gets its own GCS port and session directory.
 test: lint
 	$(MAKE) --no-print-directory envs
-	$(MAKE) --no-print-directory $(if $(TEST_JOBS),-j$(TEST_JOBS)) \
+	$(MAKE) --no-print-directory $(if $(SUITE_JOBS),-j$(SUITE_JOBS)) \
 		$(if $(SIDE_BY_SIDE),--output-sync=target $(SUITES_LONGEST_FIRST),$(SUITES))
 	@echo "all geartrain test suites passed"
 

