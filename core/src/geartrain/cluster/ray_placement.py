@@ -231,10 +231,9 @@ class RankHost:
     def rendezvous_address(self) -> tuple[str, int]:
         import ray
 
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        from geartrain.cluster.ports import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
 
     def init_distributed(self, address: str, port: int, timeout_s: float) -> None:
         import torch.distributed as dist

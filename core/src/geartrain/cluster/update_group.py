@@ -21,22 +21,20 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import torch
 
+from geartrain.cluster.ports import free_port
 from geartrain.errors import GeartrainError
 from geartrain.weights import BucketStats, bucketed
 
 
 def free_address() -> tuple[str, int]:
     """This host's address and a free TCP port on it (for the group's store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     try:
         import ray
 
