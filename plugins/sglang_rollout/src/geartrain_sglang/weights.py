@@ -15,12 +15,12 @@ between ``begin_weight_update`` and ``end_weight_update`` (SGLang's weight-updat
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+from geartrain.cluster.ports import free_port as free_port_below_ephemeral
 from geartrain.weights import BucketStats
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
@@ -45,9 +45,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for the weight-update group's store, below the ephemeral range (where an
+    outgoing connection could take it first: :mod:`geartrain.cluster.ports`)."""
+    return free_port_below_ephemeral("127.0.0.1")
 
 
 def _in_thread(fn: Callable[[], None]) -> Callable[[], None]:
