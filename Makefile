@@ -237,8 +237,10 @@ test-sglang-chain:
 # suite's own environment prerequisite, built unlocked by a parallel make beside `envs`, would
 # be a second pip writing the same venv). Suites that must run in order say so by
 # prerequisites (.venvs/sglang/.e2e: | test-sglang); nothing else is shared between suites:
-# each test writes under its own pytest tmp_path, every port is taken free from the kernel
-# (bind to port 0), and every local Ray instance gets its own GCS port and session directory.
+# each test writes under its own pytest tmp_path, every port is free when taken (rendezvous
+# ports at random below the kernel's ephemeral range, where no outgoing connection takes them:
+# geartrain.cluster.ports), and every local Ray instance gets its own GCS port and session
+# directory.
 test: lint
 	$(MAKE) --no-print-directory envs
 	$(MAKE) --no-print-directory $(if $(SUITE_JOBS),-j$(SUITE_JOBS)) \
