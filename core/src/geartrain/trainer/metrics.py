@@ -41,9 +41,9 @@ class JsonlLogger:
     def truncate_after(self, step: int) -> None:
         """Drop the RL records with ``step > step`` (written after the checkpoint the run
         resumes from) and any cut-off last line."""
-        self.missing_rl_steps = list(range(1, step + 1))
         if not self.path.exists():
             self.path.write_text("")
+            self.missing_rl_steps = list(range(1, step + 1))
             return
         kept = []
         seen: set[int] = set()
@@ -52,12 +52,12 @@ class JsonlLogger:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut off by a kill
-            if record.get("phase") == "rl" and int(record.get("step", 0)) > step:
-                continue
             if record.get("phase") == "rl":
+                if int(record.get("step", 0)) > step:
+                    continue
                 seen.add(int(record.get("step", 0)))
             kept.append(line)
-        self.missing_rl_steps = [s for s in self.missing_rl_steps if s not in seen]
+        self.missing_rl_steps = [s for s in range(1, step + 1) if s not in seen]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         tmp.replace(self.path)

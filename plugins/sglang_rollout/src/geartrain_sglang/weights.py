@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from geartrain.cluster.ports import free_port as free_port_below_ephemeral
+from geartrain.cluster.ports import free_port
 from geartrain.weights import BucketStats
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
@@ -42,12 +42,6 @@ def check_result(result: Any, what: str) -> None:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def free_port() -> int:
-    """A port for the weight-update group's store, below the ephemeral range (where an
-    outgoing connection could take it first: :mod:`geartrain.cluster.ports`)."""
-    return free_port_below_ephemeral("127.0.0.1")
 
 
 def _in_thread(fn: Callable[[], None]) -> Callable[[], None]:
@@ -78,7 +72,7 @@ class DistributedSender:
         from sglang.srt.utils.common import init_custom_process_group
 
         self.group_name = group_name
-        port = free_port()
+        port = free_port("127.0.0.1")  # below the ephemeral range: geartrain.cluster.ports
         holder: dict[str, Any] = {}
 
         def join_group() -> None:
