@@ -232,6 +232,47 @@ def test_json_the_parser_refuses_is_one_line_naming_the_line(tmp_path: Path, tok
     assert said.startswith(f"{tmp_path / 'big.jsonl'}, line 2: not readable JSON (Exceeds the limit (4300 digits)")
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_nan_infinity_and_a_repeated_key_are_refused_naming_the_row(tmp_path: Path, tok, suffix: str) -> None:
+    """Probes7 (issue 35): Python's json reads ``NaN``/``Infinity`` (what ``json.dumps`` writes
+    for a float NaN) and keeps the last of a key given twice; a ground truth of NaN then became
+    the string 'nan', a row no response can score, and a repeated 'question' silently dropped
+    the first prompt. Both are refused where the row is read; standard JSON reads as before."""
+    good = json.dumps({"question": "ab->", "answer": "ba"})
+    cases = {
+        '{"question": "ab->", "answer": NaN}': "NaN is not a JSON value; write null, a number or a string",
+        '{"question": "ab->", "answer": -Infinity}': "-Infinity is not a JSON value; write null, a number or a string",
+        '{"question": "ab->", "question": "cd->", "answer": "dc"}': (
+            "key 'question' given twice in one object (only the last would be read)"
+        ),
+        '{"question": "ab->", "answer": "ba", "m": {"k": 1, "k": 2}}': (
+            "key 'k' given twice in one object (only the last would be read)"
+        ),
+    }
+    path = tmp_path / f"rows{suffix}"
+    for bad, says in cases.items():
+        if suffix == ".jsonl":
+            path.write_text(good + "\n" + bad + "\n")
+            assert _refusal(path, tok) == f"{path}, line 2: {says}"
+        else:
+            path.write_text("[" + good + ",\n" + bad + "]\n")
+            assert _refusal(path, tok) == f"{path}: {says}"
+    path.write_text(good + "\n" if suffix == ".jsonl" else "[" + good + "]")
+    assert [(r.prompt, r.ground_truth) for r in PromptDataset(path, tok, CFG).rows] == [("ab->", "ba")]
+
+
+def test_a_float_ground_truth_that_is_not_finite_is_refused(tmp_path: Path, tok) -> None:
+    """Probes7 (issue 35): a Parquet column of floats with a NaN (pandas' missing value) became the
+    ground truth 'nan' silently; a number that is not finite is refused naming the row."""
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"question": ["ab->", "cd->"], "answer": [1.5, float("nan")]}), path)
+    assert _refusal(path, tok) == f"{path}, row 2: 'answer' is nan, which no response can match"
+
+
 @pytest.mark.parametrize("suffix", [".json", ".csv"])
 def test_a_json_or_csv_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path, tok, suffix: str) -> None:
     """Probe rerun for issue 35 item 13 (probes5): invalid UTF-8 in a ``.json`` array or a

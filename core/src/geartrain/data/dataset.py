@@ -4,6 +4,7 @@ tokenized, and filtered by length."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,6 +203,8 @@ class PromptDataset:
             raise DataError(
                 f"{where}: '{cfg.ground_truth_key}' must be a string or a number, got {type(truth).__name__}"
             )
+        elif isinstance(truth, float) and not math.isfinite(truth):
+            raise DataError(f"{where}: '{cfg.ground_truth_key}' is {truth}, which no response can match")
         value = truth
         if truth is not None:
             truth = str(truth)

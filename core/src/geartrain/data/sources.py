@@ -173,11 +173,37 @@ def _decode(path: Path, raw: bytes, encoding: str) -> str:
         ) from None
 
 
+class _NotStrictJson(ValueError):
+    """Text Python's ``json`` reads by default and JSON does not mean: ``NaN`` and ``Infinity``
+    (a ground truth no response can match), or a key given twice in one object (all but the
+    last value silently dropped)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotStrictJson(f"{name} is not a JSON value; write null, a number or a string")
+
+
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _NotStrictJson(f"key {repeated!r} given twice in one object (only the last would be read)")
+    return row
+
+
+#: ``json.loads`` options that refuse what :class:`_NotStrictJson` names
+_STRICT = {"parse_constant": _no_constant, "object_pairs_hook": _no_repeated_keys}
+
+
 def _not_json(where: str, exc: ValueError | RecursionError) -> DataError:
     """The error for each way ``json.loads`` refuses text: bad syntax, nesting deeper than
-    Python's recursion limit, an integer of more digits than ``int`` converts."""
+    Python's recursion limit, an integer of more digits than ``int`` converts, what JSON does
+    not mean (:class:`_NotStrictJson`)."""
     if isinstance(exc, json.JSONDecodeError):
         return DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+    if isinstance(exc, _NotStrictJson):
+        return DataError(f"{where}: {exc}")
     if isinstance(exc, RecursionError):
         return DataError(f"{where}: JSON nested too deeply to read (arrays or objects in each other)")
     return DataError(f"{where}: not readable JSON ({exc})")  # an integer beyond sys.get_int_max_str_digits()
@@ -186,7 +212,7 @@ def _not_json(where: str, exc: ValueError | RecursionError) -> DataError:
 def _loads(where: str, text: str) -> Any:
     """``json.loads(text)``; a refusal is a :class:`DataError` naming ``where``."""
     try:
-        return json.loads(text)
+        return json.loads(text, **_STRICT)
     except (RecursionError, ValueError) as exc:
         raise _not_json(where, exc) from None
 
@@ -197,7 +223,7 @@ def _json(path: Path) -> Iterator[tuple[str, Any]]:
         yield from _jsonl(path)  # one object per line
         return
     try:
-        rows = json.loads(text)
+        rows = json.loads(text, **_STRICT)
     except (RecursionError, ValueError) as exc:
         where = f"{path}, line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else str(path)
         raise _not_json(where, exc) from None
