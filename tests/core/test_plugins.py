@@ -104,6 +104,11 @@ def forward_backward(model, batch, loss_fn, forward_only):
             "failed to import gtfake_broken: ModuleNotFoundError: No module named 'gtfake_not_installed_dependency'",
             "pip install --force-reinstall gtfake-broken",
         ),
+        (  # probes7: sys.exit at import ended `geartrain plugins` with exit 3 and no output
+            "import sys\nsys.exit(3)\n",
+            "failed to import gtfake_broken: SystemExit: 3",
+            "pip install --force-reinstall gtfake-broken",
+        ),
         (
             fake_engine("x", drop="forward_backward"),
             "does not implement required hook(s): forward_backward",
@@ -121,7 +126,7 @@ def forward_backward(model, batch, loss_fn, forward_only):
             "fix the hook name",
         ),
     ],
-    ids=["import-error", "missing-hook", "wrong-signature", "unknown-hook"],
+    ids=["import-error", "sys-exit", "missing-hook", "wrong-signature", "unknown-hook"],
 )
 def test_a_broken_plugin_gets_one_clear_error_and_spares_the_others(installed, module, expected, fix) -> None:
     installed("gtfake-broken", "0.0.7", {"gtfake_broken": module}, {"geartrain.engines": {"broken": "gtfake_broken"}})
@@ -138,6 +143,39 @@ def test_a_broken_plugin_gets_one_clear_error_and_spares_the_others(installed, m
     assert listed["broken"].error == text
     assert listed["good"].error is None and listed["torch"].error is None
     plugins.create_manager("engine", "good")  # still loads
+
+
+def test_a_name_two_distributions_register_is_refused_naming_both(installed) -> None:
+    """Probes7 (issue 35): two installed distributions with an engine entry point of the same
+    name (or a third party's 'torch' rollout beside geartrain's) were resolved silently, to
+    whichever the import system listed last: an order of sys.path and directory listings. The
+    name is refused naming every distribution; other names and code registration still work."""
+    for dist in ("gtfake-one", "gtfake-two"):
+        module = dist.replace("-", "_")
+        installed(dist, "1.0", {module: fake_engine("same")}, {"geartrain.engines": {"same": module}})
+    installed("gtfake-shadow", "3.1", {"gtfake_shadow": "x = 1\n"}, {"geartrain.rollouts": {"torch": "gtfake_shadow"}})
+    installed(
+        "gtfake-good", "2.0", {"gtfake_good": fake_engine("good")}, {"geartrain.engines": {"good": "gtfake_good"}}
+    )
+    with pytest.raises(PluginError) as err:
+        plugins.create_manager("engine", "same")
+    text = str(err.value)
+    assert text.startswith("engine plugin 'same': 2 installed distributions register this name: ")
+    assert "gtfake-one 1.0 (gtfake_one)" in text and "gtfake-two 1.0 (gtfake_two)" in text
+    assert "fix: uninstall all but one (pip uninstall <distribution>)" in text
+    assert "gtfake_one" not in sys.modules and "gtfake_two" not in sys.modules  # neither was imported
+    with pytest.raises(PluginError, match=r"gtfake-shadow 3\.1 \(gtfake_shadow\).*geartrain does not pick one"):
+        plugins.create_manager("rollout", "torch")
+    listed = {(i.kind, i.name): i for i in plugins.list_plugins()}
+    assert listed[("engine", "same")].error == text and listed[("engine", "good")].error is None
+    plugins.create_manager("engine", "good")
+    import gtfake_one
+
+    plugins.register_engine("same", gtfake_one)  # the way to pick one without uninstalling
+    try:
+        plugins.create_manager("engine", "same")
+    finally:
+        plugins.unregister("engine", "same")
 
 
 def test_asking_for_a_missing_backend_lists_the_installed_ones_and_the_pip_command(installed) -> None:

@@ -111,6 +111,10 @@ class _Candidate:
     module: str
     load: Any  # () -> plugin object
     source: Literal["entry-point", "registered"]
+    #: other distributions whose entry point of this group has the same name ("dist version
+    #: (module)"); such a name is refused, since which one the import system lists last
+    #: depends on the order of sys.path and of directory listings
+    rivals: tuple[str, ...] = ()
 
 
 _lock = threading.Lock()
@@ -203,7 +207,7 @@ def _entry_point_candidates(kind: PluginKind) -> dict[str, _Candidate]:
         if allowed is not None and ep.name not in allowed:
             continue
         dist = getattr(ep, "dist", None)
-        found[ep.name] = _Candidate(
+        candidate = _Candidate(
             name=ep.name,
             kind=kind,
             distribution=dist.name if dist is not None else None,
@@ -212,7 +216,15 @@ def _entry_point_candidates(kind: PluginKind) -> dict[str, _Candidate]:
             load=ep.load,
             source="entry-point",
         )
+        earlier = found.get(ep.name)
+        if earlier is not None:
+            candidate.rivals = (*earlier.rivals, _described(earlier))
+        found[ep.name] = candidate
     return found
+
+
+def _described(cand: _Candidate) -> str:
+    return f"{cand.distribution or 'an unnamed distribution'} {cand.version or '?'} ({cand.module})"
 
 
 def _candidates(kind: PluginKind) -> dict[str, _Candidate]:
@@ -317,6 +329,16 @@ def _load(cand: _Candidate) -> tuple[object, PluginInfo]:
     with _lock:
         if key in _loaded:
             return _loaded[key]
+    if cand.rivals:
+        every = [*cand.rivals, _described(cand)]
+        raise PluginError(
+            f"{len(every)} installed distributions register this name: {'; '.join(every)}; "
+            "geartrain does not pick one of them",
+            name=cand.name,
+            kind=cand.kind,
+            fix="uninstall all but one (pip uninstall <distribution>), or register the one to use in code with "
+            f"geartrain.register_{cand.kind}('{cand.name}', plugin)",
+        )
     try:
         plugin = cand.load()
     except NotImplementedError as exc:  # a skeleton says so itself; reinstalling would not help
@@ -329,7 +351,9 @@ def _load(cand: _Candidate) -> tuple[object, PluginInfo]:
             fix=f"leave it out with {ALLOW_LIST_ENV}=<names to load>"
             + (f", or uninstall it (pip uninstall {cand.distribution})" if cand.distribution else ""),
         ) from exc
-    except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's problem
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the plugin's problem
+        # SystemExit too: a module that parses arguments or calls sys.exit at import would
+        # otherwise end `geartrain plugins` or a job with no word at all
         dist = cand.distribution or "the distribution that provides it"
         raise PluginError(
             f"failed to import {cand.module}: {type(exc).__name__}: {exc}",
