@@ -54,3 +54,29 @@ def test_sigterm_raises_keyboard_interrupt_inside_the_watch_and_is_told_apart() 
         signal.signal(signal.SIGTERM, previous)
     message = interrupted_message(RunPosition(Path("out"), step=3), "terminated by SIGTERM")
     assert message.startswith("terminated by SIGTERM at step 3; no checkpoint was completed in out")
+
+
+def test_sighup_stops_the_job_as_sigterm_does_unless_nohup_ignores_it() -> None:
+    """Probes7 (issue 35): closing the terminal of a job (SIGHUP) killed it outright, exit 129 and
+    no word: no stop at a step with the line naming the checkpoint, ranks and the directory left
+    as they were (a run --overwrite set aside not put back). It now takes SIGTERM's path, with
+    its own words and 128 + 1; under nohup (SIGHUP ignored) it is left alone."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        watch = InterruptWatch()
+        with pytest.raises(KeyboardInterrupt), watch:
+            signal.raise_signal(signal.SIGHUP)
+        assert watch.seen and watch.terminated
+        assert (watch.how, watch.exit_status) == ("stopped by SIGHUP (its terminal closed)", 129)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        with InterruptWatch() as ignoring:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGHUP)
+        assert not ignoring.seen
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    for signum, words, status in ((signal.SIGTERM, "terminated by SIGTERM", 143), (signal.SIGINT, "interrupted", 130)):
+        watch = InterruptWatch()
+        watch.signum = signum
+        assert (watch.how, watch.exit_status) == (words, status)

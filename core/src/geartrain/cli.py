@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -148,7 +149,7 @@ def to_toml(data: dict[str, Any]) -> str:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from geartrain.trainer.export import export_checkpoint
-    from geartrain.trainer.interrupt import EXIT_TERMINATED, InterruptWatch
+    from geartrain.trainer.interrupt import InterruptWatch
 
     watch = InterruptWatch()
     try:
@@ -159,8 +160,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if not watch.terminated:
             raise
-        print("\nterminated by SIGTERM", file=sys.stderr)
-        return EXIT_TERMINATED
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone (EIO)
+            print(f"\n{watch.how}", file=sys.stderr)
+        return watch.exit_status
     print(f"exported step {step} of {args.checkpoint} to {out}")
     return 0
 

@@ -1,8 +1,9 @@
-"""What a job says when it is interrupted (Ctrl-C, or SIGTERM: a timeout, a scheduler's
-preemption, ``docker stop``): one line, the same from every placement (the inline driver
-here, the Ray driver in :mod:`geartrain.cluster`), and the exit status a shell expects from
-the signal. SIGTERM takes Ctrl-C's path, so a job stops the same way: its ranks closed, a
-previous run that ``--overwrite`` set aside put back (:mod:`geartrain.trainer.rundir`)."""
+"""What a job says when it is interrupted (Ctrl-C, SIGTERM: a timeout, a scheduler's
+preemption, ``docker stop``, or SIGHUP: the terminal it runs in closed): one line, the same
+from every placement (the inline driver here, the Ray driver in :mod:`geartrain.cluster`),
+and the exit status a shell expects from the signal. SIGTERM and SIGHUP take Ctrl-C's path,
+so a job stops the same way: its ranks closed, a previous run that ``--overwrite`` set aside
+put back (:mod:`geartrain.trainer.rundir`). ``nohup`` (SIGHUP ignored) is left as it is."""
 
 from __future__ import annotations
 
@@ -16,8 +17,18 @@ from geartrain.errors import exception_chain
 
 #: Exit status of a process stopped by SIGINT (128 + 2), what shells and CI report.
 EXIT_INTERRUPTED = 130
-#: ... and by SIGTERM (128 + 15).
+#: ... by SIGTERM (128 + 15) ...
 EXIT_TERMINATED = 143
+#: ... and by SIGHUP (128 + 1).
+EXIT_HUNG_UP = 129
+
+#: for each signal the watch takes: its disposition before the watch (the one it replaces
+#: and puts back), the words of the one line, and the exit status
+_STOPS: dict[int, tuple[object, str, int]] = {
+    signal.SIGINT: (signal.default_int_handler, "interrupted", EXIT_INTERRUPTED),
+    signal.SIGTERM: (signal.SIG_DFL, "terminated by SIGTERM", EXIT_TERMINATED),
+    signal.SIGHUP: (signal.SIG_DFL, "stopped by SIGHUP (its terminal closed)", EXIT_HUNG_UP),
+}
 
 
 @dataclass
@@ -54,7 +65,7 @@ def is_interrupt(exc: BaseException) -> bool:
 
 
 class InterruptWatch:
-    """Notes that SIGINT or SIGTERM arrived while it is entered (main thread only), then
+    """Notes that SIGINT, SIGTERM or SIGHUP arrived while it is entered (main thread only), then
     raises ``KeyboardInterrupt`` as Python's own SIGINT handler does. Code that swallows the
     ``KeyboardInterrupt`` and fails otherwise (C++ writing a checkpoint: torch.save's
     zip writer reports "unexpected pos" once a write was cut) still ends as an interrupt:
@@ -72,23 +83,33 @@ class InterruptWatch:
 
     @property
     def terminated(self) -> bool:
-        """Whether the signal was SIGTERM (exit :data:`EXIT_TERMINATED`, not 130)."""
-        return self.signum == signal.SIGTERM
+        """Whether the signal was SIGTERM or SIGHUP, not Ctrl-C (whose KeyboardInterrupt
+        the CLI reports itself)."""
+        return self.signum is not None and self.signum != signal.SIGINT
+
+    @property
+    def how(self) -> str:
+        """The words of the one line: "interrupted", "terminated by SIGTERM", ..."""
+        return _STOPS[self.signum][1] if self.signum in _STOPS else "interrupted"
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, as a shell reports a process that signal stopped."""
+        return _STOPS[self.signum][2] if self.signum in _STOPS else EXIT_INTERRUPTED
 
     def __enter__(self) -> InterruptWatch:
-        # only over the default dispositions (a shell's Ctrl-C: Python's own handler; SIGTERM:
-        # death); SIG_IGN and handlers of others are left alone (Ray's driver installs its own
-        # SIGTERM handler, which exits through SystemExit)
+        # only over the default dispositions (a shell's Ctrl-C: Python's own handler; SIGTERM,
+        # SIGHUP: death); SIG_IGN (nohup) and handlers of others are left alone (Ray's driver
+        # installs its own SIGTERM handler, which exits through SystemExit)
         if threading.current_thread() is threading.main_thread():
-            for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+            for signum, (default, _, _) in _STOPS.items():
                 if signal.getsignal(signum) is default:
                     signal.signal(signum, self._handle)
                     self._installed.append(signum)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
         for signum in self._installed:
             if signal.getsignal(signum) == self._handle:
-                signal.signal(signum, defaults[signum])
+                signal.signal(signum, _STOPS[signum][0])  # type: ignore[arg-type]
         self._installed = []

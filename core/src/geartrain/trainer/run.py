@@ -5,6 +5,7 @@ Python users call :func:`run_job` with a :class:`TrainConfig` (see
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,8 +39,6 @@ from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
 from geartrain.trainer.export import write_export_record
 from geartrain.trainer.generation import stop_rules
 from geartrain.trainer.interrupt import (
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
     InterruptWatch,
     RunPosition,
     interrupted_message,
@@ -843,7 +842,7 @@ def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = Fa
             raise
         logging.disable(logging.CRITICAL)  # nothing may follow the one line (threads winding down)
         job.settle_position()
-        how = "terminated by SIGTERM" if watch.terminated else "interrupted"
-        print(f"\n{interrupted_message(job.position, how)}", file=sys.stderr, flush=True)
-        return EXIT_TERMINATED if watch.terminated else EXIT_INTERRUPTED
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone (EIO)
+            print(f"\n{interrupted_message(job.position, watch.how)}", file=sys.stderr, flush=True)
+        return watch.exit_status
     return 0
