@@ -60,6 +60,16 @@ def test_an_unreadable_config_file_is_one_line_rc_2(tmp_path: Path, make, expect
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_a_config_file_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path, suffix: str) -> None:
+    """Probes7 (issue 35): a job file saved by a Windows editor (UTF-8 with a BOM) was refused as
+    "cannot parse: Invalid statement (at line 1, column 1)", naming nothing a user could see."""
+    body = "[trainer]\ntotal_steps = 3\n" if suffix == ".toml" else "trainer:\n  total_steps: 3\n"
+    path = tmp_path / f"job{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    assert load_train_config(path, check_plugins=False).trainer.total_steps == 3
+
+
 def test_a_data_file_with_a_non_utf8_byte_names_the_line(tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
     data.write_bytes(b'{"prompt": "1+1=", "ground_truth": "2"}\n{"prompt": "2+2=", "ground_truth": "4\xff"}\n')

@@ -201,8 +201,12 @@ def test_allow_list_limits_what_loads(installed, monkeypatch: pytest.MonkeyPatch
     )
     monkeypatch.setenv(plugins.ALLOW_LIST_ENV, "")
     assert [i for i in plugins.list_plugins() if i.source == "entry-point"] == []
-    with pytest.raises(PluginNotFoundError, match="does not allow it"):
+    with pytest.raises(PluginNotFoundError, match="does not allow it") as err:
         plugins.create_manager("rollout", "torch")
+    assert "Install it with" not in str(err.value)  # probes7: it is installed; the allow-list keeps it out
+    with pytest.raises(PluginNotFoundError, match="does not allow it") as err:
+        plugins.create_manager("rollout", "sglang")  # not installed here: how to install it is still said
+    assert "Install it with: pip install './plugins/sglang_rollout[gpu]'" in str(err.value)
     monkeypatch.setenv(plugins.ALLOW_LIST_ENV, "alpha")
     assert {i.name for i in plugins.list_plugins()} == {"alpha"}
     monkeypatch.delenv(plugins.ALLOW_LIST_ENV)

@@ -341,7 +341,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():  # a FIFO, a device, a socket: reading could block forever
         raise ConfigFileError(str(path), "is not a regular file (a pipe, device or socket); give the .toml/.yaml file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a BOM (Windows editors write one) is no statement
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise ConfigFileError(

@@ -390,6 +390,8 @@ def _not_found_message(kind: PluginKind, name: str, candidates: dict[str, _Candi
     allowed = _allow_list()
     if allowed is not None and name not in allowed:
         lines.append(f"{ALLOW_LIST_ENV}={os.environ.get(ALLOW_LIST_ENV)!r} does not allow it: add '{name}' to it.")
+        if any(ep.name == name for ep in importlib_metadata.entry_points(group=ENTRY_POINT_GROUPS[kind])):
+            return "\n".join(lines)  # installed: an install command would only mislead
     dist = KNOWN_DISTRIBUTIONS.get((kind, name))
     if dist:
         lines.append(f"Install it with: {install_hint(dist)}")
