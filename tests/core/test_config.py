@@ -159,7 +159,21 @@ def test_dotted_overrides(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("3", 3), ("1e-6", 1e-6), ("true", True), ("[1, 2]", [1, 2]), ("fsdp", "fsdp"), ('"a b"', "a b"), ("0.5", 0.5)],
+    [
+        ("3", 3),
+        ("1e-6", 1e-6),
+        ("true", True),
+        ("[1, 2]", [1, 2]),
+        ("fsdp", "fsdp"),
+        ('"a b"', "a b"),
+        ("0.5", 0.5),
+        ("'it''s'", "it's"),
+        # probes7 (issue 35): YAML's plain scalars silently became another path: a newline
+        # folded into a space (the run went to "runs/a b"), everything from " #" cut as a comment
+        ("runs/a\nb", "runs/a\nb"),
+        ("runs/exp #2", "runs/exp #2"),
+        (" runs/x ", "runs/x"),
+    ],
 )
 def test_override_values_are_typed(text: str, value: object) -> None:
     assert parse_override_value(text) == value

@@ -67,6 +67,30 @@ def test_an_output_dir_or_export_target_under_a_link_that_leads_nowhere_is_one_l
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_an_output_dir_or_export_target_too_long_for_its_filesystem_is_one_line(tmp_path: Path) -> None:
+    """Probes7 (issue 35): ``trainer.output_dir`` with a 300-character name was a 47-line
+    ``OSError: [Errno 36] File name too long``, exit 1 (raised again inside the full-disk
+    check of the error path); so was an export there. One line, nothing created."""
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    long = tmp_path / ("x" * (name_max + 1))
+    for out in (long, long / "run"):
+        with pytest.raises(RunDirectoryError) as err:
+            RunDirectory(out).check()
+        assert str(err.value) == (
+            f"trainer.output_dir '{out}' has a name of {name_max + 1} bytes, longer than the {name_max} its "
+            "filesystem takes; choose another trainer.output_dir"
+        )
+    deep = tmp_path.joinpath(*["d" * 200] * 25)  # every name fits, the whole does not
+    with pytest.raises(RunDirectoryError, match="bytes long, longer than the system's"):
+        RunDirectory(deep).check()
+    RunDirectory(tmp_path / ("x" * name_max)).check()  # the longest name that fits is fine
+    run = _run(tmp_path / "run")
+    with pytest.raises(ExportError) as err:
+        check_target(long / "hf", run, run / "checkpoints" / "actor" / "step_00000004", overwrite=False)
+    assert "\n" not in str(err.value) and f"longer than the {name_max} its filesystem takes" in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def _unprivileged() -> list[str]:
     """The command prefix that runs a child which respects file permissions."""
     if os.geteuid() != 0:

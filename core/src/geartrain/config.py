@@ -380,7 +380,10 @@ def parse_override_value(text: str) -> Any:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-    return text if value is None and text.strip() not in ("null", "~") else value
+    bare = text.strip()
+    if isinstance(value, str) and not (len(bare) >= 2 and bare[0] == bare[-1] and bare[0] in "'\""):
+        return bare  # an unquoted string as typed: YAML folds a newline into a space and cuts at " #"
+    return text if value is None and bare not in ("null", "~") else value
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -77,12 +77,12 @@ def check_target(
     its own files, the directory of a model the checkpoint was built from (``models``:
     its ``model.path`` or tokenizer), a file, read-only, or not empty (unless ``overwrite``).
     Returns the entries to remove first (those a previous export recorded). Reads only."""
-    from geartrain.trainer.rundir import RunDirectoryError, read_only, refuse_dead_link
+    from geartrain.trainer.rundir import RunDirectoryError, read_only, refuse_unusable_path
     from geartrain.trainer.runlock import held
 
     where = f"the export target {out}"
     try:
-        refuse_dead_link(out, where, "choose another directory")  # before resolve(): a loop raises there
+        refuse_unusable_path(out, where, "choose another directory")  # before resolve(): a loop raises there
     except RunDirectoryError as exc:
         raise ExportError(str(exc)) from None
     resolved = out.resolve()

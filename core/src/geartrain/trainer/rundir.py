@@ -190,9 +190,30 @@ def dead_link(path: Path) -> tuple[Path, str] | None:
     return None
 
 
-def refuse_dead_link(path: Path, where: str, choose: str) -> None:
-    """Raise :class:`RunDirectoryError` when ``path`` or one of its parents is a symbolic
-    link leading nowhere (:func:`dead_link`), naming it; ``choose`` ends the line."""
+def name_too_long(path: Path) -> str | None:
+    """How ``path`` is longer than the filesystem takes (a name past its NAME_MAX, the whole
+    past PATH_MAX), where every call on it would raise ENAMETOOLONG; ``None`` when it is not."""
+    existing = Path(os.path.abspath(path))
+    while not os.path.isdir(existing) and existing.parent != existing:
+        existing = existing.parent
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for name in path.parts:
+        if len(os.fsencode(name)) > name_max:
+            return f"has a name of {len(os.fsencode(name))} bytes, longer than the {name_max} its filesystem takes"
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        return f"is {len(os.fsencode(os.path.abspath(path)))} bytes long, longer than the system's {path_max}"
+    return None
+
+
+def refuse_unusable_path(path: Path, where: str, choose: str) -> None:
+    """Raise :class:`RunDirectoryError` when ``path`` is too long for its filesystem
+    (:func:`name_too_long`) or it or one of its parents is a symbolic link leading nowhere
+    (:func:`dead_link`), naming it; ``choose`` ends the line."""
+    if (too_long := name_too_long(path)) is not None:
+        raise RunDirectoryError(f"{where} {too_long}; {choose}")
     if (dead := dead_link(path)) is None:
         return
     link, said = dead
@@ -235,7 +256,7 @@ class RunDirectory:
         where = f"trainer.output_dir '{self.path}'"
         if self.resume and self.overwrite:
             raise RunDirectoryError("--resume and --overwrite exclude each other: continue the run or replace it")
-        refuse_dead_link(self.path, where, "choose another trainer.output_dir")
+        refuse_unusable_path(self.path, where, "choose another trainer.output_dir")
         if os.path.lexists(self.path) and not self.path.is_dir():
             raise RunDirectoryError(f"{where} is a file, not a directory; choose another trainer.output_dir")
         if self.lock is None:
