@@ -70,6 +70,20 @@ def test_a_config_file_saved_with_a_byte_order_mark_reads_as_without(tmp_path: P
     assert load_train_config(path, check_plugins=False).trainer.total_steps == 3
 
 
+@pytest.mark.parametrize("key", ["data.path", "sft.path", "reward.function"])
+def test_a_path_too_long_for_the_filesystem_is_one_line_rc_2(tmp_path: Path, key: str, geartrain) -> None:  # noqa: ANN001
+    """Probes7 (issue 35): a data file, SFT file or reward file named past the filesystem's
+    NAME_MAX was a 24-34 line ``OSError: [Errno 36] File name too long``, exit 1."""
+    long = tmp_path / ("y" * 300 + (".py" if key == "reward.function" else ".jsonl"))
+    value = f"{long}:f" if key == "reward.function" else str(long)
+    proc = geartrain(
+        "check", str(MAIN_CONFIG), "--no-plugins", f"trainer.output_dir={tmp_path / 'out'}", f"{key}={value}"
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith(f"error: {tmp_path}/yyy") and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.strip().endswith("too long a path (File name too long); give a shorter one")
+
+
 def test_a_data_file_with_a_non_utf8_byte_names_the_line(tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
     data.write_bytes(b'{"prompt": "1+1=", "ground_truth": "2"}\n{"prompt": "2+2=", "ground_truth": "4\xff"}\n')

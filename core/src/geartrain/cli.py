@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -297,6 +298,13 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:  # before a job started (train reports its own step)
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        # a path the user gave (a data file, a reward file, a directory) that no filesystem
+        # call can take; wherever it is first touched, it is bad input, not a failure
+        print(f"error: {exc.filename}: too long a path ({exc.strerror}); give a shorter one", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
