@@ -226,3 +226,27 @@ def test_bench_without_a_measurement_names_the_choices(capsys: pytest.CaptureFix
         main(["bench"])
     assert info.value.code == 2
     assert "the following arguments are required: {memory}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["train"], "geartrain train: error: the following arguments are required: config\n"),
+        (["check"], "geartrain check: error: the following arguments are required: config\n"),
+        (["config", "job.toml", "--bogus"], "geartrain config: error: unrecognized arguments: --bogus\n"),
+        (["plugins", "--format", "xml"], "geartrain plugins: error: unrecognized arguments: --format xml\n"),
+        (["bench", "memory", "--preset", "x"], "geartrain bench memory: error: unrecognized arguments: --preset\n"),
+    ],
+    ids=["train-alone", "check-alone", "config-unknown-option", "plugins-unknown-option", "bench-unknown-option"],
+)
+def test_a_command_line_mistake_is_told_by_that_command(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Probes7 (issue 35): ``geartrain train`` alone said 'the following arguments are required:
+    config, overrides' (overrides are optional), and an unknown option after a command was
+    answered with the top-level usage as 'geartrain: error', not the command's own."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.endswith(says), err
+    assert err.startswith(f"usage: geartrain {argv[0]}")

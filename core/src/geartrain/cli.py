@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "its data files, reward function and prompt lengths",
     )
     p.add_argument("config")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.engine.optim.lr=1e-5")
+    p.add_argument("overrides", nargs="*", default=[], help="dotted overrides, e.g. actor.engine.optim.lr=1e-5")
     p.add_argument(
         "--no-plugins",
         action="store_true",
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         "every field, its default and meaning",
     )
     p.add_argument("config", nargs="?", help="the job file (none: the defaults)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    p.add_argument("overrides", nargs="*", default=[], help="dotted overrides, e.g. trainer.total_steps=10")
     p.add_argument("--schema", action="store_true", help="print every field with its default and description")
     p.add_argument("--json", action="store_true", help="print JSON (the config, or with --schema the JSON schema)")
     p.set_defaults(func=_cmd_config)
@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="run a training job from a config file")
     p.add_argument("config")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    p.add_argument("overrides", nargs="*", default=[], help="dotted overrides, e.g. trainer.total_steps=10")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--resume", action="store_true", help="continue the run in trainer.output_dir from its newest intact checkpoint"
@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(m)
     m.set_defaults(func=_cmd_bench_memory)
+    # each command's own parser, so that an error after parsing shows that command's usage
+    for command in (*sub.choices.values(), m):
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -287,7 +290,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except GeartrainError as exc:
