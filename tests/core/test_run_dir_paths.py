@@ -217,3 +217,16 @@ def test_a_bool_given_for_a_number_is_refused(override: str) -> None:
         ROOT / "examples" / "arithmetic" / "grpo.toml", ["actor.engine.optim.betas=[0.8,0.99]"], check_plugins=False
     )
     assert config.actor.engine.optim.betas == (0.8, 0.99)
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_output_dir_is_refused_not_the_working_directory(value: str) -> None:
+    """Issue 35 round 7 (probes7): `trainer.output_dir=` (an unset shell variable:
+    `trainer.output_dir=$OUT`) was taken as '' and the run wrote its checkpoints, export and
+    metrics into the working directory, beside whatever was there, with no word."""
+    from geartrain.config import SectionError
+    from geartrain.trainer.config import TrainerConfig
+
+    with pytest.raises(SectionError, match="output_dir: is empty"):
+        TrainerConfig(output_dir=value)
+    assert TrainerConfig(output_dir=".").output_dir == "."  # the working directory, said so, stays allowed

@@ -434,6 +434,18 @@ class TrainerConfig(Section):
     output_dir: str = "outputs/run"
     """Metrics (``metrics.jsonl``), TensorBoard logs, checkpoints, the curves PNG and the
     exported model go here (relative paths: to the working directory)."""
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_not_empty(cls, value: str) -> str:
+        # '' is Path('.'): an unset shell variable (trainer.output_dir=$OUT) would put the run's
+        # files into the working directory beside whatever is there, with no word
+        if not value.strip():
+            raise ValueError(
+                "is empty (an unset shell variable?); give a directory ('.' if the working directory is really meant)"
+            )
+        return value
+
     seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of everything random in the job: the model's initialisation (tiny and preset
     models), the data order, the SFT warm start's order and every sampling seed, unless a
