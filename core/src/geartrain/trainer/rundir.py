@@ -193,18 +193,19 @@ def dead_link(path: Path) -> tuple[Path, str] | None:
 def name_too_long(path: Path) -> str | None:
     """How ``path`` is longer than the filesystem takes (a name past its NAME_MAX, the whole
     past PATH_MAX), where every call on it would raise ENAMETOOLONG; ``None`` when it is not."""
-    existing = Path(os.path.abspath(path))
+    absolute = Path(os.path.abspath(path))
+    existing = absolute
     while not os.path.isdir(existing) and existing.parent != existing:
         existing = existing.parent
     try:
         name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
     except (OSError, ValueError):
         name_max, path_max = 255, 4096
-    for name in path.parts:
-        if len(os.fsencode(name)) > name_max:
-            return f"has a name of {len(os.fsencode(name))} bytes, longer than the {name_max} its filesystem takes"
-    if len(os.fsencode(os.path.abspath(path))) >= path_max:
-        return f"is {len(os.fsencode(os.path.abspath(path)))} bytes long, longer than the system's {path_max}"
+    for size in (len(os.fsencode(name)) for name in path.parts):
+        if size > name_max:
+            return f"has a name of {size} bytes, longer than the {name_max} its filesystem takes"
+    if (size := len(os.fsencode(absolute))) >= path_max:
+        return f"is {size} bytes long, longer than the system's {path_max}"
     return None
 
 
