@@ -148,3 +148,38 @@ def compile_pair_step(rank: int, world: int) -> dict[str, Any]:
         out[name] = {"log_probs": res.outputs["log_probs"], "loss": res.metrics["loss"], "grads": full_grads(engine)}
     out["graphs"] = int(counters["stats"]["unique_graphs"])
     return out
+
+
+def gather_rows_like_full_tensor(rank: int, world: int) -> dict[str, Any]:
+    """The weight sync's gather (``geartrain_fsdp.weights._full``) against
+    ``DTensor.full_tensor`` on row-sharded tensors with uneven and empty pieces, and
+    whether it stayed off ``full_tensor`` (gloo's coalesced all-gather, issue 38)."""
+    from geartrain_fsdp import weights
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)  # every rank distributes the same global tensors
+    shapes = {"even": (4, 3), "uneven": (5, 3), "one_row": (1, 4), "vector": (3,), "wide": (3, 2, 2)}
+    sharded = {name: distribute_tensor(torch.randn(shape), mesh, [Shard(0)]) for name, shape in shapes.items()}
+    replicated = distribute_tensor(torch.randn(2, 2), mesh, [Replicate()])
+    expected = {name: t.full_tensor() for name, t in sharded.items()}
+    calls: list[str] = []
+    full_tensor = DTensor.full_tensor
+
+    def counted(self: DTensor, **kwargs: Any) -> torch.Tensor:
+        calls.append(str(self.placements))
+        return full_tensor(self, **kwargs)
+
+    DTensor.full_tensor = counted  # type: ignore[method-assign]
+    try:
+        got = {name: weights._full(t) for name, t in sharded.items()}
+        got_replicated = weights._full(replicated)
+    finally:
+        DTensor.full_tensor = full_tensor  # type: ignore[method-assign]
+    return {
+        "local_rows": {name: t.to_local().shape[0] for name, t in sharded.items()},
+        "equal": {name: bool(torch.equal(got[name], expected[name])) for name in shapes},
+        "replicated_equal": bool(torch.equal(got_replicated, replicated.to_local())),
+        "full_tensor_calls": calls,
+    }

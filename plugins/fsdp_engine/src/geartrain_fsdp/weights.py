@@ -23,13 +23,50 @@ from geartrain.weights import (
     stream_weights,
     tied_groups,
 )
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from geartrain_fsdp.sharding import FSDPModel
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor on this rank (a collective for DTensors)."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    """The whole tensor on this rank (a collective for DTensors).
+
+    On gloo, a tensor sharded by rows over one mesh dimension (FSDP2's parameters, HSDP's
+    too) is gathered with a plain ``all_gather`` into a list rather than by
+    ``DTensor.full_tensor``: on gloo that goes through ``allgather_coalesced``, the path of
+    the native heap crash of issue 38 (docs/architecture.md, "Known native crash").
+    Other placements, and NCCL, keep ``full_tensor``."""
+    if not isinstance(tensor, DTensor):
+        return tensor
+    mesh_dim = _row_sharded_dim(tensor)
+    if mesh_dim is None or dist.get_backend(tensor.device_mesh.get_group(mesh_dim)) != "gloo":
+        return tensor.full_tensor()
+    return _all_gather_rows(tensor, mesh_dim)
+
+
+def _row_sharded_dim(tensor: DTensor) -> int | None:
+    """The mesh dimension ``tensor`` is sharded over by rows, when that is its only
+    sharding (every other mesh dimension replicates it); otherwise ``None``."""
+    sharded = [i for i, p in enumerate(tensor.placements) if not isinstance(p, Replicate)]
+    if len(sharded) != 1 or tensor.placements[sharded[0]] != Shard(0):
+        return None
+    return sharded[0]
+
+
+def _all_gather_rows(tensor: DTensor, mesh_dim: int) -> torch.Tensor:
+    """``tensor.full_tensor()`` for a tensor sharded by rows over ``mesh_dim``, by one
+    ``dist.all_gather`` of equal-sized pieces (DTensor shards as ``torch.chunk`` does:
+    ceil-sized pieces, the last ones shorter or empty, so each is padded to the first's)."""
+    group = tensor.device_mesh.get_group(mesh_dim)
+    ranks = dist.get_world_size(group)
+    rows = tensor.shape[0]
+    piece_rows = -(-rows // ranks)
+    local = tensor.to_local()
+    piece = local.new_zeros((piece_rows, *local.shape[1:]))
+    piece[: local.shape[0]] = local
+    pieces = [torch.empty_like(piece) for _ in range(ranks)]
+    dist.all_gather(pieces, piece, group=group)
+    return torch.cat(pieces)[:rows]
 
 
 def hf_state_entries(model: FSDPModel) -> list[tuple[str, torch.Tensor]]:
