@@ -84,6 +84,11 @@ def test_long_prompts_are_filtered_counted_and_logged(tok, caplog):
         ('["1+1=", "2"]', "line 4: a row must be an object"),
         ({"ground_truth": "2"}, "line 4: a row needs exactly one of 'prompt' and 'messages', it has neither"),
         ({"prompt": "a", "messages": [], "ground_truth": "2"}, "line 4: .* it has both"),
+        ({"prompt": None, "ground_truth": "2"}, r"line 4: .* it has neither \('prompt' is null\)"),
+        (
+            {"prompt": None, "messages": None, "ground_truth": "2"},
+            r"line 4: .* it has neither \('prompt' and 'messages' are null\)",
+        ),
         ({"prompt": "", "ground_truth": "2"}, "line 4: 'prompt' must be a non-empty string"),
         ({"prompt": 12, "ground_truth": "2"}, "line 4: 'prompt' must be a non-empty string"),
         ({"messages": [{"role": "user"}], "ground_truth": "2"}, r"line 4: 'messages'\[0\] must be an object"),

@@ -241,14 +241,21 @@ class PromptDataset:
                     f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', it has both"
                 )
             return None, prompt, cfg.prompt_key
+        # a key that is there with a null value is named: "neither" alone reads as a missing key
+        nulls = [key for key in dict.fromkeys((cfg.prompt_key, cfg.messages_key)) if key in row and row[key] is None]
+        null_note = ""
+        if nulls:
+            null_note = f" ({' and '.join(repr(k) for k in nulls)} {'is' if len(nulls) == 1 else 'are'} null)"
         if prompt is None and messages is None and cfg.messages_key == cfg.prompt_key:
             raise DataError(
                 f"{where}: a row needs '{cfg.prompt_key}' (a string or a list of {{role, content}} messages)"
+                + null_note
             )
         if (prompt is None) == (messages is None):
             which = "both" if prompt is not None else "neither"
             raise DataError(
                 f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', it has {which}"
+                + null_note
             )
         return prompt, messages, cfg.messages_key
 
