@@ -425,3 +425,21 @@ def test_a_dangling_symlink_as_output_dir_or_export_target_is_named_as_such(tmp_
     with pytest.raises(ExportError, match=re.escape(expected)):
         check_target(link, run, run / "checkpoints" / "actor" / "step_00000001", overwrite=False)
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_export_of_a_run_stopped_before_its_first_checkpoint_says_so(tmp_path: Path) -> None:
+    """Probe 53 of issue 35 round 7: ``geartrain export RUN DIR`` of a run interrupted in
+    its SFT warm start (no checkpoints/ yet) said "cut off mid-write or not a geartrain
+    checkpoint"; a checkpoint-less run is named as such."""
+    from geartrain.errors import CheckpointError
+    from geartrain.trainer.export import run_of
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"trainer": {}, "actor": {}}')
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(CheckpointError, match="is a run directory that holds no checkpoint yet: nothing to export"):
+        run_of(run)
+    (run / "checkpoints" / "actor").mkdir(parents=True)  # created, nothing saved in it yet
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint to export"):
+        run_of(run)

@@ -46,6 +46,9 @@ def run_of(checkpoint: Path, echo: Callable[[str], None] = print) -> tuple[Path,
         if latest is None:
             raise CheckpointError(f"{checkpoint} holds no complete checkpoint to export")
         return latest, checkpoint
+    if _holds_run(checkpoint) and not (checkpoint / MARKER).exists():
+        # stopped before its first save: "not a complete checkpoint, cut off mid-write" would mislead
+        raise CheckpointError(f"{checkpoint} is a run directory that holds no checkpoint yet: nothing to export")
     _refuse_a_checkpoint_root(checkpoint)
     CheckpointManager.check_complete(checkpoint)
     run = checkpoint.resolve().parents[2]
