@@ -80,3 +80,54 @@ def test_sighup_stops_the_job_as_sigterm_does_unless_nohup_ignores_it() -> None:
         watch = InterruptWatch()
         watch.signum = signum
         assert (watch.how, watch.exit_status) == (words, status)
+
+
+def _failing_run(out: Path, exc: BaseException):
+    """A ``Job.run`` that takes its directory, completes the checkpoint of step 4, and
+    raises ``exc`` in step 6 (a plugin's hook raising mid-training, probes7's case 35)."""
+
+    def run(job: Job) -> None:
+        job.rundir.claim()
+        try:
+            CheckpointManager(out / "checkpoints" / "actor").save(4, lambda d: (d / "state.bin").write_bytes(b"x"))
+            job.position.step = 6
+            raise exc
+        finally:
+            job.rundir.release()
+
+    return run
+
+
+def test_a_failure_mid_training_ends_with_its_traceback_then_the_closing_line(tmp_path, monkeypatch, capsys) -> None:
+    """Issue 35, round 7 (probes7 35): an extension raising in a hook mid-training exited 1
+    with its traceback but no line naming the last complete checkpoint, which an interruption,
+    a full disk or a non-finite stop all give."""
+    from geartrain.trainer import run as run_module
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(
+        run_module, "load_train_config", lambda path, overrides: load_train_config(path, overrides, check_plugins=False)
+    )
+    monkeypatch.setattr(Job, "run", _failing_run(out, RuntimeError("boom inside optimizer_step\nmore detail")))
+    assert run_module.train_from_cli(str(MAIN_CONFIG), [f"trainer.output_dir={out}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback (most recent call last):" in err
+    assert "RuntimeError: boom inside optimizer_step" in err
+    assert err[-1] == (
+        "failed (RuntimeError: boom inside optimizer_step) at step 6; the last complete checkpoint is step 4; "
+        "continue with --resume"
+    )
+
+
+def test_bad_input_found_mid_training_stays_the_clis_one_line(tmp_path, monkeypatch) -> None:
+    """A GeartrainError (bad input, exit 2 through the CLI) is not turned into a failure."""
+    from geartrain.errors import DataError
+    from geartrain.trainer import run as run_module
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(
+        run_module, "load_train_config", lambda path, overrides: load_train_config(path, overrides, check_plugins=False)
+    )
+    monkeypatch.setattr(Job, "run", _failing_run(out, DataError("row 3: bad")))
+    with pytest.raises(DataError, match="row 3: bad"):
+        run_module.train_from_cli(str(MAIN_CONFIG), [f"trainer.output_dir={out}"])

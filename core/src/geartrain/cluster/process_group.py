@@ -21,6 +21,7 @@ the default group too when this module initialised it.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from typing import Any
 
@@ -46,7 +47,11 @@ def acquire_single_rank_group(device: str = "cpu") -> Any:
     backend = backend_for(device)
     with _lock:
         if not dist.is_initialized():
+            hook = sys.excepthook
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            if getattr(hook, "__name__", "") == "_distributed_excepthook":
+                # torch wraps the hook at every init ("[rank0]: " per line): once is enough
+                sys.excepthook = hook
             _owns_default = True
         entry = _groups.get(backend)
         if entry is None:

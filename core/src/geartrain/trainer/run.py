@@ -12,6 +12,7 @@ import logging
 import random
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -822,6 +823,12 @@ def run_job(
     ).run()
 
 
+def _failed(exc: BaseException) -> str:
+    """The closing line's "failed (RuntimeError: the first line of its message)"."""
+    lines = str(exc).strip().splitlines()
+    return f"failed ({type(exc).__name__}: {lines[0][:120]})" if lines else f"failed ({type(exc).__name__})"
+
+
 def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False, overwrite: bool = False) -> int:
     """``geartrain train CONFIG [overrides] [--resume | --overwrite]``."""
     handler = TqdmLoggingHandler()  # through tqdm: a warning never glues onto the progress bar
@@ -839,7 +846,16 @@ def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = Fa
             job.run()
     except BaseException as exc:
         if not (is_interrupt(exc) or watch.seen):
-            raise
+            if not isinstance(exc, Exception) or isinstance(exc, GeartrainError):
+                raise  # a GeartrainError is bad input: the CLI's one line, exit 2
+            # a genuine failure (a bug, here or in a plugin): its traceback, then where the
+            # run stands, as an interruption says it
+            traceback.print_exc()
+            traceback.clear_frames(exc.__traceback__)  # what they hold (a progress bar) closes now, not after the line
+            job.settle_position()
+            with contextlib.suppress(OSError):
+                print(f"\n{interrupted_message(job.position, _failed(exc))}", file=sys.stderr, flush=True)
+            return 1
         logging.disable(logging.CRITICAL)  # nothing may follow the one line (threads winding down)
         job.settle_position()
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone (EIO)
