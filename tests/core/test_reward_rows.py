@@ -61,3 +61,12 @@ def test_reward_workers_need_ray_and_no_reward_model() -> None:
     assert (
         load_train_config(JOB, ["reward.workers=2", "cluster.placement=ray"], check_plugins=False).reward.workers == 2
     )
+
+
+def test_a_score_that_is_not_finite_is_never_a_correct_answer() -> None:
+    """Probes7 (issue 35, case 47): a reward of 1e300 (inf in float32) read as correct, so
+    the SFT warm start's dev accuracy was "100.0 %" and it stopped early on a broken reward."""
+    import torch
+
+    scores = torch.tensor([1e300, 1.0, -1e300, float("nan"), 0.0, 0.5], dtype=torch.float32)
+    assert correctness(RewardResult(scores=scores)) == [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]

@@ -120,9 +120,13 @@ class RewardResult:
 
 
 def correctness(result: RewardResult) -> list[float]:
-    """Per sample 1.0 / 0.0: the function's ``acc`` extra where it gave one, else ``score > 0``."""
+    """Per sample 1.0 / 0.0: the function's ``acc`` extra where it gave one, else ``score > 0``
+    (a score that is not finite, a broken reward, is never a correct answer)."""
     acc = result.extras.get("acc", [None] * len(result.scores))
-    return [float(a) if a is not None else float(s > 0) for a, s in zip(acc, result.scores.tolist(), strict=True)]
+    return [
+        float(a) if a is not None else float(math.isfinite(s) and s > 0)
+        for a, s in zip(acc, result.scores.tolist(), strict=True)
+    ]
 
 
 def summarize(
