@@ -57,6 +57,8 @@ def test_two_workers_score_like_the_driver() -> None:
         got = RewardResult.from_rows(group.call("score", batch, dispatch=Dispatch.DP))
     finally:
         placement.close()
+    # the ranks' temporary log directory (no log_dir given, no error quoted it) is gone with it
+    assert not placement.log_dir.exists(), sorted(placement.log_dir.iterdir())  # type: ignore[attr-defined]
     assert torch.equal(got.scores, expected.scores)
     assert correctness(got) == correctness(expected)
     assert got.errors == expected.errors and got.term_scores == expected.term_scores

@@ -80,3 +80,20 @@ def test_a_killed_or_stopped_rank_called_alone_is_named(placement: RayPlacement)
     assert "rollout-rank1.log" in text and "rank 0 of 3" not in text, text
     assert group.submit_rank(0, "work").result() == 0  # the others still answer
     os.kill(pids[2], signal.SIGCONT)
+
+
+def test_a_temporary_log_directory_stays_when_an_error_quoted_a_log_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a log_dir the ranks log to a temporary directory that close() removes (probes7,
+    issue 35: one was left in /tmp per run), except when a failure named a log there."""
+    here = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    placement = RayPlacement(ClusterConfig(placement="ray", resources_per_rank={"cpus": 0.5}))
+    try:
+        group = placement.group("rollout", FailsOnRank, 1, world_size=2)
+        with pytest.raises(RankFailure) as failure:
+            group.submit_rank(1, "work").result()
+    finally:
+        placement.close()
+    log = placement.log_dir / "rollout-rank1.log"
+    assert str(log) in str(failure.value)
+    assert "rollout.work" in log.read_text()  # the log the error quoted, kept

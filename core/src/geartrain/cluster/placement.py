@@ -11,7 +11,8 @@ from geartrain.errors import ConfigError
 
 def make_placement(cluster: Any, *, log_dir: str | None = None) -> Placement:
     """The placement ``cluster`` (a :class:`~geartrain.trainer.config.ClusterConfig`) asks
-    for. ``log_dir``: where Ray ranks write their logs (default: a temporary directory)."""
+    for. ``log_dir``: where Ray ranks write their logs (default: a temporary directory,
+    removed at ``close`` unless an error quoted a log in it)."""
     if cluster.placement == "inline":
         return InlinePlacement()
     if cluster.placement == "ray":

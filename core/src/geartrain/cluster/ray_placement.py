@@ -27,13 +27,16 @@ Each rank writes its output (stdout and stderr, C libraries included) to
 ``<log_dir>/<pool>-rank<r>.log``, where a rank killed by a fatal signal (SIGSEGV, SIGABRT,
 SIGBUS, SIGFPE, SIGILL) also leaves every one of its threads' Python stacks
 (``faulthandler``); on a multi-node cluster ``log_dir`` must be on a shared filesystem for
-the driver to quote a failed rank's log (as checkpoints must be).
+the driver to quote a failed rank's log (as checkpoints must be). Without a ``log_dir`` the
+logs go to a temporary directory, removed by :meth:`RayPlacement.close` unless an error
+quoted a log in it.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -329,6 +332,7 @@ class RankPool:
         from ray.util.placement_group import placement_group, remove_placement_group
 
         self.name, self.size = name, size
+        self.logs_named = False
         self.timeout_s = cluster.startup_timeout_s
         self.heartbeat_timeout_s = float(getattr(cluster, "heartbeat_timeout_s", 30.0))
         overrides = dict(getattr(cluster, "call_timeout_s", None) or {})
@@ -512,6 +516,7 @@ class RankPool:
         """``; last lines of its log PATH:`` and them, or that the log does not exist yet (the
         rank's process never started: it opens its log first)."""
         path = self.log_paths[rank]
+        self.logs_named = True  # an error quotes this log: it must outlive the placement
         if not os.path.exists(path):
             return f"; its log {path} does not exist yet (the process never started)"
         return f"; last lines of its log {path}:\n{_tail(path)}"
@@ -845,6 +850,8 @@ class RayPlacement(Placement):
         import ray
 
         self.cluster = cluster
+        # a temporary log directory is removed at close unless an error named a log in it
+        self.own_log_dir = log_dir is None
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="geartrain-ranks-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.started = False
@@ -896,7 +903,10 @@ class RayPlacement(Placement):
         for pool in self.pools.values():
             if ray.is_initialized():  # someone may have shut Ray down already: nothing left to stop
                 pool.close(graceful=graceful)
+        logs_named = any(pool.logs_named for pool in self.pools.values())
         self.pools.clear()
+        if self.own_log_dir and not logs_named:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
         if self.started and ray.is_initialized():
             ray.shutdown()
             self.started = False
