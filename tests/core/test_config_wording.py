@@ -192,6 +192,29 @@ def test_a_job_file_its_parser_refuses_in_any_way_is_one_problem(
     assert "Traceback" not in err and f"cannot parse: {says}" in err, err
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("9" * 5000, "cannot read the value: Exceeds the limit (4300 digits)"),
+        ("[" + "9" * 5000 + "]", "cannot read the value: Exceeds the limit (4300 digits)"),
+        ("[" * 3000, "the value is nested too deeply"),
+    ],
+    ids=["bigint", "bigint-in-list", "deep"],
+)
+def test_an_override_value_its_parser_refuses_in_any_way_is_one_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, says: str
+) -> None:
+    """Probe of issue 35 round 8 (probes8): the job file's case above, given on the command
+    line: ``trainer.total_steps=<5000 digits>`` or ``trainer.loggers=[[[...`` ended
+    ``geartrain config``/``check``/``train`` with a ValueError/RecursionError traceback, exit 1."""
+    path = tmp_path / "job.toml"
+    path.write_text("[trainer]\ntotal_steps = 3\n")
+    assert main(["config", str(path), f"trainer.total_steps={value}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"trainer.total_steps: {says}" in err, err
+    assert "set_int_max_str_digits" not in err, err
+
+
 def test_a_job_file_that_is_a_pipe_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Probe rerun for issue 35 item 13 (probes5): a FIFO named job.toml was refused as 'a
     directory'; it is said to be a pipe (and nothing is read from it: that would block)."""

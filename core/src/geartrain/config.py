@@ -363,7 +363,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             [("", "cannot parse: values nested too deeply (arrays or tables in each other)")], str(path)
         ) from None
     except ValueError as exc:  # an integer past sys.get_int_max_str_digits(), which neither parser words
-        raise ConfigError([("", f"cannot parse: {exc}")], str(path)) from None
+        raise ConfigError([("", f"cannot parse: {str(exc).split('; use sys.')[0]}")], str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError([("", "the top level must be a table/mapping")], str(path))
     return data
@@ -394,6 +394,16 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     created); any other index of a list is one problem naming the key."""
     problems = []
     given: dict[str, str] = {}
+
+    def value_of(key: str, raw: str) -> Any:
+        try:
+            return parse_override_value(raw.strip())
+        except RecursionError:  # the parsers recurse once per level
+            problems.append((key, "the value is nested too deeply (arrays or tables in each other)"))
+        except ValueError as exc:  # an integer past sys.get_int_max_str_digits(), which neither parser words
+            problems.append((key, f"cannot read the value: {str(exc).split('; use sys.')[0]}"))
+        return None
+
     for item in overrides:
         if "=" not in item:
             problems.append((item, "an override must look like key.path=value"))
@@ -417,7 +427,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                     n = len(node)
                     problems.append((key, f"'{where}' is a list of {n}: an index is 0 to {n - 1}, or {n} to append"))
                     break
-                value = parse_override_value(raw.strip()) if last else {}
+                value = value_of(key, raw) if last else {}
                 if index == len(node):
                     node.append(value)
                 elif last:
@@ -426,7 +436,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                     break
                 child = node[index]
             elif last:
-                node[part] = parse_override_value(raw.strip())
+                node[part] = value_of(key, raw)
                 break
             else:
                 child = node.setdefault(part, [] if parts[i + 1].isdigit() else {})

@@ -206,7 +206,8 @@ def _not_json(where: str, exc: ValueError | RecursionError) -> DataError:
         return DataError(f"{where}: {exc}")
     if isinstance(exc, RecursionError):
         return DataError(f"{where}: JSON nested too deeply to read (arrays or objects in each other)")
-    return DataError(f"{where}: not readable JSON ({exc})")  # an integer beyond sys.get_int_max_str_digits()
+    # an integer beyond sys.get_int_max_str_digits(): Python's advice to raise it is not the user's to take
+    return DataError(f"{where}: not readable JSON ({str(exc).split('; use sys.')[0]})")
 
 
 def _loads(where: str, text: str) -> Any:
