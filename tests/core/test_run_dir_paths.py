@@ -230,3 +230,16 @@ def test_an_empty_output_dir_is_refused_not_the_working_directory(value: str) ->
     with pytest.raises(SectionError, match="output_dir: is empty"):
         TrainerConfig(output_dir=value)
     assert TrainerConfig(output_dir=".").output_dir == "."  # the working directory, said so, stays allowed
+
+
+def test_an_output_dir_not_utf8_is_refused_before_anything_is_written() -> None:
+    """Issue 35 round 8 (probes8): `trainer.output_dir=$'runs/bad\\xffname'` (a name in
+    another encoding, read by Python as a surrogate escape) ended `geartrain train` with a
+    25-line PydanticSerializationError traceback (UnicodeEncodeError writing config.json),
+    exit 1, after creating the directory and its lock."""
+    from geartrain.config import SectionError
+    from geartrain.trainer.config import TrainerConfig
+
+    with pytest.raises(SectionError, match="output_dir: holds a byte that is not UTF-8 \\(0xff at character 9\\)"):
+        TrainerConfig(output_dir="runs/bad\udcffname")
+    assert TrainerConfig(output_dir="runs/ünï cødé").output_dir == "runs/ünï cødé"

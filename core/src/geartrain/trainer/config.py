@@ -444,6 +444,13 @@ class TrainerConfig(Section):
             raise ValueError(
                 "is empty (an unset shell variable?); give a directory ('.' if the working directory is really meant)"
             )
+        try:  # config.json, metrics and the model card record the path as UTF-8 JSON
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"holds a byte that is not UTF-8 (0x{ord(value[exc.start]) & 0xFF:02x} at character {exc.start + 1}); "
+                "give a directory whose name is UTF-8"
+            ) from None
         return value
 
     seed: int = Field(0, ge=0, le=MAX_SEED)
