@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from geartrain.agents.config import AgentConfig
-from geartrain.errors import ConfigError, ConfigFileError
+from geartrain.errors import ConfigError, ConfigFileError, without_python_advice
 from geartrain.limits import MAX_SEED
 
 _log = logging.getLogger(__name__)
@@ -363,7 +363,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             [("", "cannot parse: values nested too deeply (arrays or tables in each other)")], str(path)
         ) from None
     except ValueError as exc:  # an integer past sys.get_int_max_str_digits(), which neither parser words
-        raise ConfigError([("", f"cannot parse: {str(exc).split('; use sys.')[0]}")], str(path)) from None
+        raise ConfigError([("", f"cannot parse: {without_python_advice(exc)}")], str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError([("", "the top level must be a table/mapping")], str(path))
     return data
@@ -401,7 +401,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         except RecursionError:  # the parsers recurse once per level
             problems.append((key, "the value is nested too deeply (arrays or tables in each other)"))
         except ValueError as exc:  # an integer past sys.get_int_max_str_digits(), which neither parser words
-            problems.append((key, f"cannot read the value: {str(exc).split('; use sys.')[0]}"))
+            problems.append((key, f"cannot read the value: {without_python_advice(exc)}"))
         return None
 
     for item in overrides:

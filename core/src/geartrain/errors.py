@@ -157,3 +157,9 @@ def unpickling_reason(exc: BaseException) -> str:
     lines = [without_ansi(line).strip() for line in str(exc).strip().splitlines() if line.strip()]
     named = [line for line in lines if "GLOBAL" in line or "Unsupported" in line or "unsupported" in line]
     return (named or lines or [type(exc).__name__])[0]
+
+
+def without_python_advice(exc: BaseException) -> str:
+    """``exc``'s message without Python's "; use sys.set_int_max_str_digits() ..." (an
+    integer past its digit limit): raising the limit is not the user's to do."""
+    return str(exc).split("; use sys.")[0]

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from geartrain.errors import DataError
+from geartrain.errors import DataError, without_python_advice
 
 #: What a dataset can be built from: a file path, a ``datasets.Dataset`` or rows in memory.
 DataSource = str | Path | Any
@@ -207,7 +207,7 @@ def _not_json(where: str, exc: ValueError | RecursionError) -> DataError:
     if isinstance(exc, RecursionError):
         return DataError(f"{where}: JSON nested too deeply to read (arrays or objects in each other)")
     # an integer beyond sys.get_int_max_str_digits(): Python's advice to raise it is not the user's to take
-    return DataError(f"{where}: not readable JSON ({str(exc).split('; use sys.')[0]})")
+    return DataError(f"{where}: not readable JSON ({without_python_advice(exc)})")
 
 
 def _loads(where: str, text: str) -> Any:
