@@ -69,9 +69,24 @@ class Engine:
         return self.config.backend
 
     def _require(self, result: Any, hook: str) -> Any:
-        if result is None:
+        """``result`` of the hook ``hook``; a hook with no implementation and one whose
+        implementations all returned ``None`` (pluggy's first-result call cannot tell them
+        apart) are told apart here, because the fixes differ."""
+        if result is not None:
+            return result
+        caller = getattr(self.pm.hook, hook)
+        if not caller.get_hookimpls():
             raise GeartrainError(f"engine '{self.name}' does not implement the '{hook}' hook")
-        return result
+        spec = caller.spec
+        expected = spec.function.__annotations__.get("return", "a value") if spec is not None else "a value"
+        raise GeartrainError(
+            f"engine '{self.name}' returned None from its '{hook}' hook ({self._origin()});"
+            f" the hook must return {expected} (see geartrain.hookspecs.{hook}): a missing return statement?"
+        )
+
+    def _origin(self) -> str:
+        info = self.info
+        return f"{info.distribution} {info.version or '?'}: {info.module}" if info.distribution else info.module
 
     def forward_backward(
         self, batch: Batch, loss_fn: LossFn | None = None, *, forward_only: bool = False
