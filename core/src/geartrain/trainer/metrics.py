@@ -16,19 +16,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger("geartrain.metrics")
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 class JsonlLogger:
-    """Appends one JSON object per line to ``path``."""
+    """Appends one JSON object per line to ``path``. JSON has no NaN or infinity: such a
+    value is written as ``null``, and the first time each metric holds one it is said in the
+    log (a plugin's non-finite report must not vanish without a word)."""
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._said_not_finite: set[str] = set()
         #: on resume: the steps up to ``resume_step`` with no RL record in the file (cut or
         #: edited by hand); a job's metrics have one for every step, a sampled log may not
         self.missing_rl_steps: list[int] = []
@@ -63,7 +66,18 @@ class JsonlLogger:
         tmp.replace(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        bad = [k for k, v in record.items() if _not_finite(v) and k not in self._said_not_finite]
+        if bad:
+            self._said_not_finite.update(bad)
+            logger.warning(
+                "metrics.jsonl, %s step %s: %s %s not finite, written as null (JSON has no NaN or infinity); "
+                "said once per metric",
+                record.get("phase", "?"),
+                record.get("step", "?"),
+                ", ".join(f"{k} = {record[k]}" for k in bad),
+                "is" if len(bad) == 1 else "are",
+            )
+        self._file.write(json.dumps({k: None if _not_finite(v) else v for k, v in record.items()}) + "\n")
         self._file.flush()
 
     def close(self) -> None:
