@@ -443,3 +443,28 @@ def test_export_of_a_run_stopped_before_its_first_checkpoint_says_so(tmp_path: P
     (run / "checkpoints" / "actor").mkdir(parents=True)  # created, nothing saved in it yet
     with pytest.raises(CheckpointError, match="holds no complete checkpoint to export"):
         run_of(run)
+
+
+@pytest.mark.parametrize("damage", ["cut", "not-utf8"])
+@pytest.mark.parametrize("mode", ["resume", "overwrite"])
+def test_a_runs_damaged_config_json_is_called_damaged_not_another_programs(
+    tmp_path: Path, damage: str, mode: str
+) -> None:
+    """Probe 48 of issue 35's round 8: the run's own config.json cut off by 40 bytes made
+    ``--resume`` say "not a training run's config (a model's, or another program's file) ...
+    choose another output_dir", sending the user away from a run that is still there."""
+    out = tmp_path / "run"
+    (out / "checkpoints" / "actor").mkdir(parents=True)
+    text = _config(out).model_dump_json(indent=2)
+    data = text[:-40].encode() if damage == "cut" else text.encode().replace(b'"actor"', b'"act\xffor"', 1)
+    (out / "config.json").write_bytes(data)
+    with pytest.raises(RunDirectoryError) as info:
+        run_job(_config(out), **{mode: True})
+    message = str(info.value)
+    assert message.startswith(f"{out / 'config.json'} is not readable JSON ("), message
+    bad_byte = text.encode().index(b'"actor"') + 4
+    why = f"(byte {bad_byte} is not UTF-8)" if damage == "not-utf8" else "(Unterminated string starting at: line "
+    assert f"JSON {why}" in message and "cut off or edited by hand? Nothing was changed" in message, message
+    assert "geartrain config <job file> [overrides] --json >" in message and "another program" not in message
+    assert (out / "config.json").read_bytes() == data
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.json"]

@@ -66,6 +66,22 @@ def _run_config(path: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) and "trainer" in data and "actor" in data else None
 
 
+def json_damage(path: Path) -> str | None:
+    """Why the file ``path`` is not readable JSON (not UTF-8, cut off, edited into invalid
+    syntax), or ``None`` when it is (or cannot be opened: the entry checks name that)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        return f"byte {exc.start} is not UTF-8"
+    except OSError:
+        return None
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def is_run_config(path: Path) -> bool:
     """Whether the file ``path`` is a ``config.json`` a training run wrote (a JSON object
     with its ``trainer`` and ``actor`` sections), not a model's or another program's."""
@@ -301,6 +317,12 @@ class RunDirectory:
                     f"{entry} is not writable; fix its permissions or choose another trainer.output_dir"
                 )
         config = self.path / "config.json"
+        if config.is_file() and (damage := json_damage(config)) is not None:
+            raise RunDirectoryError(
+                f"{config} is not readable JSON ({damage}): cut off or edited by hand? Nothing was changed. If it "
+                "is this run's, write it again (`geartrain config <job file> [overrides] --json > "
+                f"{config}`) or move it away (--resume then goes on without comparing the config with the run's)"
+            )
         if config.is_file() and not is_run_config(config):
             raise RunDirectoryError(
                 f"{config} is not a training run's config (a model's, or another program's file): a run writes its "
