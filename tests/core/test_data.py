@@ -295,3 +295,27 @@ def test_sample_meta_is_prompt_major(tok):
     assert meta["ground_truth"] == ["0", "0", "0", "1", "1", "1"]
     assert meta["uid"] == ["0:0", "0:0", "0:0", "0:1", "0:1", "0:1"]
     assert meta["prompt"][3] == "1+0="
+
+
+def test_message_roles_outside_the_chat_format_are_said_once_with_their_rows(tmp_path, tok, caplog):
+    """Probe 26 of issue 35's round 8: a message with the role "wizard" (or the typo "usr")
+    reached the chat template without a word."""
+    usual = [{"role": r, "content": "1+1="} for r in ("system", "developer", "user", "assistant", "tool", "user")]
+    rows = [
+        {"messages": usual, "ground_truth": "2"},
+        {"messages": [{"role": "wizard", "content": "2+2="}, {"role": "usr", "content": "x"}], "ground_truth": "4"},
+        {"messages": [{"role": "user", "content": "3+3="}], "ground_truth": "6"},
+        {"messages": [{"role": "usr", "content": "4+4="}], "ground_truth": "8"},
+    ]
+    path = write_jsonl(tmp_path / "roles.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="geartrain.data"):
+        PromptDataset(path, tok, DataConfig(max_prompt_length=400))
+    said = [r.getMessage() for r in caplog.records if "role" in r.getMessage()]
+    assert said == [
+        f"{path}: 3 message(s) in 2 row(s) have a role that is none of system, developer, user, assistant, tool: "
+        f"e.g. 'wizard' ({path}, line 2), 'usr' ({path}, line 4). The chat template gets them as they are (a typo?)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="geartrain.data"):
+        PromptDataset([rows[0], rows[2]], tok, DataConfig(max_prompt_length=400))
+    assert not [r for r in caplog.records if "role" in r.getMessage()]

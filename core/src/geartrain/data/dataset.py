@@ -98,6 +98,7 @@ class PromptDataset:
         if not parsed:
             raise DataError(f"{self.source}: no rows")
         self._check_template_keeps_messages(parsed, tokenizer)
+        _warn_unusual_roles(self.source, parsed)
         # a text longer than this holds more than max_prompt_length tokens: it is dropped
         # without being tokenized (a 50 MB row must not be tokenized whole to be thrown away),
         # and as soon as it is rendered (a template emitting 100 MB a row must not be held
@@ -367,6 +368,35 @@ def longest_token_chars(tokenizer: Any) -> int:
         return max(8, max((len(t) for t in tokenizer.get_vocab()), default=1))
     except Exception:  # noqa: BLE001 - any tokenizer: an upper bound is enough
         return 64
+
+
+#: the message roles of OpenAI's chat format, which chat templates are written for
+USUAL_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _warn_unusual_roles(source: str, parsed: list[_Parsed]) -> None:
+    """Warn once per dataset about messages whose role is none of :data:`USUAL_ROLES` (a
+    typo such as ``usr`` reaches the chat template unseen; some templates drop such a
+    turn, others render it as it is): how many, in how many rows, the first few with their
+    rows. Not refused: a model's own template may define roles of its own (``ipython``)."""
+    count, rows, examples = 0, 0, []
+    for p in parsed:
+        unusual = [m["role"] for m in p.messages or () if m["role"] not in USUAL_ROLES]
+        if unusual:
+            count += len(unusual)
+            rows += 1
+            if len(examples) < 3:
+                examples.append(f"{unusual[0]!r} ({p.where})")
+    if count:
+        logger.warning(
+            "%s: %d message(s) in %d row(s) have a role that is none of %s: e.g. %s. The chat template gets them as "
+            "they are (a typo?)",
+            source,
+            count,
+            rows,
+            ", ".join(USUAL_ROLES),
+            ", ".join(examples),
+        )
 
 
 def _warn_unknown_characters(
