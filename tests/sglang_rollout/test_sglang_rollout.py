@@ -213,3 +213,25 @@ def test_bad_input_is_refused_before_the_engine(
         rollout.generate(batch_prompts, sampling)
     batch = rollout.generate(prompts, SAMPLING)
     assert max_logprob_error(batch, models[0]) <= ATOL
+
+
+def test_a_start_that_fails_leaves_no_work_directory(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The rollout's own temporary work directory (the model written for SGLang) is removed
+    when the engine's start fails, not only at shutdown (each full test run left a
+    /tmp/geartrain-sglang-* behind)."""
+    import gc
+    import tempfile
+
+    from geartrain_sglang import engine
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("SGLang refused to start")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(engine, "start_engine", refuse)
+    with pytest.raises(RuntimeError, match="SGLang refused to start"):
+        Rollout(
+            RolloutConfig(backend="sglang", max_model_len=64), ModelConfig(tiny="qwen2"), EngineContext(role="rollout")
+        )
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []

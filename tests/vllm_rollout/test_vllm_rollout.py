@@ -211,3 +211,23 @@ def test_min_p_and_repetition_penalty_reach_vllm() -> None:
     assert {"min_p", "repetition_penalty"} <= set(plugins.backend_info("rollout", "vllm").capabilities)
     params = build_requests([[1, 2, 3]], SamplingParams(n=2, min_p=0.05, repetition_penalty=1.2)).params
     assert (params.min_p, params.repetition_penalty) == (0.05, 1.2)
+
+
+def test_a_start_that_fails_leaves_no_work_directory(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The rollout's own temporary work directory (the model written for vLLM) is removed
+    when the engine's start fails, not only at shutdown (each full test run left a
+    /tmp/geartrain-vllm-* behind)."""
+    import gc
+    import tempfile
+
+    from geartrain_vllm import engine
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("vLLM refused to start")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(engine, "start_engine", refuse)
+    with pytest.raises(RuntimeError, match="vLLM refused to start"):
+        Rollout(RolloutConfig(backend="vllm", max_model_len=64), model_config(), EngineContext(role="rollout"))
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []

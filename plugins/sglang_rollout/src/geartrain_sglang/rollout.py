@@ -6,6 +6,7 @@ import importlib.util
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ class SglangRollout:
         self._owns_work_dir = options.work_dir is None
         self.work_dir = Path(options.work_dir or tempfile.mkdtemp(prefix="geartrain-sglang-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self._owns_work_dir:  # also when a later step of the start fails, or shutdown is never called
+            self._remove_work_dir = weakref.finalize(self, shutil.rmtree, str(self.work_dir), ignore_errors=True)
         self.model_dir = model_directory(model, self.work_dir)
         if self.model_dir.is_relative_to(self.work_dir):
             # SGLang adds a generation config's EOS ids to the ones that stop a sample
@@ -247,7 +250,7 @@ class SglangRollout:
         if self.weight_copy is not None:
             self.weight_copy.clear()
         if self._owns_work_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self._remove_work_dir()
 
     def _memory(self) -> int:
         """Device memory in use on GPU; on CPU the resident set of this process plus the

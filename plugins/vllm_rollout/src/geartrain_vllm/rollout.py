@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ class VllmRollout:
         self._owns_work_dir = options.work_dir is None
         self.work_dir = Path(options.work_dir or tempfile.mkdtemp(prefix="geartrain-vllm-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self._owns_work_dir:  # also when a later step of the start fails, or shutdown is never called
+            self._remove_work_dir = weakref.finalize(self, shutil.rmtree, str(self.work_dir), ignore_errors=True)
         self.model_dir = model_directory(model, self.work_dir)
         self.pad_token_id = pad_token_id(model, options.pad_token_id)
         # The names update_weights accepts: the transformers state dict's (built on meta, free).
@@ -191,7 +194,7 @@ class VllmRollout:
             self.weight_copy.clear()
         self.adapter.clear()
         if self._owns_work_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self._remove_work_dir()
 
     def _memory(self) -> int:
         """Device memory in use (the driver's figure on GPU); the resident set on CPU."""
