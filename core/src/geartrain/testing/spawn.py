@@ -28,15 +28,20 @@ def _entry(rank: int, world: int, store_path: str, out_dir: str, fn: Callable[..
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+        # every rank has connected before any may leave: a rank that failed at once and exited
+        # closed its sockets while a slower peer was still connecting (gloo's connectFullMesh
+        # failed there, torch's spawn then killed the failed rank before its record was written)
+        dist.barrier()
         result = fn(rank, world, *args)
         _write(Path(out_dir) / f"rank{rank}.pt", {"ok": True, "result": result})
     except BaseException:
         _write(Path(out_dir) / f"rank{rank}.pt", {"ok": False, "error": traceback.format_exc()})
         raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 #: the default ``timeout`` of :func:`run_ranks`: a hang guard only (a deadlocked collective
