@@ -274,3 +274,22 @@ def test_cli_lists_plugins_as_json_and_table(installed) -> None:
     assert table.returncode == 0 and "torch" in table.stdout and "broken" in table.stdout
     none = _cli("plugins", "--json", env={plugins.ALLOW_LIST_ENV: ""})
     assert [r for r in json.loads(none.stdout) if r["source"] == "entry-point"] == []
+
+
+def test_a_plugin_printing_at_import_leaves_the_json_on_stdout_whole(installed, capsys) -> None:
+    """Issue 35 round 9 (probes9): a third-party plugin that prints at import (a banner, a
+    debug line) wrote into `geartrain plugins --json`'s stdout ahead of the JSON, which no
+    JSON reader could then parse; what a plugin prints at import goes to stderr."""
+    from geartrain.cli import main
+
+    installed(
+        "gtfake-chatty",
+        "0.1",
+        {"gtfake_chatty": "print('hello from a chatty plugin')\n" + fake_engine("chatty")},
+        {"geartrain.engines": {"chatty": "gtfake_chatty"}},
+    )
+    assert main(["plugins", "--json"]) == 0
+    out, err = capsys.readouterr()
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["chatty"]["error"] is None
+    assert "hello from a chatty plugin" in err

@@ -16,10 +16,12 @@ instance, holding exactly one backend and the extensions asked for.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as importlib_metadata
 import inspect
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -340,7 +342,10 @@ def _load(cand: _Candidate) -> tuple[object, PluginInfo]:
             f"geartrain.register_{cand.kind}('{cand.name}', plugin)",
         )
     try:
-        plugin = cand.load()
+        # what a module prints at import goes to stderr: stdout carries the command's own
+        # output (`geartrain plugins --json`, `config --json`), which a print would corrupt
+        with contextlib.redirect_stdout(sys.stderr):
+            plugin = cand.load()
     except NotImplementedError as exc:  # a skeleton says so itself; reinstalling would not help
         raise PluginError(
             f"not implemented: {exc}",
