@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,24 @@ def test_override_values_are_typed(text: str, value: object) -> None:
 def test_override_into_a_value_is_an_error() -> None:
     with pytest.raises(ConfigError, match="is a value, not a table"):
         apply_overrides({"steps": 1}, ["steps.inner=2"])
+
+
+def test_an_override_giving_a_whole_table_names_the_keys_it_drops(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 35 round 9 (probes9): `actor.engine.optim={lr=1e-4}` replaced the job file's
+    optimizer table without a word: its cosine schedule, warmup, weight decay and floor fell
+    back to their defaults. The replacement stands (it is what the override says); the keys
+    it drops are named, in a list of tables too."""
+    data = {"optim": {"lr": 1.0, "lr_schedule": "cosine", "warmup_steps": 50}, "terms": [{"name": "a", "weight": 2}]}
+    with caplog.at_level(logging.WARNING, logger="geartrain.config"):
+        apply_overrides(data, ["optim={lr=1e-4}", "terms.0={name='b'}"])
+    assert data["optim"] == {"lr": 1e-4} and data["terms"] == [{"name": "b"}]
+    said = caplog.text
+    assert "optim replaces the whole table: optim.lr_schedule, optim.warmup_steps from the job file" in said
+    assert "terms.0 replaces the whole table: terms.0.weight" in said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="geartrain.config"):  # nothing left out, nothing to say
+        apply_overrides(data, ["optim={lr=2e-4}", "optim.lr=3e-4", "new={a=1}"])
+    assert "replaces the whole table" not in caplog.text
 
 
 def test_unreadable_files_are_errors(tmp_path: Path) -> None:

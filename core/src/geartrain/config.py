@@ -386,6 +386,25 @@ def parse_override_value(text: str) -> Any:
     return text if value is None and bare not in ("null", "~") else value
 
 
+def _say_dropped_keys(key: str, old: Any, new: Any) -> None:
+    """An override giving a whole table (``actor.engine.optim={lr=1e-4}``) replaces the
+    table it lands on: the keys it leaves out fall back to their defaults. Said, naming
+    them, since one key (``actor.engine.optim.lr=1e-4``) is what such an override usually
+    means (issue 35 round 9: the job file's schedule, warmup and weight decay were dropped
+    without a word)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return
+    dropped = [k for k in old if k not in new]
+    if dropped:
+        _log.warning(
+            "%s replaces the whole table: %s from the job file no longer apply (their defaults do); to change "
+            "one key only, give it as %s.<key>=value",
+            key,
+            ", ".join(f"{key}.{k}" for k in dropped),
+            key,
+        )
+
+
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides to a nested dict (creating tables as needed).
 
@@ -431,12 +450,15 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                 if index == len(node):
                     node.append(value)
                 elif last:
+                    _say_dropped_keys(key, node[index], value)
                     node[index] = value
                 if last:
                     break
                 child = node[index]
             elif last:
-                node[part] = value_of(key, raw)
+                value = value_of(key, raw)
+                _say_dropped_keys(key, node.get(part), value)
+                node[part] = value
                 break
             else:
                 child = node.setdefault(part, [] if parts[i + 1].isdigit() else {})
