@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from geartrain.agents.formats import chat_bridge, chat_opening, user_turn_tail
 from geartrain.agents.loading import EnvironmentRouter
 from geartrain.agents.trajectory import Episode, Segment
 from geartrain.batch import Batch
+from geartrain.daemon_pool import DaemonThreadPool
 from geartrain.errors import GeartrainError, short_repr
 from geartrain.stop_texts import stop_text_end
 from geartrain.types import SamplingParams
@@ -362,7 +363,9 @@ class EpisodeRunner:
         calls = 0
         batch_sizes: list[int] = []
         text_cuts = 0
-        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="geartrain-env")
+        # daemon threads: a step that never returns (step_timeout_s unset) must not hold the
+        # process after Ctrl-C, as a ThreadPoolExecutor's threads, joined at exit, would
+        pool = DaemonThreadPool(self.workers, thread_name_prefix="geartrain-env")
         pending: dict[Future[Any], tuple[Episode, str]] = {}
         ready: list[Episode] = []
 

@@ -11,17 +11,15 @@ intra-op workers each), so generation and training proceed on different cores.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from geartrain.batch import Batch
+from geartrain.daemon_pool import DaemonThreadPool
 from geartrain.types import SamplingParams
 
 
@@ -52,47 +50,20 @@ class GenerationQueue:
     def __init__(self, rollout: object, version: int = 0) -> None:
         self.rollout = rollout
         self.version = version  # of the weights in the rollout, as seen by the queue's thread
-        # a daemon thread, not a ThreadPoolExecutor: the interpreter joins a pool's threads at
+        # daemon threads, not a ThreadPoolExecutor: the interpreter joins a pool's threads at
         # exit, so a generation that never returns (a hung rollout plugin) held the process
         # after Ctrl-C's closing line until SIGKILL; close() still waits for the work in hand
-        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._serve, name="geartrain-rollout", daemon=True)
-        self._thread.start()
+        self._pool = DaemonThreadPool(1, thread_name_prefix="geartrain-rollout")
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Future[Generated]:
-        return self._submit(self._generate, prompts, sampling)
+        return self._pool.submit(self._generate, prompts, sampling)
 
     def load(self, snapshot: WeightSnapshot, version: int) -> Future[None]:
-        return self._submit(self._load, snapshot, version)
+        return self._pool.submit(self._load, snapshot, version)
 
     def close(self) -> None:
         """Cancel what has not started, wait for the call in progress, end the thread."""
-        while True:
-            try:
-                item = self._work.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[0].cancel()
-        self._work.put(None)
-        self._thread.join()
-
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._work.put((future, fn, args))
-        return future
-
-    def _serve(self) -> None:
-        while (item := self._work.get()) is not None:
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
-                future.set_exception(exc)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Generated:
         start = time.perf_counter()
