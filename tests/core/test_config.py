@@ -435,3 +435,17 @@ def test_config_schema_refuses_a_job_file_or_overrides_it_would_ignore(
     assert captured.out == ""
     assert captured.err.count("\n") == 1
     assert f"takes no job file or overrides (got {extra[0]}): drop --schema" in captured.err
+
+
+def test_yaml_base_60_numbers_are_not_numbers(tmp_path: Path) -> None:
+    """Issue 35 round 9 (probes 17, 20): YAML 1.1 read ``steps: 20:00`` as 1200 (base 60)
+    without a word; a time-like value is now the string it is written as (YAML 1.2's and
+    TOML's reading), so a number field refuses it with its path."""
+    assert parse_override_value("20:00") == "20:00" and parse_override_value("1:30.5") == "1:30.5"
+    assert parse_override_value("1_200") == 1200  # digit separators stay numbers
+    with pytest.raises(ConfigError) as err:
+        load_config(Job, write(tmp_path, "a.yaml", "steps: 20:00\nactor:\n  backend: simple-test\n"))
+    assert "steps" in str(err.value) and "20:00" in str(err.value), err.value
+    with pytest.raises(ConfigError, match="steps"):
+        load_config(Job, write(tmp_path, "b.toml", "[actor]\nbackend = 'simple-test'\n"), ["steps=20:00"])
+    assert load_config(Job, write(tmp_path, "c.yaml", "steps: 1_200\nactor:\n  backend: simple-test\n")).steps == 1200

@@ -309,9 +309,20 @@ ConfigT = TypeVar("ConfigT", bound=BaseModel)
 # ----------------------------------------------------------------------------- loading
 
 
+#: YAML 1.1's base-60 numbers (``20:00`` is 1200, ``1:30.5`` is 90.5), which YAML 1.2 and
+#: TOML dropped: a duration or a time typed for a step count must not become another number
+_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader refusing a key given twice in one mapping (PyYAML keeps the last
-    silently; TOML refuses it). Merge keys (``<<``) still override, as YAML defines."""
+    silently; TOML refuses it). Merge keys (``<<``) still override, as YAML defines. A
+    base-60 number (``20:00``) is read as the string it is written as, as YAML 1.2 does."""
+
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
+        if kind is yaml.ScalarNode and implicit[0] and _BASE_60.fullmatch(value):
+            return str(yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG)
+        return str(super().resolve(kind, value, implicit))
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first: dict[Any, yaml.Node] = {}
@@ -377,7 +388,7 @@ def parse_override_value(text: str) -> Any:
     except tomllib.TOMLDecodeError:
         pass
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError:
         return text
     bare = text.strip()
