@@ -319,3 +319,106 @@ def test_message_roles_outside_the_chat_format_are_said_once_with_their_rows(tmp
     with caplog.at_level(logging.WARNING, logger="geartrain.data"):
         PromptDataset([rows[0], rows[2]], tok, DataConfig(max_prompt_length=400))
     assert not [r for r in caplog.records if "role" in r.getMessage()]
+
+
+def test_message_keys_other_than_role_and_content_are_said_once(tmp_path, tok, caplog):
+    """Probe 38 of issue 35's round 9: ``tool_calls`` beside a string content was dropped
+    without a word (only role and content reach the chat template)."""
+    rows = [
+        {"messages": [{"role": "user", "content": "1+1="}], "ground_truth": "2"},
+        {"messages": [{"role": "user", "content": "2+2=", "tool_calls": "garbage", "name": "x"}], "ground_truth": "4"},
+    ]
+    path = write_jsonl(tmp_path / "keys.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="geartrain.data"):
+        ds = PromptDataset(path, tok, DataConfig(max_prompt_length=400))
+    assert ds[1].messages == [{"role": "user", "content": "2+2="}]
+    said = [r.getMessage() for r in caplog.records if "'role' nor 'content'" in r.getMessage()]
+    assert said == [
+        f"{path}: 2 message key(s) in 1 row(s) are neither 'role' nor 'content' and are not read (only those two "
+        f"reach the chat template): e.g. 'tool_calls' ({path}, line 2). Put what the model should see in 'content'"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="geartrain.data"):
+        PromptDataset([rows[0]], tok, DataConfig(max_prompt_length=400))
+    assert not caplog.records
+
+
+def test_invisible_characters_in_a_ground_truth_are_said_once(tmp_path, tok, caplog):
+    """Probe 34 of issue 35's round 9: a ground truth wrapped in U+202E / U+200B (copied from
+    a web page) was accepted without a word, though exact_match can never match it."""
+    rows = [
+        {"prompt": "1+1=", "ground_truth": "2"},
+        {"prompt": "2+2=", "ground_truth": "\u202e4\u200b"},
+        {"prompt": "3+3=", "ground_truth": "6 \u00e9"},  # visible non-ASCII: nothing to say
+    ]
+    path = write_jsonl(tmp_path / "truth.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="geartrain.data"):
+        PromptDataset(path, tok)
+    said = [r.getMessage() for r in caplog.records if "invisible" in r.getMessage()]
+    assert said == [
+        f"{path}: 2 invisible character(s) in the 'ground_truth' of 1 row(s): e.g. U+202E RIGHT-TO-LEFT OVERRIDE "
+        f"({path}, line 2). A reward that compares text (exact_match) compares them too, so no response can match "
+        "such a row; remove them from the data"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="geartrain.data"):
+        PromptDataset([rows[0], rows[2]], tok)
+    assert not [r for r in caplog.records if "invisible" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("row", "config", "hint"),
+    [
+        (
+            {"Prompt": "1+1=", "ground_truth": "2"},
+            {},
+            "it has 'Prompt': did you mean 'prompt'? (rename the key, or set data.prompt_key='Prompt')",
+        ),
+        (
+            {"mesages": [{"role": "user", "content": "1+1="}], "ground_truth": "2"},
+            {},
+            "it has 'mesages': did you mean 'messages'? (rename the key, or set data.messages_key='mesages')",
+        ),
+        (
+            {"Question": "1+1=", "ground_truth": "2"},
+            {"prompt_key": "question", "messages_key": "question"},
+            "it has 'Question': did you mean 'question'? (rename the key, or set data.prompt_key='Question')",
+        ),
+    ],
+)
+def test_a_row_missing_its_prompt_names_a_key_that_looks_like_it(tmp_path, tok, row, config, hint):
+    """Probe 36 of issue 35's round 9: a 'Prompt' column got "it has neither" with no word
+    about the key that is there."""
+    path = write_jsonl(tmp_path / "near.jsonl", [row])
+    with pytest.raises(DataError) as info:
+        PromptDataset(path, tok, DataConfig(**config))
+    assert str(info.value).endswith(hint), info.value
+    with pytest.raises(DataError) as info:
+        PromptDataset(write_jsonl(tmp_path / "far.jsonl", [{"text": "1+1=", "ground_truth": "2"}]), tok)
+    assert "did you mean" not in str(info.value)
+
+
+def test_a_byte_order_mark_inside_a_jsonl_file_reads_as_none(tmp_path, tok):
+    """Probe 30 of issue 35's round 9: two files saved with byte-order marks and joined with
+    `cat` were refused at the second file's first line with Python's "decode using
+    utf-8-sig" advice."""
+    rows = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(4)]
+    half = ["\n".join(json.dumps(r) for r in part) + "\n" for part in (rows[:2], rows[2:])]
+    joined = tmp_path / "joined.jsonl"
+    joined.write_bytes(b"".join(h.encode("utf-8-sig") for h in half))
+    assert [(r.prompt, r.ground_truth) for r in PromptDataset(joined, tok).rows] == [
+        (r["prompt"], r["ground_truth"]) for r in rows
+    ]
+
+
+def test_a_jsonl_file_with_lone_cr_line_ends_says_so(tmp_path, tok):
+    """Probe 31 of issue 35's round 9: lines ending in CR alone (classic Mac OS) read as one
+    line and were refused as "Extra data", which does not say why."""
+    path = tmp_path / "mac.jsonl"
+    path.write_bytes(b"\r".join(json.dumps(r).encode() for r in ROWS[:2]) + b"\r")
+    with pytest.raises(DataError) as info:
+        PromptDataset(path, tok)
+    assert str(info.value).startswith(f"{path}, line 1: not valid JSON (Extra data"), info.value
+    assert str(info.value).endswith(
+        "; the file's lines end in a lone CR (classic Mac OS line ends): save it with LF (or CRLF) line ends"
+    )

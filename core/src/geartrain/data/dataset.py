@@ -3,8 +3,10 @@ tokenized, and filtered by length."""
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +48,9 @@ class _Parsed:
     """The key the messages were read from (``messages_key``, or ``prompt_key`` for TRL's
     conversational rows)."""
     ground_truth_value: str | int | float | None = None
+    unread_keys: list[str] = field(default_factory=list)
+    """Keys of the row's messages other than role and content (``tool_calls``, ``name``),
+    which are not passed on."""
 
 
 def _is_conversation(value: Any) -> bool:
@@ -99,6 +104,8 @@ class PromptDataset:
             raise DataError(f"{self.source}: no rows")
         self._check_template_keeps_messages(parsed, tokenizer)
         _warn_unusual_roles(self.source, parsed)
+        _warn_unread_message_keys(self.source, parsed)
+        _warn_invisible_ground_truth(self.source, parsed, self.config.ground_truth_key)
         # a text longer than this holds more than max_prompt_length tokens: it is dropped
         # without being tokenized (a 50 MB row must not be tokenized whole to be thrown away),
         # and as soon as it is rendered (a template emitting 100 MB a row must not be held
@@ -169,6 +176,7 @@ class PromptDataset:
             )
         # no prompt in a multi-turn job: the environment's reset supplies the task (TRL's rule)
         unprompted = self.prompt_optional and row.get(cfg.prompt_key) is None and row.get(cfg.messages_key) is None
+        unread: list[str] = []
         if unprompted:
             prompt, messages, messages_from = None, None, cfg.messages_key
         else:
@@ -190,7 +198,7 @@ class PromptDataset:
                 )
             messages = [{"role": "user", "content": ""}]
         elif messages is not None:
-            messages = self._check_messages(where, messages, messages_from)
+            messages, unread = self._check_messages(where, messages, messages_from)
             if not any(m["content"].strip() for m in messages):
                 raise DataError(
                     f"{where}: every message of '{messages_from}' is empty or whitespace; "
@@ -226,6 +234,7 @@ class PromptDataset:
             meta=meta,
             messages_from=messages_from,
             ground_truth_value=value,
+            unread_keys=unread,
         )
 
     def _prompt_or_messages(self, where: str, row: Mapping[str, Any]) -> tuple[Any, Any, str]:
@@ -251,21 +260,24 @@ class PromptDataset:
             raise DataError(
                 f"{where}: a row needs '{cfg.prompt_key}' (a string or a list of {{role, content}} messages)"
                 + null_note
+                + _near_key_note(row, cfg.prompt_key)
             )
         if (prompt is None) == (messages is None):
             which = "both" if prompt is not None else "neither"
             raise DataError(
                 f"{where}: a row needs exactly one of '{cfg.prompt_key}' and '{cfg.messages_key}', it has {which}"
                 + null_note
+                + ("" if prompt is not None else _near_key_note(row, cfg.prompt_key, cfg.messages_key))
             )
         return prompt, messages, cfg.messages_key
 
-    def _check_messages(self, where: str, messages: Any, key: str) -> list[dict[str, str]]:
+    def _check_messages(self, where: str, messages: Any, key: str) -> tuple[list[dict[str, str]], list[str]]:
+        """The messages as ``{role, content}`` dicts, and the other keys they hold (not read)."""
         if hasattr(messages, "tolist"):  # numpy arrays from some Parquet readers
             messages = messages.tolist()
         if not isinstance(messages, list) or not messages:
             raise DataError(f"{where}: '{key}' must be a non-empty list of {{role, content}} objects")
-        checked = []
+        checked, unread = [], []
         for i, message in enumerate(messages):
             if (
                 not isinstance(message, Mapping)
@@ -276,7 +288,9 @@ class PromptDataset:
                     f"{where}: '{key}'[{i}] must be an object with string 'role' and 'content', got {message!r:.80}"
                 )
             checked.append({"role": message["role"], "content": message["content"]})
-        return checked
+            # a Parquet struct column gives every message every key, the absent ones as None
+            unread.extend(k for k, v in message.items() if k not in ("role", "content") and v is not None)
+        return checked, unread
 
     def _uses_template(self, parsed: _Parsed) -> bool:
         cfg = self.config
@@ -370,6 +384,36 @@ def longest_token_chars(tokenizer: Any) -> int:
         return 64
 
 
+def _near_key_note(row: Mapping[str, Any], *wanted: str) -> str:
+    """For a row that lacks the ``wanted`` keys: its key that looks like one of them (another
+    case, a typo) and how to read it, or ``""``."""
+    keys = [k for k in row if isinstance(k, str)]
+    for want in wanted:
+        near = [k for k in keys if k.lower() == want.lower()] or difflib.get_close_matches(want, keys, n=1, cutoff=0.75)
+        if near:
+            option = "data.messages_key" if want == wanted[-1] and len(wanted) > 1 else "data.prompt_key"
+            return f"; it has {near[0]!r}: did you mean {want!r}? (rename the key, or set {option}={near[0]!r})"
+    return ""
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What one dataset warning found across the rows: how many, in how many rows, and
+    the first three with their rows."""
+
+    count: int = 0
+    rows: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, where: str, found: Sequence[str]) -> None:
+        """Count ``found`` (already worded for the warning) for the row at ``where``."""
+        if found:
+            self.count += len(found)
+            self.rows += 1
+            if len(self.examples) < 3:
+                self.examples.append(f"{found[0]} ({where})")
+
+
 #: the message roles of OpenAI's chat format, which chat templates are written for
 USUAL_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -379,23 +423,58 @@ def _warn_unusual_roles(source: str, parsed: list[_Parsed]) -> None:
     typo such as ``usr`` reaches the chat template unseen; some templates drop such a
     turn, others render it as it is): how many, in how many rows, the first few with their
     rows. Not refused: a model's own template may define roles of its own (``ipython``)."""
-    count, rows, examples = 0, 0, []
+    tally = _Tally()
     for p in parsed:
-        unusual = [m["role"] for m in p.messages or () if m["role"] not in USUAL_ROLES]
-        if unusual:
-            count += len(unusual)
-            rows += 1
-            if len(examples) < 3:
-                examples.append(f"{unusual[0]!r} ({p.where})")
-    if count:
+        tally.add(p.where, [repr(m["role"]) for m in p.messages or () if m["role"] not in USUAL_ROLES])
+    if tally.count:
         logger.warning(
             "%s: %d message(s) in %d row(s) have a role that is none of %s: e.g. %s. The chat template gets them as "
             "they are (a typo?)",
             source,
-            count,
-            rows,
+            tally.count,
+            tally.rows,
             ", ".join(USUAL_ROLES),
-            ", ".join(examples),
+            ", ".join(tally.examples),
+        )
+
+
+def _warn_unread_message_keys(source: str, parsed: list[_Parsed]) -> None:
+    """Warn once per dataset about message keys other than ``role`` and ``content``
+    (``tool_calls``, ``name``): only those two reach the chat template, so a conversation
+    whose meaning is in the others (an assistant's tool calls) is not what the model sees."""
+    tally = _Tally()
+    for p in parsed:
+        tally.add(p.where, [repr(key) for key in p.unread_keys])
+    if tally.count:
+        logger.warning(
+            "%s: %d message key(s) in %d row(s) are neither 'role' nor 'content' and are not read (only those two "
+            "reach the chat template): e.g. %s. Put what the model should see in 'content'",
+            source,
+            tally.count,
+            tally.rows,
+            ", ".join(tally.examples),
+        )
+
+
+def _warn_invisible_ground_truth(source: str, parsed: list[_Parsed], key: str) -> None:
+    """Warn once per dataset about ground truths holding invisible format characters
+    (Unicode's category Cf: zero-width spaces, direction marks, a byte-order mark), which
+    come from copying text out of web pages and documents: a reward comparing text
+    (``exact_match``) compares them too, so no response the model writes can match."""
+    tally = _Tally()
+    for p in parsed:
+        if p.ground_truth is not None and not p.ground_truth.isascii():
+            found = [c for c in p.ground_truth if unicodedata.category(c) == "Cf"]
+            tally.add(p.where, [f"U+{ord(c):04X} {unicodedata.name(c, '')}".rstrip() for c in found])
+    if tally.count:
+        logger.warning(
+            "%s: %d invisible character(s) in the '%s' of %d row(s): e.g. %s. A reward that compares text "
+            "(exact_match) compares them too, so no response can match such a row; remove them from the data",
+            source,
+            tally.count,
+            key,
+            tally.rows,
+            ", ".join(tally.examples),
         )
 
 
@@ -417,23 +496,17 @@ def _warn_unknown_characters(
             verdict[char] = unk in tokenizer(char, add_special_tokens=False)["input_ids"] and char not in unk_text
         return verdict[char]
 
-    count, rows, examples = 0, 0, []
+    tally = _Tally()
     for p, text, row_ids in zip(parsed, texts, ids, strict=True):
-        if unk not in row_ids:
-            continue
-        found = [c for c in (text.replace(unk_text, "") if unk_text else text) if unknown(c)]
-        if found:
-            count += len(found)
-            rows += 1
-            if len(examples) < 3:
-                examples.append(f"{found[0]!r} ({p.where})")
-    if count:
+        if unk in row_ids:
+            tally.add(p.where, [repr(c) for c in (text.replace(unk_text, "") if unk_text else text) if unknown(c)])
+    if tally.count:
         logger.warning(
             "%s: %d character(s) in %d prompt(s) are not in the tokenizer's vocabulary and become %s, which the model "
             "cannot tell apart: e.g. %s. Normalize the text, or use a tokenizer that covers it",
             source,
-            count,
-            rows,
+            tally.count,
+            tally.rows,
             unk_text or f"token {unk}",
-            ", ".join(examples),
+            ", ".join(tally.examples),
         )

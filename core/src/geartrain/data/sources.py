@@ -261,7 +261,8 @@ def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+                # -sig on every line: files joined with `cat` keep each one's byte-order mark
+                line = raw.decode("utf-8-sig")
             except UnicodeDecodeError as exc:
                 raise DataError(
                     f"{path}, line {line_no}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
@@ -269,7 +270,15 @@ def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
                 ) from None
             if not line.strip():
                 continue
-            row = _loads(f"{path}, line {line_no}", line)
+            try:
+                row = _loads(f"{path}, line {line_no}", line)
+            except DataError as exc:
+                if "\r" in line.rstrip("\r\n"):  # a file from classic Mac OS: one "line" holds them all
+                    raise DataError(
+                        f"{exc}; the file's lines end in a lone CR (classic Mac OS line ends): "
+                        "save it with LF (or CRLF) line ends"
+                    ) from None
+                raise
             if _SURROGATE_ESCAPE.search(line):
                 _refuse_lone_surrogates(f"{path}, line {line_no}", row)
             yield f"{path}, line {line_no}", row
