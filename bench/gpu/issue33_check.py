@@ -272,17 +272,18 @@ def lora_memory(a: argparse.Namespace) -> None:
         else ["--rows", "64", "--samples", "8", "--prompt-tokens", "256", "--response-tokens", "256"]
         + ["--micro-batch-tokens", "16384", "--lora-base-dtype", "bfloat16"]
     )
-    out = os.path.join(tempfile.mkdtemp(prefix="issue33-lora-"), "lora.json")
-    cmd = [sys.executable, os.path.join(HERE, "..", "bench_lora.py"), "--model", model, "--device", a.device]
-    cmd += [*shape, "--steps", "2", "--gradient-checkpointing", "--json", out]
-    left = max(30.0, a.budget - (time.perf_counter() - base.START))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
-    print(proc.stdout[-2000:], proc.stderr[-2000:] if proc.returncode else "", flush=True)
-    if proc.returncode != 0:
-        record("lora_memory_error", f"bench_lora.py exit {proc.returncode}: {proc.stderr[-300:]}")
-        return
-    with open(out) as f:
-        full, lora = json.load(f)["results"]
+    with tempfile.TemporaryDirectory(prefix="issue33-lora-") as tmp:
+        out = os.path.join(tmp, "lora.json")
+        cmd = [sys.executable, os.path.join(HERE, "..", "bench_lora.py"), "--model", model, "--device", a.device]
+        cmd += [*shape, "--steps", "2", "--gradient-checkpointing", "--json", out]
+        left = max(30.0, a.budget - (time.perf_counter() - base.START))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+        print(proc.stdout[-2000:], proc.stderr[-2000:] if proc.returncode else "", flush=True)
+        if proc.returncode != 0:
+            record("lora_memory_error", f"bench_lora.py exit {proc.returncode}: {proc.stderr[-300:]}")
+            return
+        with open(out) as f:
+            full, lora = json.load(f)["results"]
     record(
         "lora_memory",
         {

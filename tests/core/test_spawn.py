@@ -3,7 +3,9 @@ each rank's result back in rank order, a failing rank's traceback in the error).
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,9 +46,15 @@ def test_ranks_form_one_world_and_results_come_back_in_rank_order() -> None:
     assert results == [{"rank": r, "world": 2, "sum": 30.0, "threads": 1} for r in range(2)]
 
 
-def test_a_failing_rank_is_reported_with_its_traceback() -> None:
+def test_a_failing_rank_is_reported_with_its_traceback_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's spawn leaves a ``pytorch-errorfile-*.pickle`` in the temporary directory for
+    each failed rank (one per failing test of a full run piled up in /tmp): removed."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(RuntimeError, match=r"(?s)_fail_on_rank_one failed on 2 ranks:.*rank one broke"):
         run_ranks(_fail_on_rank_one, 2)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_results_are_read_back_as_plain_data_only_and_anything_else_names_the_rank() -> None:

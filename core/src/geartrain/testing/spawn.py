@@ -10,6 +10,7 @@ lists, tuples and dicts of them; nothing read back is unpickled code."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -75,7 +76,18 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = H
             records = [_read(f) for f in sorted(Path(tmp).glob("rank*.pt"))]
             details = "\n".join(r["error"] for r in records if not r["ok"])
             raise RuntimeError(f"{fn.__name__} failed on {world} ranks:\n{details}") from None
+        finally:
+            _remove_error_files(ctx)
         return [_read(Path(tmp) / f"rank{r}.pt", fn.__name__)["result"] for r in range(world)]
+
+
+def _remove_error_files(ctx: Any) -> None:
+    """torch's spawn has a failing rank pickle its traceback to a ``pytorch-errorfile-*``
+    file in the system's temporary directory and never removes it (one per failed rank;
+    the traceback read here comes from the run's own directory)."""
+    for name in ctx.error_files:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
 
 
 def _kill(ctx: Any) -> None:
