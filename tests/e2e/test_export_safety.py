@@ -389,3 +389,39 @@ def test_a_source_that_does_not_exist_is_named_so(tmp_path: Path, geartrain) -> 
     text = _one_line_error(geartrain("export", str(missing), str(tmp_path / "out")))
     assert text.startswith(f"error: {missing} does not exist; give a checkpoint"), text
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("given", ["run", "checkpoint"])
+def test_a_checkpoint_rotated_away_while_it_is_read_is_said_and_the_run_read_again(
+    run: Path, tmp_path: Path, geartrain, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:  # noqa: ANN001
+    """Issue 35 round 9 (by reading): exporting a run that a job is still saving into (a
+    --resume) read its newest checkpoint while the job's keep_last rotation removed it: a
+    FileNotFoundError traceback. Given the run directory, its newest is taken again; given
+    the checkpoint, one line says what happened."""
+    from geartrain.engine import Engine
+
+    original = Engine.load_checkpoint
+    removed: list[Path] = []
+
+    def rotated_first(self: Engine, path: Path):  # noqa: ANN202
+        if not removed:  # the job's rotation, as the first read starts
+            removed.append(Path(path))
+            shutil.rmtree(path)
+        return original(self, path)
+
+    monkeypatch.setattr(Engine, "load_checkpoint", rotated_first)
+    source = run if given == "run" else _step(run, 2)
+    done = geartrain("export", str(source), str(tmp_path / "out"))
+    assert removed == [_step(run, 2)]
+    if given == "run":
+        assert done.returncode == 0, done.stderr
+        assert (
+            f"{_step(run, 2)} was removed while it was being read (the run keeps saving); taking its newest again"
+            in (done.stdout)
+        )
+        assert json.loads((tmp_path / "out" / ".geartrain-export.json").read_text())["step"] == 1
+    else:
+        assert done.returncode != 0
+        assert f"{_step(run, 2)} was removed while it was being read: the run is still saving" in _one_line_error(done)
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -280,6 +280,21 @@ def check_models(built: dict[str, Any]) -> None:
             )
 
 
+#: how many times a run directory's newest checkpoint is read again when a running job
+#: removes it meanwhile (its keep_last rotation): more means the job saves faster than a read
+_READ_ATTEMPTS = 3
+
+
+def _removed_while_read(checkpoint: Path) -> bool:
+    """Whether ``checkpoint``, complete when chosen, is no longer complete: a job still
+    running in its run rotated it away (``shutil.rmtree``) while the engine read it."""
+    try:
+        CheckpointManager.check_complete(checkpoint)
+    except CheckpointError:
+        return True
+    return False
+
+
 def _write(engine: Any, out: Path, tokenizer: Any, built: dict[str, Any], step: int, checkpoint: Path) -> None:
     engine.export_hf(out, tokenizer)
     if (out / "adapter_config.json").is_file():
@@ -312,14 +327,29 @@ def export_checkpoint(
     from geartrain.modeling import load_tokenizer
     from geartrain.types import EngineContext
 
-    checkpoint, run = run_of(Path(checkpoint), echo)
+    source = Path(checkpoint)
+    checkpoint, run = run_of(source, echo)
     out = Path(out_dir)
     built = what_built(checkpoint, run, trust_remote_code=trust_remote_code, echo=echo)
     stale = check_target(out, run, checkpoint, overwrite=overwrite, models=[built["policy"], built["base"]])
     check_models(built)
     tokenizer = load_tokenizer(built["base"])
     engine = Engine(built["engine"], built["policy"], EngineContext(role="actor", seed=0))
-    extra = engine.load_checkpoint(checkpoint)
+    for attempt in range(_READ_ATTEMPTS):
+        try:
+            extra = engine.load_checkpoint(checkpoint)
+            break
+        except Exception:
+            if not _removed_while_read(checkpoint):
+                raise
+            if source.resolve() == checkpoint.resolve() or attempt + 1 == _READ_ATTEMPTS:
+                raise CheckpointError(
+                    f"{checkpoint} was removed while it was being read: the run is still saving and keeps only its "
+                    "newest checkpoints (trainer.keep_last). Give the run directory to export its newest one, or "
+                    "stop the run first"
+                ) from None
+            echo(f"{checkpoint} was removed while it was being read (the run keeps saving); taking its newest again")
+            checkpoint, _ = run_of(source, echo)
     step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
     _remove(stale)  # only now: everything that could refuse has run
     before = set(out.iterdir()) if out.is_dir() else None
