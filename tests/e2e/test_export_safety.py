@@ -425,3 +425,27 @@ def test_a_checkpoint_rotated_away_while_it_is_read_is_said_and_the_run_read_aga
         assert done.returncode != 0
         assert f"{_step(run, 2)} was removed while it was being read: the run is still saving" in _one_line_error(done)
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_an_export_into_a_directory_another_export_is_writing_is_refused(
+    trained: Path, tmp_path: Path, geartrain
+) -> None:  # noqa: ANN001
+    """Issue 35 round 9 (by reading): two exports into one directory both passed the
+    target's checks and interleaved their files. The target is locked for an export's life."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)  # as the other export holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        line = _one_line_error(geartrain("export", str(trained), str(out)))
+        assert f"the export target {out} is being written by another geartrain export now; nothing was changed" in line
+        assert list(out.iterdir()) == []
+    finally:
+        os.close(fd)
+    done = geartrain("export", str(trained), str(out))  # the lock ends with its holder
+    assert done.returncode == 0, done.stderr
+    again = geartrain("export", str(trained), str(tmp_path / "new" / "out"))
+    assert again.returncode == 0, again.stderr

@@ -15,10 +15,12 @@ then only the files a previous ``geartrain export`` wrote there (listed in its
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +282,32 @@ def check_models(built: dict[str, Any]) -> None:
             )
 
 
+@contextlib.contextmanager
+def _target_lock(out: Path) -> Iterator[None]:
+    """Hold an ``flock`` on the target directory (created here) for the export's life, or
+    raise :class:`ExportError` when another export holds it: two exports into one
+    directory would interleave their files. The kernel frees the lock however the process
+    ends; no file is added to the directory."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise ExportError(
+            f"cannot write the export to {out}: {exc.strerror} ({exc.filename or out}); choose another directory"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportError(
+                f"the export target {out} is being written by another geartrain export now; nothing was changed. "
+                "Wait for it to end, or choose another directory"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
 #: how many times a run directory's newest checkpoint is read again when a running job
 #: removes it meanwhile (its keep_last rotation): more means the job saves faster than a read
 _READ_ATTEMPTS = 3
@@ -322,16 +350,42 @@ def export_checkpoint(
     records and write it to ``out_dir`` as a complete Hugging Face directory (weights, config
     with ``architectures``, ``generation_config.json``, the tokenizer, a model card; a LoRA
     run: the adapter directory) plus :data:`EXPORT_RECORD` with the exported step. Returns
-    ``(out_dir, step)``. See the module docstring for what is refused."""
-    from geartrain.engine import Engine
-    from geartrain.modeling import load_tokenizer
-    from geartrain.types import EngineContext
-
+    ``(out_dir, step)``. See the module docstring for what is refused; an export into a
+    directory another export is writing is refused too."""
     source = Path(checkpoint)
     checkpoint, run = run_of(source, echo)
     out = Path(out_dir)
     built = what_built(checkpoint, run, trust_remote_code=trust_remote_code, echo=echo)
-    stale = check_target(out, run, checkpoint, overwrite=overwrite, models=[built["policy"], built["base"]])
+    models = [built["policy"], built["base"]]
+    check_target(out, run, checkpoint, overwrite=overwrite, models=models)  # before anything is created
+    created = not out.exists()
+    with _target_lock(out):
+        try:
+            # again under the lock: what a concurrent export finished writing there meanwhile counts
+            stale = check_target(out, run, checkpoint, overwrite=overwrite, models=models)
+            return _export(source, checkpoint, out, built, stale, created, echo)
+        except BaseException:
+            if created:  # a refusal before anything was written leaves no empty directory behind
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+            raise
+
+
+def _export(
+    source: Path,
+    checkpoint: Path,
+    out: Path,
+    built: dict[str, Any],
+    stale: list[Path],
+    created: bool,
+    echo: Callable[[str], None],
+) -> tuple[Path, int]:
+    """:func:`export_checkpoint`'s work once its target is checked and locked (``created``:
+    ``out`` did not exist before, so a failure removes it whole, not only what was written)."""
+    from geartrain.engine import Engine
+    from geartrain.modeling import load_tokenizer
+    from geartrain.types import EngineContext
+
     check_models(built)
     tokenizer = load_tokenizer(built["base"])
     engine = Engine(built["engine"], built["policy"], EngineContext(role="actor", seed=0))
@@ -352,7 +406,7 @@ def export_checkpoint(
             checkpoint, _ = run_of(source, echo)
     step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
     _remove(stale)  # only now: everything that could refuse has run
-    before = set(out.iterdir()) if out.is_dir() else None
+    before = None if created else set(out.iterdir())
     # SIGTERM (a timeout, a scheduler) takes Ctrl-C's path: it would otherwise kill the process
     # with the partial export still in place
     watch = InterruptWatch()
