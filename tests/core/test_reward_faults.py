@@ -140,6 +140,50 @@ def test_check_names_a_function_raising_another_base_exception(geartrain, tmp_pa
     assert "Traceback" not in proc.stderr
 
 
+def interrupts(response: str, ground_truth: str) -> float:
+    if response == "5":
+        raise KeyboardInterrupt  # the function's own raise (a library's Ctrl-C handling), not a Ctrl-C
+    return float(response == ground_truth)
+
+
+def test_a_function_raising_keyboard_interrupt_on_the_scoring_thread_fails_its_sample(caplog: Any) -> None:
+    """Issue 35 round 10 (lead's probe): a reward raising KeyboardInterrupt itself, scored on
+    the reward.timeout_s thread, killed that thread ("Exception in thread ..." and a
+    traceback) and the batch waited the whole timeout, its samples then counted as timeouts.
+    Off the main thread a KeyboardInterrupt is never Ctrl-C: a failure of its sample."""
+    scorer = RewardScorer([make_term(interrupts, name="interrupts")], timeout_s=300.0)
+    with caplog.at_level(logging.WARNING, logger="geartrain.rewards"):
+        result = scorer.score(["4", "5", "4"], ["4", "4", "4"])
+    assert result.scores.tolist() == [1.0, 0.0, 1.0] and result.errors == [1]
+    assert result.metrics["reward/timeouts"] == 0.0
+    assert "RewardExit: the reward function raised KeyboardInterrupt" in caplog.text
+    # on the main thread (no timeout) it may be a real Ctrl-C, which stays one
+    with pytest.raises(KeyboardInterrupt):
+        RewardScorer([make_term(interrupts, name="interrupts")]).score(["5"], ["4"])
+
+
+def test_a_scoring_thread_that_dies_is_raised_to_the_waiter_not_waited_out() -> None:
+    """Whatever escapes the calls on the reward.timeout_s thread reaches the caller at once."""
+    from geartrain.rewards.scoring import run_within
+
+    def call(i: int) -> int:
+        if i == 1:
+            raise GeneratorExit("escaped")
+        return i
+
+    with pytest.raises(GeneratorExit, match="escaped"):
+        run_within(3, call, 300.0, "dies")
+
+
+def test_check_names_a_function_raising_keyboard_interrupt_at_once(geartrain, tmp_path: Path) -> None:  # noqa: ANN001, F811
+    body = "def judge(response, ground_truth):\n    raise KeyboardInterrupt\n"
+    job = _job(tmp_path, body, '[reward]\nfunction = "reward.py:judge"\ntimeout_s = 300\n')
+    proc = geartrain("check", str(job), "--no-plugins")
+    assert proc.returncode == 2, proc.stderr
+    assert "'reward.py:judge' raised RewardExit: the reward function raised KeyboardInterrupt" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_decimal_score_is_a_number() -> None:
     """Probe rerun for issue 35 item 8 (probes3): a reward returning ``Decimal("0.5")`` was
     refused as 'not a number' while ``Fraction(1, 3)`` was taken (numbers.Real leaves Decimal

@@ -235,9 +235,10 @@ class RewardExit(RuntimeError):
 def exited(exc: BaseException) -> RewardExit:
     """The :class:`RewardExit` for ``exc``: a ``SystemExit`` (saying the code it exited with)
     or another ``BaseException`` that is no ``Exception`` (asyncio's ``CancelledError`` from
-    the function's own event loop, a library's own); ``KeyboardInterrupt`` is raised again
-    (Ctrl-C stays Ctrl-C)."""
-    if isinstance(exc, KeyboardInterrupt):
+    the function's own event loop, a library's own). ``KeyboardInterrupt`` on the main
+    thread is raised again (Ctrl-C stays Ctrl-C); on another thread, where Python never
+    delivers Ctrl-C, it is the function's own raise, and a failure like the others."""
+    if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
         raise exc
     if isinstance(exc, SystemExit):
         return RewardExit(f"the reward function called sys.exit({exc.code!r})")
@@ -252,17 +253,21 @@ def run_within(n: int, call: Callable[[int], Any], timeout_s: float | None, name
     if timeout_s is None:
         return [call(i) for i in range(n)]
     results: list[Any] = []
+    raised: list[BaseException] = []
     lock = threading.Lock()
     stop = threading.Event()
     done = threading.Event()
 
     def work() -> None:
-        for i in range(n):
-            out = call(i)
-            with lock:
-                if stop.is_set():
-                    return
-                results.append(out)
+        try:
+            for i in range(n):
+                out = call(i)
+                with lock:
+                    if stop.is_set():
+                        return
+                    results.append(out)
+        except BaseException as exc:  # noqa: BLE001 - the waiter's to raise: a dead thread read as a timeout
+            raised.append(exc)
         done.set()
 
     threading.Thread(target=work, name=f"geartrain-reward-{name}", daemon=True).start()
@@ -270,6 +275,8 @@ def run_within(n: int, call: Callable[[int], Any], timeout_s: float | None, name
     with lock:
         if not finished:
             stop.set()
+        elif raised:
+            raise raised[0]
         return list(results)
 
 
