@@ -107,7 +107,15 @@ def forward_backward(model, batch, loss_fn, forward_only):
         (  # probes7: sys.exit at import ended `geartrain plugins` with exit 3 and no output
             "import sys\nsys.exit(3)\n",
             "failed to import gtfake_broken: SystemExit: 3",
-            "pip install --force-reinstall gtfake-broken",
+            "its module raised: a bug in the plugin, or code for another Python or geartrain version; upgrade it "
+            "(pip install --upgrade gtfake-broken) or tell its authors",
+        ),
+        (  # issue 35 round 10: code that does not parse was told to reinstall the plugin
+            "def broken(:\n",
+            "failed to import gtfake_broken: SyntaxError: invalid syntax",
+            f"its code does not parse on Python {sys.version_info.major}.{sys.version_info.minor}: a bug in the "
+            "plugin, or code for another Python or geartrain version; upgrade it (pip install --upgrade "
+            "gtfake-broken) or tell its authors; or leave it out with GEARTRAIN_PLUGINS=<names to load>",
         ),
         (
             fake_engine("x", drop="forward_backward"),
@@ -126,7 +134,7 @@ def forward_backward(model, batch, loss_fn, forward_only):
             "fix the hook name",
         ),
     ],
-    ids=["import-error", "sys-exit", "missing-hook", "wrong-signature", "unknown-hook"],
+    ids=["import-error", "sys-exit", "syntax-error", "missing-hook", "wrong-signature", "unknown-hook"],
 )
 def test_a_broken_plugin_gets_one_clear_error_and_spares_the_others(installed, module, expected, fix) -> None:
     installed("gtfake-broken", "0.0.7", {"gtfake_broken": module}, {"geartrain.engines": {"broken": "gtfake_broken"}})

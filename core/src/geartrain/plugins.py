@@ -359,20 +359,34 @@ def _load(cand: _Candidate) -> tuple[object, PluginInfo]:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the plugin's problem
         # SystemExit too: a module that parses arguments or calls sys.exit at import would
         # otherwise end `geartrain plugins` or a job with no word at all
-        dist = cand.distribution or "the distribution that provides it"
         raise PluginError(
             f"failed to import {cand.module}: {type(exc).__name__}: {exc}",
             name=cand.name,
             kind=cand.kind,
             distribution=cand.distribution,
             version=cand.version,
-            fix=f"install its missing dependencies or reinstall it (pip install --force-reinstall {dist}); "
-            f"or leave it out with {ALLOW_LIST_ENV}=<names to load>",
+            fix=_import_fix(exc, cand.distribution),
         ) from exc
     info = _validate(cand, plugin)
     with _lock:
         _loaded[key] = (plugin, info)
     return plugin, info
+
+
+def _import_fix(exc: BaseException, distribution: str | None) -> str:
+    """What to do about a plugin whose module failed to import with ``exc``: a missing
+    module is a dependency to install; code that does not parse, or that raises as it runs,
+    is the plugin's bug (or written for another Python), which reinstalling does not mend."""
+    dist = distribution or "the distribution that provides it"
+    leave_out = f"or leave it out with {ALLOW_LIST_ENV}=<names to load>"
+    if isinstance(exc, ImportError):
+        return f"install its missing dependencies or reinstall it (pip install --force-reinstall {dist}); {leave_out}"
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    what = f"its code does not parse on Python {python}" if isinstance(exc, SyntaxError) else "its module raised"
+    return (
+        f"{what}: a bug in the plugin, or code for another Python or geartrain version; upgrade it "
+        f"(pip install --upgrade {dist}) or tell its authors; {leave_out}"
+    )
 
 
 def load_plugin(kind: PluginKind, name: str) -> tuple[object, PluginInfo]:
