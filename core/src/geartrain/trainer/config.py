@@ -35,6 +35,7 @@ from geartrain.config import (
     LoraConfig,
     ModelConfig,
     OptimConfig,
+    OptionalPath,
     ParallelConfig,
     RolloutConfig,
     Section,
@@ -374,7 +375,7 @@ class ValidationConfig(Section):
     """Held-out prompts scored greedily; ``accuracy`` is the mean of the reward's ``acc``
     extra (or of ``score > 0`` when the reward gives none)."""
 
-    path: str | None = None
+    path: OptionalPath = None
     """A ``.jsonl``/``.parquet`` file with the training data's schema; ``None``: no validation."""
     every_n_steps: int = Field(10, ge=0)
     """0: only before the first and after the last step."""
@@ -389,7 +390,7 @@ class SFTConfig(Section):
 
     enabled: bool = False
     """Run the warm start before RL."""
-    path: str | None = None
+    path: OptionalPath = None
     """Rows with ``prompt`` and ``response`` (the target text, EOS appended)."""
     response_key: str = "response"
     """Field of a row that holds the target response."""
@@ -403,7 +404,7 @@ class SFTConfig(Section):
     """Train on only the first N rows (a deliberately weak warm start)."""
     seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of the warm start's data order (default: ``trainer.seed``)."""
-    dev_path: str | None = None
+    dev_path: OptionalPath = None
     """Prompts (with ``ground_truth``) the warm start is scored on, greedily, every
     ``eval_every`` steps; a split of the *training* data, never the validation set."""
     eval_every: int = Field(25, ge=1)
