@@ -25,6 +25,9 @@ def test_ctrl_c_during_an_environment_step_that_never_returns_exits_the_process(
     child = textwrap.dedent(
         """
         import os, signal, threading
+        # as in a terminal: a suite started in the background (`make test &`) ignores SIGINT,
+        # and a child inherits that
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from geartrain import SamplingParams
         from geartrain.agents import Environment, EpisodeRunner, RunnerLimits, StepResult
         from geartrain.testing.tiny import tiny_tokenizer
