@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from geartrain.cluster.ray_placement import CALL_TIMEOUTS, _Heartbeats, call_phase
+from geartrain.cluster.deadlines import CALL_TIMEOUTS, call_phase
+from geartrain.cluster.ray_placement import _Heartbeats
 
 BEAT = (
     "import sys\n"

@@ -14,7 +14,7 @@ def make_placement(cluster: Any, *, log_dir: str | None = None) -> Placement:
     for. ``log_dir``: where Ray ranks write their logs (default: a temporary directory,
     removed at ``close`` unless an error quoted a log in it)."""
     if cluster.placement == "inline":
-        return InlinePlacement()
+        return InlinePlacement(cluster)
     if cluster.placement == "ray":
         from geartrain.cluster.ray_placement import RayPlacement, require_ray
 

@@ -46,6 +46,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from geartrain.cluster.deadlines import call_deadlines, call_phase, phase_setting
 from geartrain.cluster.dispatch import dp_rows, gather, reduce_metrics, shard_value
 from geartrain.cluster.worker_group import Dispatch, PendingCall, Placement, WorkerGroup, _is_dp_argument
 from geartrain.errors import ConfigError, GeartrainError
@@ -59,9 +60,6 @@ HEARTBEAT_EVERY_S = 1.0
 #: hog of normal priority a rank got a few percent of a core, took minutes to import torch and
 #: missed start-up deadlines (issue 35). A local cluster started here runs them at nice 0.
 RAY_WORKER_NICENESS = "0"
-#: the default deadline of a call by phase (``cluster.call_timeout_s`` overrides)
-CALL_TIMEOUTS = {"build": 600.0, "step": 1800.0, "checkpoint": 900.0}
-_CHECKPOINT_CALLS = frozenset({"save_checkpoint", "load_checkpoint", "export_hf"})
 
 
 #: What a rank does in each start-up call, for the messages (they are no user's method names)
@@ -82,7 +80,7 @@ def doing(method: str) -> str:
 
 def deadline_setting(method: str) -> str:
     """The setting whose value is the deadline of a call of ``method``."""
-    return STARTUP_SETTING if method in _START_UP else f"cluster.call_timeout_s.{call_phase(method)}"
+    return STARTUP_SETTING if method in _START_UP else phase_setting(method)
 
 
 def deadline_reason(limit: float, method: str, started: bool = True) -> str:
@@ -96,13 +94,6 @@ def deadline_reason(limit: float, method: str, started: bool = True) -> str:
         "importing; on a loaded machine raise the setting)"
     )
     return f"it did not answer within the {limit:g} s deadline of this phase ({deadline_setting(method)}) {state}"
-
-
-def call_phase(method: str) -> str:
-    """The phase whose deadline a call of ``method`` gets."""
-    if method == "build":
-        return "build"
-    return "checkpoint" if method in _CHECKPOINT_CALLS else "step"
 
 
 class RankFailure(GeartrainError):
@@ -335,8 +326,7 @@ class RankPool:
         self.logs_named = False
         self.timeout_s = cluster.startup_timeout_s
         self.heartbeat_timeout_s = float(getattr(cluster, "heartbeat_timeout_s", 30.0))
-        overrides = dict(getattr(cluster, "call_timeout_s", None) or {})
-        self.call_timeouts = {phase: float(overrides.get(phase, default)) for phase, default in CALL_TIMEOUTS.items()}
+        self.call_timeouts = call_deadlines(cluster)
         res = resources if resources is not None else cluster.resources_per_rank
         bundle = {"CPU": res.cpus, **({"GPU": res.gpus} if res.gpus else {})}
         need = {k: v * size for k, v in bundle.items()}

@@ -21,11 +21,13 @@ instance, the ranks colocated roles live in); ``make_placement`` picks it from
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
 from typing import Any
 
 from geartrain.batch import Batch
+from geartrain.cluster.deadlines import CallWatchdog, call_deadlines, call_phase, phase_setting
 from geartrain.cluster.process_group import acquire_single_rank_group, release_single_rank_group
 from geartrain.errors import ConfigError
 from geartrain.types import EngineContext
@@ -105,26 +107,43 @@ class InlineWorkerGroup(WorkerGroup):
     The rank's context carries a process group of size 1 (see
     :mod:`geartrain.cluster.process_group`), released again by :meth:`shutdown`."""
 
-    def __init__(self, role: str, worker_cls: type, *args: Any, seed: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        role: str,
+        worker_cls: type,
+        *args: Any,
+        seed: int = 0,
+        deadlines: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.role = role
         self.world_size = 1
+        self.deadlines = deadlines
         device = _device()
         group = acquire_single_rank_group(device)
         self.ctx = EngineContext(
             role=role, rank=0, world_size=1, local_rank=0, device=device, seed=seed, process_group=group
         )
         try:
-            self.worker = worker_cls(*args, ctx=self.ctx, **kwargs)
+            with self._deadline("build"):
+                self.worker = worker_cls(*args, ctx=self.ctx, **kwargs)
         except BaseException:
             release_single_rank_group(group)
             raise
+
+    def _deadline(self, method: str) -> contextlib.AbstractContextManager[Any]:
+        """The watchdog of a call of ``method`` (``deadlines``: by phase; ``None``: no deadline)."""
+        if self.deadlines is None:
+            return contextlib.nullcontext()
+        return CallWatchdog(f"{self.role}.{method}", self.deadlines[call_phase(method)], phase_setting(method))
 
     def call(self, method: str, *args: Any, dispatch: Dispatch = Dispatch.ALL, **kwargs: Any) -> Any:
         if dispatch is Dispatch.DP and not _is_dp_argument(args):
             raise TypeError(
                 f"{self.role}.{method}: Dispatch.DP needs a Batch, or a list of Batches, as the first argument"
             )
-        return getattr(self.worker, method)(*args, **kwargs)
+        with self._deadline(method):
+            return getattr(self.worker, method)(*args, **kwargs)
 
     def shutdown(self) -> None:
         close = getattr(self.worker, "close", None)
@@ -201,7 +220,12 @@ class Placement(ABC):
 
 
 class InlinePlacement(Placement):
-    """Every role is one rank in the driver's process."""
+    """Every role is one rank in the driver's process. Given ``cluster`` (a
+    :class:`~geartrain.trainer.config.ClusterConfig`), each call into a role's worker is held
+    to its phase's deadline (``cluster.call_timeout_s``; :mod:`geartrain.cluster.deadlines`)."""
+
+    def __init__(self, cluster: Any = None) -> None:
+        self.deadlines = call_deadlines(cluster) if cluster is not None else None
 
     def group(
         self,
@@ -223,4 +247,4 @@ class InlinePlacement(Placement):
                     )
                 ]
             )
-        return InlineWorkerGroup(role, worker_cls, *args, seed=seed, **kwargs)
+        return InlineWorkerGroup(role, worker_cls, *args, seed=seed, deadlines=self.deadlines, **kwargs)

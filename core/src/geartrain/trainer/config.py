@@ -569,9 +569,12 @@ class ClusterConfig(Section):
     call_timeout_s: dict[Literal["build", "step", "checkpoint"], PhaseTimeout] = Field(
         default_factory=lambda: {"build": 600.0, "step": 1800.0, "checkpoint": 900.0}
     )
-    """``ray``: the longest a driver waits for one call of each phase (``build``: a role's
-    workers; ``checkpoint``: save, load, export; ``step``: everything else) before it
-    reports the ranks that did not answer, even with their heartbeats going."""
+    """The longest one call of each phase may take (``build``: a role's workers;
+    ``checkpoint``: save, load, export; ``step``: everything else). ``ray``: the driver then
+    reports the ranks that did not answer, even with their heartbeats going. ``inline``: the
+    call, running in the driver's own process, is stopped by an error raised inside it (or,
+    stuck outside Python, by ending the process once as long again passed, at most a minute
+    more), naming the call and where it was; exit 2 either way."""
 
 
 class RolloutSection(RolloutConfig):
