@@ -29,6 +29,7 @@ import torch
 from geartrain.errors import short_repr
 from geartrain.rewards.registry import RewardFn, RewardOutput
 from geartrain.rewards.terms import Messages, RewardContext, RewardTerm, TrainerState, as_terms, call_batched
+from geartrain.workdir import WorkingDirectoryGuard
 
 logger = logging.getLogger("geartrain.rewards")
 
@@ -308,6 +309,8 @@ class RewardScorer:
         """Terms whose first failure was logged (with its traceback), once in the scorer's life."""
         self._never_scored_said: set[str] = set()
         self._timeout_logged = False
+        self._workdir = WorkingDirectoryGuard()
+        """A function that calls ``os.chdir`` is undone after its call (the run's relative paths)."""
 
     def _calls(
         self, responses: Sequence[str], truths: list[str], prompts: Sequence[str], metas: list[dict[str, Any]]
@@ -330,6 +333,22 @@ class RewardScorer:
         context: RewardContext | None = None,
     ) -> Any:
         term, i = self.terms[unit[0]], unit[1]
+        try:
+            return self._call_term(term, i, responses, truths, prompts, metas, conversations, context)
+        finally:
+            self._workdir.restore(f"reward function '{term.name}'")
+
+    def _call_term(
+        self,
+        term: RewardTerm,
+        i: int | None,
+        responses: Sequence[str],
+        truths: list[str],
+        prompts: Sequence[str],
+        metas: list[dict[str, Any]],
+        conversations: Sequence[Messages | None] | None,
+        context: RewardContext | None,
+    ) -> Any:
         try:
             if i is None:
                 outs = call_batched(
@@ -588,8 +607,15 @@ def probe_term(
         trainer_state=TrainerState(global_step=0, max_steps=max_steps, epoch=0.0),
         completion_ids=[[] for _ in responses],
     )
+    workdir = WorkingDirectoryGuard()
 
     def call(i: int) -> tuple[bool, Any]:
+        try:
+            return call_term(i)
+        finally:
+            workdir.restore(f"reward function '{term.name}'")
+
+    def call_term(i: int) -> tuple[bool, Any]:
         try:
             if term.batched:
                 return True, list(

@@ -64,6 +64,7 @@ from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedG
 from geartrain.trainer.sft import observation_renderer, run_sft
 from geartrain.trainer.watchdog import TrainingStalledError, Watchdog, non_finite_stop
 from geartrain.types import SamplingParams
+from geartrain.workdir import WorkingDirectoryGuard
 
 logger = logging.getLogger("geartrain.trainer")
 
@@ -183,6 +184,8 @@ class Job:
         self.data, self.validation_data = data, validation_data
         self.echo = echo
         self.out = Path(config.trainer.output_dir)
+        self.workdir = WorkingDirectoryGuard()
+        """Where relative paths resolve; user code that moves the process elsewhere is undone."""
         self.ckpt_root = self.out / "checkpoints"
         self.algo_label = config.algorithm.name.upper()
         self.placement: Placement | None = None
@@ -703,6 +706,7 @@ class Job:
         for step in range(start + 1, total + 1):
             self.position.step = step
             metrics = trainer.step(step)
+            self.workdir.restore("code the step ran (an environment, a tool, a reward)")
             if completions is not None:
                 completions.train(step, trainer.last_batch)
             if cfg.trainer.print_completions:  # TRL's console table of a few samples
@@ -719,6 +723,7 @@ class Job:
                     self.callbacks("on_evaluate", step, dict(val_metrics))
             log({"phase": "rl", "step": step, **metrics})
             self.callbacks("on_step_end", step, dict(metrics))
+            self.workdir.restore("a callback (on_evaluate, on_step_end)")
             try:
                 watchdog.observe(step, metrics)  # after logging, so the step that stops the run is on record
             except TrainingStalledError:
