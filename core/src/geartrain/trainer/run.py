@@ -59,7 +59,7 @@ from geartrain.trainer.metrics import (
 from geartrain.trainer.preflight import Preflight, preflight
 from geartrain.trainer.rl import RLRoles, RLTrainer
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
-from geartrain.trainer.rundir import SET_ASIDE, RunDirectory
+from geartrain.trainer.rundir import SET_ASIDE, RunDirectory, RunDirectoryError
 from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
 from geartrain.trainer.sft import observation_renderer, run_sft
 from geartrain.trainer.watchdog import TrainingStalledError, Watchdog, non_finite_stop
@@ -194,6 +194,27 @@ class Job:
         """The job's roles once built (released by :meth:`run` when a non-finite policy stops it)."""
         """The step in progress and the newest complete checkpoint (Ctrl-C names them)."""
 
+    def _results_a_restart_replaces(self) -> list[str]:
+        """What a run started again in the output directory would replace that a run stopped
+        before its first checkpoint does not have: the final export, and the metrics of
+        RL steps past step 0."""
+        found = []
+        if (self.out / "hf").exists():
+            found.append("final export (hf/)")
+        steps: set[int] = set()
+        try:
+            with open(self.out / "metrics.jsonl", encoding="utf-8", errors="replace") as metrics:
+                for line in metrics:
+                    with contextlib.suppress(ValueError, TypeError, AttributeError):
+                        record = json.loads(line)
+                        if record.get("phase") == "rl" and int(record.get("step", 0)) > 0:
+                            steps.add(int(record["step"]))
+        except OSError:
+            pass
+        if steps:
+            found.append(f"metrics of {len(steps)} RL step(s) (metrics.jsonl, up to step {max(steps)})")
+        return found
+
     def _placement(self) -> Placement:
         """Where the roles run (``cluster.placement``), created on first use."""
         if self.placement is None:
@@ -220,6 +241,14 @@ class Job:
 
         latest = CheckpointManager(self.ckpt_root / "actor").latest_intact(self.echo, also=critic_problems)
         if latest is None:
+            replaced = self._results_a_restart_replaces()
+            if replaced:
+                raise RunDirectoryError(
+                    f"--resume: no complete checkpoint under {self.ckpt_root / 'actor'} (none was saved yet, or they "
+                    f"were removed), but {self.out} holds the run's {' and '.join(replaced)}: starting over would "
+                    "replace them; nothing was changed. Pass --overwrite to start the run again (the previous one is "
+                    "kept aside until the new one's first step), or choose another trainer.output_dir"
+                )
             self.echo(f"--resume: no complete checkpoint under {self.ckpt_root / 'actor'}; starting from scratch")
             return None
         saved = self.out / "config.json"
