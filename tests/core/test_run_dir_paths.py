@@ -243,3 +243,27 @@ def test_an_output_dir_not_utf8_is_refused_before_anything_is_written() -> None:
     with pytest.raises(SectionError, match="output_dir: holds a byte that is not UTF-8 \\(0xff at character 9\\)"):
         TrainerConfig(output_dir="runs/bad\udcffname")
     assert TrainerConfig(output_dir="runs/ünï cødé").output_dir == "runs/ünï cødé"
+
+
+def test_a_tilde_output_dir_is_the_home_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 35, round 11: ``trainer.output_dir='~/tt'`` (quoted, so no shell expanded it) was
+    a directory named '~' under the working directory, where ``data.path='~/x'`` was the home
+    directory's file."""
+    from geartrain.trainer.config import load_train_config
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    main_job = ROOT / "examples" / "arithmetic" / "grpo.toml"
+    config = load_train_config(main_job, ["trainer.output_dir=~/runs/a"], check_plugins=False)
+    assert config.trainer.output_dir == str(tmp_path / "home" / "runs" / "a")
+    assert config.resolve("~/d.jsonl") == str(tmp_path / "home" / "d.jsonl")
+
+
+def test_a_tilde_of_an_unknown_user_is_a_path_like_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``~nosuchuser/...`` (or ``~`` with no home directory to be found) stays as written,
+    to be refused as a missing path: pathlib's expanduser raised RuntimeError there."""
+    from geartrain.trainer.config import load_train_config
+
+    main_job = ROOT / "examples" / "arithmetic" / "grpo.toml"
+    config = load_train_config(main_job, ["trainer.output_dir=~nosuchuser_gt/run"], check_plugins=False)
+    assert config.trainer.output_dir == "~nosuchuser_gt/run"
+    assert config.resolve("~nosuchuser_gt/d.jsonl") == str(main_job.parent / "~nosuchuser_gt" / "d.jsonl")

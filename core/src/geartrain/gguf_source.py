@@ -112,7 +112,7 @@ def find_gguf(path: str | os.PathLike[str]) -> Path | None:
     ``config.json``, or an installed package shipping one), or ``None`` when it names
     something else (a Hugging Face directory or hub id)."""
     text = os.fspath(path)
-    local = Path(text).expanduser()
+    local = Path(os.path.expanduser(text))
     if local.is_file():
         if local.suffix == ".gguf" or _has_magic(local):
             return local.resolve()

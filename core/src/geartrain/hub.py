@@ -30,7 +30,7 @@ def hub_unreachable(path: str | None) -> str | None:
     hub id (a local directory or file, a package shipping a GGUF file), the hub is not to be
     asked (``HF_HUB_OFFLINE``: transformers reads the cache and says what it lacks), its
     ``config.json`` is cached already, or the hub answers (any HTTP status)."""
-    if path is None or Path(path).expanduser().exists() or not looks_like_hub_id(path):
+    if path is None or Path(os.path.expanduser(path)).exists() or not looks_like_hub_id(path):
         return None
     from geartrain.gguf_source import find_gguf
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -31,7 +32,7 @@ def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> A
     module next to it (``from my_helpers import ...``) imports, as it does when the file is
     run as a script."""
     file, _, name = spec.rpartition(":")
-    path = Path(file).expanduser()
+    path = Path(os.path.expanduser(file))
     if not path.is_absolute() and base_dir is not None:
         path = Path(base_dir) / path
     if not path.is_file():

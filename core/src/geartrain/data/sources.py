@@ -5,6 +5,7 @@ number (the line number for JSONL and CSV) for error messages. No downloads."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -54,7 +55,7 @@ def read_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
     hint to save it to disk first: nothing is downloaded), an unknown suffix or a row that
     does not parse."""
     if isinstance(source, str | Path):
-        path = Path(source).expanduser()
+        path = Path(os.path.expanduser(source))
         if path.is_dir():
             yield from _directory(path)
         elif path.exists() and not path.is_file():  # a FIFO, a device, a socket: reading could block forever

@@ -22,6 +22,7 @@ file names only what differs. ``geartrain check`` and ``geartrain train`` load i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -434,7 +435,8 @@ class TrainerConfig(Section):
     """RL steps (one batch of prompts each)."""
     output_dir: str = "outputs/run"
     """Metrics (``metrics.jsonl``), TensorBoard logs, checkpoints, the curves PNG and the
-    exported model go here (relative paths: to the working directory)."""
+    exported model go here (relative paths: to the working directory; ``~`` is the home
+    directory)."""
 
     @field_validator("output_dir")
     @classmethod
@@ -452,7 +454,8 @@ class TrainerConfig(Section):
                 f"holds a byte that is not UTF-8 (0x{ord(value[exc.start]) & 0xFF:02x} at character {exc.start + 1}); "
                 "give a directory whose name is UTF-8"
             ) from None
-        return value
+        # '~' as data.path and every other path setting take it (a shell expands it only unquoted)
+        return os.path.expanduser(value) if value.startswith("~") else value
 
     seed: int = Field(0, ge=0, le=MAX_SEED)
     """Seed of everything random in the job: the model's initialisation (tiny and preset
@@ -968,7 +971,7 @@ class TrainConfig(Section):
         """``path`` with ``~`` expanded, made absolute against ``base_dir`` (``None`` stays ``None``)."""
         if path is None:
             return None
-        expanded = Path(path).expanduser()
+        expanded = Path(os.path.expanduser(path))
         if self.base_dir is None or expanded.is_absolute():
             return str(expanded)
         return str(Path(self.base_dir) / expanded)

@@ -267,7 +267,8 @@ def check_models(built: dict[str, Any]) -> None:
         if model.path is None:
             continue
         problem = unreadable_safetensors_problem(model.path)
-        if problem is None and model.path.startswith(("/", ".", "~")) and not Path(model.path).expanduser().exists():
+        local = model.path.startswith(("/", ".", "~"))
+        if problem is None and local and not os.path.exists(os.path.expanduser(model.path)):
             problem = "no such file or directory"
         if problem is None:
             try:

@@ -91,7 +91,7 @@ def _store_problem(uri: str) -> str | None:
         return _databricks_problem(uri)
     directory = _file_store(uri)
     if directory is not None:
-        existing = directory.expanduser().absolute()
+        existing = Path(os.path.expanduser(directory)).absolute()
         while not existing.exists() and existing.parent != existing:
             existing = existing.parent
         if not existing.is_dir():
