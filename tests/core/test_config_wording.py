@@ -273,3 +273,28 @@ def test_a_command_line_mistake_is_told_by_that_command(
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.endswith(says), err
     assert err.startswith(f"usage: geartrain {argv[0]}")
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "text"),
+    [
+        ("trainer.output_dir=007", "trainer.output_dir", "007"),
+        ("trainer.output_dir=1e3", "trainer.output_dir", "1e3"),
+        ("data.prompt_key=on", "prompt_key", "on"),
+        ("data.answer_key=1_000", "answer_key", "1_000"),
+    ],
+)
+def test_a_text_setting_takes_an_override_as_typed(override: str, key: str, text: str) -> None:
+    """Issue 35, round 11: an override of a text setting whose value reads as a number or a
+    bool (``007`` as 7, ``on`` as true) was refused as "should be a valid string; got 7";
+    it is the text as typed (leading zeros kept)."""
+    config = load_train_config(JOB, [override], check_plugins=False)
+    section = config.trainer if key == "trainer.output_dir" else config.data
+    assert getattr(section, key.rsplit(".", 1)[-1]) == text
+
+
+def test_a_number_setting_still_refuses_text_and_a_text_setting_a_list() -> None:
+    with pytest.raises(ConfigError, match="trainer.total_steps: should be a valid integer"):
+        load_train_config(JOB, ["trainer.total_steps=abc"], check_plugins=False)
+    with pytest.raises(ConfigError, match="trainer.output_dir: should be a valid string"):
+        load_train_config(JOB, ["trainer.output_dir=[1, 2]"], check_plugins=False)

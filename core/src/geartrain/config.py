@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import json
 import logging
 import re
 import tomllib
@@ -607,7 +608,27 @@ def parse_config(
     try:
         return validate_config(schema, data, str(path) if path else None)
     except ConfigError as exc:
-        raise _blame_overrides(exc, overrides, str(path) if path else None) from exc.__cause__
+        error = exc
+    as_text = _meant_as_text(error, overrides)
+    if as_text:  # trainer.output_dir=007, data.prompt_key=on: text the schema wants, read as a number or a bool
+        apply_overrides(data, as_text)
+        try:
+            return validate_config(schema, data, str(path) if path else None)
+        except ConfigError as exc:
+            error = exc
+    raise _blame_overrides(error, overrides, str(path) if path else None) from error.__cause__
+
+
+def _meant_as_text(exc: ConfigError, overrides: Sequence[str]) -> list[str]:
+    """The overrides that set a text setting to a value read as something else (``007`` as
+    the number 7, ``on`` as true), given again as the text they were typed as."""
+    wants_text = {path for path, message in exc.problems if "should be a valid string" in message}
+    again = []
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        if eq and key.strip() in wants_text and not isinstance(parse_override_value(raw.strip()), str | list | dict):
+            again.append(f"{key.strip()}={json.dumps(raw.strip())}")
+    return again
 
 
 def _blame_overrides(exc: ConfigError, overrides: Sequence[str], source: str | None) -> ConfigError:
