@@ -62,6 +62,7 @@ from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceW
 from geartrain.trainer.rundir import SET_ASIDE, RunDirectory, RunDirectoryError
 from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
 from geartrain.trainer.sft import observation_renderer, run_sft
+from geartrain.trainer.stdout import reader_may_leave
 from geartrain.trainer.watchdog import TrainingStalledError, Watchdog, non_finite_stop
 from geartrain.types import SamplingParams
 from geartrain.workdir import WorkingDirectoryGuard
@@ -876,7 +877,7 @@ def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = Fa
     job = Job(config, resume=resume, overwrite=overwrite)
     watch = InterruptWatch()
     try:
-        with watch:
+        with watch, reader_may_leave():  # `geartrain train ... | head`: the run goes on without its reader
             job.run()
     except BaseException as exc:
         if not (is_interrupt(exc) or watch.seen):
