@@ -274,6 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
+        os.getcwd()
+    except FileNotFoundError:  # else torch's import fails first, naming itself (MKL cannot load libtorch_cpu)
+        print(
+            "error: the working directory no longer exists (it was removed after the shell entered it); "
+            "cd to an existing directory and run the command again",
+            file=sys.stderr,
+        )
+        return 2
+    try:
         rc = _main(argv)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return rc

@@ -1,7 +1,9 @@
-"""``geartrain train ... | head``: the reader of the job's standard output leaving does not
-stop the run (issue 35, round 11: the first sample table after it raised BrokenPipeError and
-killed training at step 1; without tables, a finished run was reported as failed at its last
-line, before its curves were drawn). The job goes on with its output discarded."""
+"""The command's surroundings changing under it (issue 35, round 11): the reader of a job's
+standard output leaving (``geartrain train ... | head``) does not stop the run (the first
+sample table after it raised BrokenPipeError and killed training at step 1; without tables,
+a finished run was reported as failed at its last line, before its curves were drawn): the
+job goes on with its output discarded. A working directory removed before the command
+starts is named."""
 
 from __future__ import annotations
 
@@ -47,3 +49,23 @@ def test_a_job_whose_stdout_reader_left_finishes(tmp_path: Path) -> None:
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     steps = [json.loads(line).get("step") for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == 3
+
+
+def test_a_removed_working_directory_is_named(tmp_path: Path) -> None:
+    """Issue 35, round 11: run from a directory removed after the shell entered it, the
+    command died in torch's import ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so")."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    job = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
+    proc = subprocess.run(
+        ["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" -m geartrain.cli check "$3"', "sh", gone, sys.executable, job],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+        timeout=600,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: the working directory no longer exists (it was removed after the shell entered it); "
+        "cd to an existing directory and run the command again"
+    ]
