@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from geartrain.cli import main
+from geartrain.testing.fakes import FakeBackends
+
 CHILD = """
 import sys
 from geartrain.cli import main
@@ -69,3 +73,38 @@ def test_a_removed_working_directory_is_named(tmp_path: Path) -> None:
         "error: the working directory no longer exists (it was removed after the shell entered it); "
         "cd to an existing directory and run the command again"
     ]
+
+
+REMOVER = """
+import shutil
+
+
+class RemoveTheRun:
+    def on_save(self, step, path):
+        if step == 2:
+            shutil.rmtree({out!r})
+"""
+
+
+def test_a_run_directory_removed_under_the_job_names_no_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35, round 11: after ``rm -rf`` of the output directory at step 3, the job's last
+    line said "the last complete checkpoint is step 0; continue with --resume": nothing was
+    left to continue from."""
+    out = tmp_path / "run"
+    (tmp_path / "remover.py").write_text(REMOVER.format(out=str(out)))
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "fake"\n'
+        '[rollout]\nbackend = "fake"\n'
+        '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
+        f'[trainer]\noutput_dir = "{out}"\ntotal_steps = 4\nsave_every = 1\nprogress = false\nexport_hf = false\n'
+        'callbacks = ["remover.py:RemoveTheRun"]\n'
+    )
+    with FakeBackends().registered():
+        rc = main(["train", str(job)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0
+    assert err[-1].endswith(f"{out} was removed while the job ran: none of its checkpoints is left"), err[-1]

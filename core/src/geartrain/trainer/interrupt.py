@@ -40,6 +40,8 @@ class RunPosition:
     output_dir: Path
     step: int = 0
     checkpoint: int | None = None
+    gone: bool = False
+    """The output directory was removed while the job ran."""
 
 
 def interrupted_message(position: RunPosition, how: str = "interrupted") -> str:
@@ -50,7 +52,9 @@ def interrupted_message(position: RunPosition, how: str = "interrupted") -> str:
 
     A checkpoint being written when the interrupt landed is not complete (checkpoints are
     written atomically), so it is never the one named."""
-    if position.checkpoint is None:
+    if position.gone:
+        where = f"{position.output_dir} was removed while the job ran: none of its checkpoints is left"
+    elif position.checkpoint is None:
         where = f"no checkpoint was completed in {position.output_dir}; start again with --overwrite"
     else:
         where = f"the last complete checkpoint is step {position.checkpoint}; continue with --resume"

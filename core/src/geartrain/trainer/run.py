@@ -534,9 +534,19 @@ class Job:
         line that records it would otherwise name the one before)."""
         if not self.rundir.claimed or self.rundir.restored:  # what is there is not this run's
             return
+        if not self.out.is_dir():  # removed under the running job (rm -rf): none of it is left
+            self.position.gone = True
+            self.position.checkpoint = None
+            return
         latest = CheckpointManager(self.ckpt_root / "actor").latest()
-        if latest is not None and CheckpointManager.step_of(latest) > (self.position.checkpoint or -1):
-            self.position.checkpoint = CheckpointManager.step_of(latest)
+        newest = CheckpointManager.step_of(latest) if latest is not None else None
+        if newest is None or newest > (self.position.checkpoint or -1) or not self._saved(self.position.checkpoint):
+            self.position.checkpoint = newest  # a newer one completed, or the one recorded was removed
+
+    def _saved(self, step: int | None) -> bool:
+        """Whether the actor's checkpoint of ``step`` is still complete on disk."""
+        done = CheckpointManager(self.ckpt_root / "actor").complete()
+        return step is None or any(CheckpointManager.step_of(path) == step for path in done)
 
     def _commit_overwrite(self) -> None:
         """A step is done: what ``--overwrite`` set aside is deleted (once)."""
