@@ -108,3 +108,36 @@ def test_a_run_directory_removed_under_the_job_names_no_checkpoint(
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0
     assert err[-1].endswith(f"{out} was removed while the job ran: none of its checkpoints is left"), err[-1]
+
+
+WINDING_DOWN = """
+import atexit, os, signal, sys, threading
+from geartrain.trainer.run import exit_at_once_on_sigint
+
+def a_second_ctrl_c_while_winding_down():
+    os.kill(os.getpid(), signal.SIGINT)
+    threading.Event().wait(600)  # what an atexit callback that waits looks like; Ctrl-C ends it
+
+atexit.register(a_second_ctrl_c_while_winding_down)
+if sys.argv[1] == "after-the-line":
+    exit_at_once_on_sigint(130)
+sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("mode", ["after-the-line", "python-default"])
+def test_a_second_ctrl_c_after_the_jobs_last_line_says_nothing_more(mode: str) -> None:
+    """Issue 35, round 11: two Ctrl-C a few ms apart: the job's "interrupted at step N" line,
+    then 5-10 lines of "Exception ignored in atexit callback ... KeyboardInterrupt"."""
+    proc = subprocess.run(
+        [sys.executable, "-c", WINDING_DOWN, mode],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        timeout=600,  # a hang guard only
+    )
+    assert proc.returncode == 130
+    if mode == "after-the-line":
+        assert proc.stderr == ""
+    else:  # what the job's last line was followed by before
+        assert "Exception ignored in atexit callback" in proc.stderr and "KeyboardInterrupt" in proc.stderr

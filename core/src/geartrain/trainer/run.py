@@ -9,7 +9,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -874,6 +876,19 @@ def _failed(exc: BaseException) -> str:
     return f"failed ({type(exc).__name__}: {lines[0][:120]})" if lines else f"failed ({type(exc).__name__})"
 
 
+def exit_at_once_on_sigint(status: int) -> None:
+    """From now on Ctrl-C ends the process at once with ``status``, saying nothing more: the
+    job has stopped and said where it stands, and a second Ctrl-C while the interpreter winds
+    down (atexit callbacks, progress bars' destructors) would print "Exception ignored ...
+    KeyboardInterrupt" tracebacks after the job's last line."""
+
+    def leave(signum: int, frame: Any) -> None:
+        os._exit(status)
+
+    with contextlib.suppress(ValueError):  # not the main thread: leave Python's handling as it is
+        signal.signal(signal.SIGINT, leave)
+
+
 def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = False, overwrite: bool = False) -> int:
     """``geartrain train CONFIG [overrides] [--resume | --overwrite]``."""
     handler = TqdmLoggingHandler()  # through tqdm: a warning never glues onto the progress bar
@@ -905,5 +920,6 @@ def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = Fa
         job.settle_position()
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone (EIO)
             print(f"\n{interrupted_message(job.position, watch.how)}", file=sys.stderr, flush=True)
+        exit_at_once_on_sigint(watch.exit_status)
         return watch.exit_status
     return 0
