@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import fractions
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,48 @@ def test_a_sharded_model_missing_a_shard_is_one_line(tmp_path: Path) -> None:
         text
     )
     assert f"({shards[-1].name}): the model is incomplete" in problem, text
+
+
+UNDER_A_LIMIT = """
+import resource, sys
+from pathlib import Path
+from geartrain.errors import ConfigError
+from geartrain.trainer import load_train_config
+from geartrain.trainer.preflight import address_space_left, preflight
+
+config = load_train_config(sys.argv[1], sys.argv[2:], check_plugins=False)
+with open("/proc/self/status") as status:
+    mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (mapped + 2 * 2**30, resource.RLIM_INFINITY))
+left = address_space_left()
+assert left is not None and left <= 2 * 2**30, left
+try:
+    preflight(config)
+except ConfigError as exc:
+    print(exc)
+    sys.exit(2)
+print("passed")
+"""
+
+
+@pytest.mark.parametrize(
+    ("size", "refused"), [("hidden_size=2048,intermediate_size=8192,num_hidden_layers=8", True), ("", False)]
+)
+def test_a_model_past_the_address_space_limit_is_one_line(size: str, refused: bool) -> None:
+    """Issue 35, round 11: under ``ulimit -v`` a 540M-parameter model (2 GiB of weights, fits
+    the machine) died at step 0 with torch's "can't allocate memory", 66 lines, exit 1."""
+    overrides = (
+        [*SMALL, f"model.config_overrides={{{size},num_attention_heads=16,num_key_value_heads=4}}"] if size else SMALL
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", UNDER_A_LIMIT, str(JOB), *overrides],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        timeout=600,  # a hang guard only
+    )
+    if refused:
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "model: training the model's" in proc.stdout and "its address-space limit (ulimit -v)" in proc.stdout
+    else:
+        assert proc.returncode == 0 and proc.stdout.strip() == "passed", proc.stdout + proc.stderr

@@ -274,15 +274,48 @@ def _model_builds(config: TrainConfig, problems: list[tuple[str, str]], notes: l
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return
+    overrides = ", ".join(f"{k}={v}" for k, v in model.config_overrides.items()) or "none"
     if weights > memory:
         problems.append(
             (
                 "model",
                 f"the model has {params:,} parameters ({weights / 2**30:,.1f} GiB of {model.dtype} weights), more "
-                f"than this machine's {memory / 2**30:,.1f} GiB of memory; check model.config_overrides "
-                f"({', '.join(f'{k}={v}' for k, v in model.config_overrides.items()) or 'none'})",
+                f"than this machine's {memory / 2**30:,.1f} GiB of memory; check model.config_overrides ({overrides})",
             )
         )
+        return
+    room = address_space_left()
+    trained = weights * TRAINED_COPIES
+    if room is not None and trained > room:
+        problems.append(
+            (
+                "model",
+                f"training the model's {params:,} parameters takes at least {trained / 2**30:,.1f} GiB (its weights, "
+                f"their gradients and Adam's two moments), more than the {room / 2**30:,.1f} GiB this process may "
+                f"still map under its address-space limit (ulimit -v); raise the limit or check "
+                f"model.config_overrides ({overrides})",
+            )
+        )
+
+
+#: copies of the weights that training holds at least: weights, gradients, Adam's two moments
+TRAINED_COPIES = 4
+
+
+def address_space_left() -> int | None:
+    """Bytes this process may still map under ``RLIMIT_AS`` (``ulimit -v``), or ``None``
+    when there is no such limit (or it cannot be read)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status", encoding="ascii") as status:
+            mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    except (ImportError, OSError, ValueError, StopIteration):
+        return None
+    return max(soft - mapped, 0)
 
 
 def _fit(
