@@ -118,9 +118,10 @@ def a_second_ctrl_c_while_winding_down():
     os.kill(os.getpid(), signal.SIGINT)
     threading.Event().wait(600)  # what an atexit callback that waits looks like; Ctrl-C ends it
 
-atexit.register(a_second_ctrl_c_while_winding_down)
-if sys.argv[1] == "after-the-line":
-    exit_at_once_on_sigint(130)
+atexit.register(a_second_ctrl_c_while_winding_down)  # as tqdm's and torch's: at import, before the job
+if sys.argv[1] == "after-the-line":  # as an interrupted job registers it
+    atexit.register(exit_at_once_on_sigint, 130)
+assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # untouched until the exit
 sys.exit(130)
 """
 

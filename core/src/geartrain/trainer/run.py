@@ -5,6 +5,7 @@ Python users call :func:`run_job` with a :class:`TrainConfig` (see
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -877,10 +878,12 @@ def _failed(exc: BaseException) -> str:
 
 
 def exit_at_once_on_sigint(status: int) -> None:
-    """From now on Ctrl-C ends the process at once with ``status``, saying nothing more: the
-    job has stopped and said where it stands, and a second Ctrl-C while the interpreter winds
-    down (atexit callbacks, progress bars' destructors) would print "Exception ignored ...
-    KeyboardInterrupt" tracebacks after the job's last line."""
+    """From now on Ctrl-C ends the process at once with ``status``, saying nothing more.
+    Registered with ``atexit`` by an interrupted job (so it runs before the atexit callbacks
+    registered earlier, and a caller of :func:`train_from_cli` keeps its own handler until
+    the interpreter exits): the job has stopped and said where it stands, and a second Ctrl-C
+    while the interpreter winds down (atexit callbacks, progress bars' destructors) would
+    print "Exception ignored ... KeyboardInterrupt" tracebacks after the job's last line."""
 
     def leave(signum: int, frame: Any) -> None:
         os._exit(status)
@@ -920,6 +923,6 @@ def train_from_cli(config_path: str, overrides: Sequence[str], resume: bool = Fa
         job.settle_position()
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone (EIO)
             print(f"\n{interrupted_message(job.position, watch.how)}", file=sys.stderr, flush=True)
-        exit_at_once_on_sigint(watch.exit_status)
+        atexit.register(exit_at_once_on_sigint, watch.exit_status)  # runs first at exit: atexit is LIFO
         return watch.exit_status
     return 0
