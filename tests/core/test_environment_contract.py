@@ -22,6 +22,7 @@ import pytest
 import torch
 from geartrain import EngineContext, ModelConfig, Rollout, RolloutConfig, SamplingParams
 from geartrain.agents import EpisodeRunner, RunnerLimits, StepResult, episode_batch
+from geartrain.agents.runner import episode_metrics
 from geartrain.char_tokenizer import CHAT_TEMPLATE
 from geartrain.testing.tiny import tiny_tokenizer
 from geartrain.trainer.config import TrainConfig
@@ -356,3 +357,44 @@ def test_an_environment_step_past_its_timeout_ends_only_its_own_episode(rollout:
     assert ok.finish == "done" and ok.error is None
     assert hung.finish == "error"
     assert "step took longer than 0.5 s (rollout.agent.step_timeout_s)" in (hung.error or ""), hung.error
+
+
+def _info_env(info: Any) -> type:
+    class BadInfo(_Env):
+        def __init__(self) -> None:
+            self.task: dict[str, Any] = {}
+
+        def reset(self, task: dict[str, Any]) -> Any:
+            self.task = task
+            return ""
+
+        def step(self, action: str) -> StepResult:
+            # only the second episode's environment misbehaves
+            return StepResult(done=True, info=info if self.task.get("i") == 1 else {"tool_calls": 1})
+
+    return BadInfo
+
+
+@pytest.mark.parametrize(
+    ("info", "said"),
+    [
+        ({"calls": 7}, "StepResult.info['calls'] is 7, not a list of dicts"),
+        ({"tool_calls": "many"}, "StepResult.info['tool_calls'] is 'many', not a count"),
+        ({"tool_errors": True}, "StepResult.info['tool_errors'] is True, not a count"),
+        ({"tool_latencies_s": "x"}, "StepResult.info['tool_latencies_s'] is 'x', not a list of finite numbers"),
+        (["solved"], "StepResult.info is list, not a dict"),
+    ],
+    ids=["calls-int", "tool-calls-str", "tool-errors-bool", "latencies-str", "info-list"],
+)
+def test_an_environment_info_the_run_cannot_read_ends_only_its_episode(
+    rollout: Rollout, tok: Any, info: Any, said: str
+) -> None:
+    """Issue 35, round 12: ``info["calls"] = 7`` from one episode's environment raised
+    TypeError out of the step that gathers every episode's counts: the run died (exit 1,
+    'failed at step 3'). It ends that episode, naming the field, and the batch goes on."""
+    episodes, _ = run_episodes(rollout, tok, _info_env(info), LIMITS)
+    assert [ep.finish for ep in episodes] == ["done", "error"]
+    assert said in (episodes[1].error or ""), episodes[1].error
+    batch = episode_batch(episodes, tok.pad_token_id)
+    metrics = episode_metrics([ep.record() for ep in episodes])
+    assert len(batch) == 2 and metrics["agent/tool_calls"] == 1.0

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import math
+import numbers
 import re
 import threading
 import time
@@ -468,7 +469,7 @@ class EpisodeRunner:
             return self._fail(ep, problem)
         turn = ep.segments[-1]
         turn.reward = float(result.reward)
-        turn.info = dict(result.info)
+        turn.info = dict(result.info or {})
         if result.done:
             self._finish(ep, "done")
             return False
@@ -618,6 +619,27 @@ def _step_result_problem(result: StepResult) -> str | None:
         return f"StepResult.observation is {type(obs).__name__}, not a str, a list of str or None"
     if _finite(result.reward) is None:
         return f"StepResult.reward is {short_repr(result.reward)}, not a finite number"
+    return _info_problem(result.info)
+
+
+def _info_problem(info: Any) -> str | None:
+    """What is wrong with a ``StepResult.info`` for the keys the run reads from it (the
+    counts of tool calls and errors, their latencies, the calls): one episode's bad ``info``
+    must end that episode, not fail the step that sums every episode's."""
+    if info is None:
+        return None
+    if not isinstance(info, Mapping):
+        return f"StepResult.info is {type(info).__name__}, not a dict"
+    for key in ("tool_calls", "tool_errors"):
+        value = info.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            return f"StepResult.info[{key!r}] is {short_repr(value)}, not a count (an int >= 0)"
+    latencies = info.get("tool_latencies_s", [])
+    if not isinstance(latencies, (list, tuple)) or any(_finite(x) is None for x in latencies):
+        return f"StepResult.info['tool_latencies_s'] is {short_repr(latencies)}, not a list of finite numbers"
+    calls = info.get("calls", [])
+    if not isinstance(calls, (list, tuple)) or not all(isinstance(c, Mapping) for c in calls):
+        return f"StepResult.info['calls'] is {short_repr(calls)}, not a list of dicts"
     return None
 
 

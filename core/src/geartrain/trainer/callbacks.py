@@ -96,3 +96,9 @@ class Callbacks:
             except Exception as exc:  # the user's code: one line naming it
                 name = type(callback).__name__
                 raise GeartrainError(f"callback {name}.{event} failed: {type(exc).__name__}: {exc}") from exc
+            except (SystemExit, GeneratorExit) as exc:  # not the run's end: it would stop with exit 0 and no word
+                name = type(callback).__name__
+                raise GeartrainError(
+                    f"callback {name}.{event} called sys.exit({'' if exc.args == () else repr(exc.args[0])}) "
+                    "(a callback cannot end the run: raise an exception to stop it with an error)"
+                ) from exc
