@@ -143,7 +143,8 @@ def summarize(
     (the mean over the samples it scored: absent and failed ones are left out, and a term
     that scored none of the batch has no such metric that step) and ``reward/<term>/errors``
     (the samples it failed on that the others scored), and ``reward/<extra>``
-    (the mean over the samples that reported it)."""
+    (the mean over the samples that reported it; ``reward/extra/<extra>`` when that name is
+    one of the above, e.g. an extra called ``mean``)."""
     n = len(scores)
     metrics = {
         "reward/mean": sum(scores) / n if n else 0.0,
@@ -161,8 +162,23 @@ def summarize(
     for key, values in extras.items():
         present = [v for v in values if v is not None]
         if present:
-            metrics[f"reward/{key}"] = sum(present) / len(present)
+            name = f"reward/{key}"
+            if name in metrics:  # an extra named "mean" or "errors" must not stand in for the run's own
+                name = f"reward/extra/{key}"
+                if key not in _RENAMED_EXTRAS:
+                    _RENAMED_EXTRAS.add(key)
+                    logger.warning(
+                        "a reward function's extra value '%s' is reported as %s: reward/%s is the reward's own metric",
+                        key,
+                        name,
+                        key,
+                    )
+            metrics[name] = sum(present) / len(present)
     return metrics
+
+
+#: extras renamed because their metric name is one of the reward's own (said once each)
+_RENAMED_EXTRAS: set[str] = set()
 
 
 class _BadOutput(ValueError):
