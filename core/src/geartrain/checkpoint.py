@@ -221,7 +221,10 @@ def misnamed(path: Path) -> list[str]:
         recorded = json.loads((Path(path) / "engine.json").read_text(encoding="utf-8")).get("step")
     except (OSError, ValueError, AttributeError):
         return []
-    named = CheckpointManager.step_of(path)
+    try:
+        named = CheckpointManager.step_of(path)
+    except ValueError:  # a copy named otherwise ('best'): its name claims no step to contradict
+        return []
     if isinstance(recorded, int) and recorded != named:
         return [f"engine.json records step {recorded}, not {named}: the directory was renamed or copied over"]
     return []

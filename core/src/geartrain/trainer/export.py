@@ -54,6 +54,12 @@ def run_of(checkpoint: Path, echo: Callable[[str], None] = print) -> tuple[Path,
     _refuse_a_checkpoint_root(checkpoint)
     CheckpointManager.check_complete(checkpoint)
     run = checkpoint.resolve().parents[2]
+    if checkpoint.resolve().parent.name == "critic":
+        raise CheckpointError(
+            f"{checkpoint} is the critic's checkpoint (a value model), not the policy's: export writes the "
+            f"policy; give the actor's checkpoint of that step ({run}/checkpoints/actor/{checkpoint.name}) or "
+            f"the run directory {run}"
+        )
     if not (run / "config.json").is_file() and not (checkpoint / "engine.json").is_file():
         raise CheckpointError(
             f"{checkpoint}: no config.json in its run directory {run}; give a checkpoint inside a run "
@@ -405,7 +411,7 @@ def _export(
                 ) from None
             echo(f"{checkpoint} was removed while it was being read (the run keeps saving); taking its newest again")
             checkpoint, _ = run_of(source, echo)
-    step = int(extra.get("step", CheckpointManager.step_of(checkpoint)))
+    step = int(extra["step"]) if "step" in extra else CheckpointManager.step_of(checkpoint)
     _remove(stale)  # only now: everything that could refuse has run
     before = None if created else set(out.iterdir())
     # SIGTERM (a timeout, a scheduler) takes Ctrl-C's path: it would otherwise kill the process
