@@ -298,3 +298,32 @@ def test_a_number_setting_still_refuses_text_and_a_text_setting_a_list() -> None
         load_train_config(JOB, ["trainer.total_steps=abc"], check_plugins=False)
     with pytest.raises(ConfigError, match="trainer.output_dir: should be a valid string"):
         load_train_config(JOB, ["trainer.output_dir=[1, 2]"], check_plugins=False)
+
+
+BOMB = """model: {tiny: qwen2}
+reward: {function: arithmetic}
+rollout:
+  options:
+    a: &a ["x","x","x","x","x","x","x","x","x","x"]
+    b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]
+    c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]
+    d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]
+    e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]
+    f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]
+    g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]
+    h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g,*g]
+    i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_before_anything_expands_it(tmp_path: Path) -> None:
+    """Issue 35, round 12: a 900-byte YAML job whose nested aliases stand for 10^9 values
+    passed ``check --config-only``; ``geartrain config`` (and train's config.json) then wrote
+    it out until memory ran out."""
+    job = tmp_path / "bomb.yaml"
+    job.write_text(BOMB)
+    with pytest.raises(ConfigError, match=r"expands to more than 1,000,000 values \(YAML aliases"):
+        load_train_config(job, check_plugins=False)
+    # an alias used as aliases usually are (a shared list, a few times) is fine
+    job.write_text(BOMB.split("    c:")[0])
+    assert load_train_config(job, check_plugins=False).rollout.options["b"][0] == ["x"] * 10

@@ -402,6 +402,30 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+#: The most values (tables, lists and leaves, aliases counted as often as they are used) a
+#: job file may expand to; real jobs have a few hundred.
+MAX_CONFIG_VALUES = 1_000_000
+
+
+def expanded_size(value: Any, _sizes: dict[int, int] | None = None) -> int:
+    """How many values ``value`` holds written out (a shared object counted at each use),
+    computed once per distinct object, so an alias bomb is measured without expanding it."""
+    sizes = {} if _sizes is None else _sizes
+    key = id(value)
+    if key in sizes:
+        return sizes[key]
+    if isinstance(value, dict):
+        sizes[key] = 0  # a cycle (a YAML alias of its own ancestor) counts its members once
+        total = 1 + sum(expanded_size(k, sizes) + expanded_size(v, sizes) for k, v in value.items())
+    elif isinstance(value, list):
+        sizes[key] = 0
+        total = 1 + sum(expanded_size(v, sizes) for v in value)
+    else:
+        return 1
+    sizes[key] = min(total, 2**62)
+    return sizes[key]
+
+
 def parse_override_value(text: str) -> Any:
     """``"3"`` -> 3, ``"1e-6"`` -> 1e-6, ``"true"`` -> True, ``"[1, 2]"`` -> [1, 2],
     anything else the string itself."""
@@ -605,6 +629,19 @@ def parse_config(
     backend sections)."""
     data: dict[str, Any] = _deep_merge(dict(defaults or {}), read_config_file(path) if path else {})
     apply_overrides(data, overrides)
+    if expanded_size(data) > MAX_CONFIG_VALUES:
+        # YAML aliases share one object however often they are used; written out (config.json,
+        # the checks walking it) a few nested aliases are billions of values: an "alias bomb"
+        raise ConfigError(
+            [
+                (
+                    "",
+                    f"expands to more than {MAX_CONFIG_VALUES:,} values (YAML aliases repeating each other's "
+                    "contents); write the repeated parts out, or use fewer nested aliases",
+                )
+            ],
+            str(path) if path else "command-line overrides",
+        )
     try:
         return validate_config(schema, data, str(path) if path else None)
     except ConfigError as exc:
