@@ -422,3 +422,12 @@ def test_a_jsonl_file_with_lone_cr_line_ends_says_so(tmp_path, tok):
     assert str(info.value).endswith(
         "; the file's lines end in a lone CR (classic Mac OS line ends): save it with LF (or CRLF) line ends"
     )
+
+
+def test_a_null_prompt_is_not_told_to_rename_its_key_to_itself(tmp_path, tok):
+    """Issue 35, round 12: a row whose 'prompt' is null got "it has 'prompt': did you mean
+    'prompt'? (rename the key, ...)"."""
+    path = write_jsonl(tmp_path / "null.jsonl", [{"prompt": None, "ground_truth": "2"}])
+    with pytest.raises(DataError) as info:
+        PromptDataset(path, tok)
+    assert "('prompt' is null)" in str(info.value) and "did you mean" not in str(info.value), info.value

@@ -473,3 +473,11 @@ def test_a_runs_damaged_config_json_is_called_damaged_not_another_programs(
     assert "geartrain config <job file> [overrides] --json >" in message and "another program" not in message
     assert (out / "config.json").read_bytes() == data
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.json"]
+
+
+def test_a_table_empty_before_is_no_difference_of_its_own() -> None:
+    """Issue 35, round 12: --resume with model.config_overrides={hidden_size=64} listed a false
+    difference ``model.config_overrides: {} -> "<not set>"`` beside the real one."""
+    changes = diff_configs({"model": {"config_overrides": {}}}, {"model": {"config_overrides": {"hidden_size": 64}}})
+    assert [c.line().split(" (")[0] for c in changes] == ['model.config_overrides.hidden_size: "<not set>" -> 64']
+    assert diff_configs({"model": {"config_overrides": {}}}, {"model": {"config_overrides": {}}}) == []

@@ -387,7 +387,7 @@ def longest_token_chars(tokenizer: Any) -> int:
 def _near_key_note(row: Mapping[str, Any], *wanted: str) -> str:
     """For a row that lacks the ``wanted`` keys: its key that looks like one of them (another
     case, a typo) and how to read it, or ``""``."""
-    keys = [k for k in row if isinstance(k, str)]
+    keys = [k for k in row if isinstance(k, str) and k not in wanted]  # a wanted key present is null, said apart
     for want in wanted:
         near = [k for k in keys if k.lower() == want.lower()] or difflib.get_close_matches(want, keys, n=1, cutoff=0.75)
         if near:

@@ -87,6 +87,8 @@ _MISSING = "<not set>"
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and not value and prefix:
+        return {}  # an empty table is no setting: its keys given later are "<not set>" before
     if isinstance(value, dict) and value:
         out: dict[str, Any] = {}
         for key, item in value.items():
