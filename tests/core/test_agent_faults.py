@@ -506,3 +506,15 @@ def test_a_chat_template_raising_a_python_error_is_one_error_naming_the_setting(
     tok.chat_template = "{{ messages | length / 0 }}"
     with pytest.raises(GeartrainError, match=r"^the tokenizer's chat template failed \(ZeroDivisionError: division"):
         chat_bridge(tok, ["observation"])
+
+
+def test_a_tool_no_call_can_name_is_refused_when_the_environment_is_built() -> None:
+    """Issue 35, round 12: ``ToolEnvironment([lambda e: "1"])`` was accepted; its tool was
+    named '<lambda>', so every call the model made failed ("unknown tool")."""
+    with pytest.raises(GeartrainError, match="a tool is named '<lambda>', which no tool call can name"):
+        ToolEnvironment([lambda expression: "1"])
+
+    def get_weather(city: str) -> str:
+        return "sunny"
+
+    assert list(ToolEnvironment([get_weather]).registry) == ["get_weather"]

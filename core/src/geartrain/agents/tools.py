@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import re
 import threading
 import time
 import types
@@ -224,6 +225,11 @@ class ToolEnvironment(Environment):
             t = _as_tool(t)
             if t.name in self.registry:
                 raise GeartrainError(f"two tools are named '{t.name}'")
+            if not re.fullmatch(r"[\w.-]+", t.name):  # a lambda's '<lambda>': no call the model writes names it
+                raise GeartrainError(
+                    f"a tool is named {t.name!r}, which no tool call can name; give a function defined with def, "
+                    "or a geartrain.agents.Tool(fn=..., name='...')"
+                )
             self.registry[t.name] = t
         self.call_format = get_call_format(call_format)
         self.timeout_s = timeout_s
