@@ -74,13 +74,14 @@ def test_a_removed_working_directory_is_named(tmp_path: Path) -> None:
 
 
 REMOVER = """
-import shutil
+import os, shutil, signal
 
 
 class RemoveTheRun:
     def on_save(self, step, path):
         if step == 2:
             shutil.rmtree({out!r})
+            os.kill(os.getpid(), signal.SIGINT)  # the job stops here, before anything writes there again
 """
 
 
@@ -108,8 +109,8 @@ def test_a_run_directory_removed_under_the_job_names_no_checkpoint(tmp_path: Pat
         timeout=600,  # a hang guard only
     )
     err = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0
-    assert err[-1].endswith(f"{out} was removed while the job ran: none of its checkpoints is left"), err[-1]
+    assert proc.returncode == 130, proc.stderr
+    assert err[-1].startswith("interrupted at step 2; ") and err[-1].endswith(f"{out} was removed while the job ran: none of its checkpoints is left"), err[-1]
 
 
 WINDING_DOWN = """
