@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 
 CHILD = """
-import sys
+import signal, sys
 from geartrain.cli import main
 from geartrain.testing.fakes import FakeBackends
+
+# Ctrl-C as in a terminal: a suite started in the background ignores SIGINT, and so would we
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 with FakeBackends().registered():
     rc = main(["train", *sys.argv[1:]])
@@ -110,12 +113,17 @@ def test_a_run_directory_removed_under_the_job_names_no_checkpoint(tmp_path: Pat
     )
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 130, proc.stderr
-    assert err[-1].startswith("interrupted at step 2; ") and err[-1].endswith(f"{out} was removed while the job ran: none of its checkpoints is left"), err[-1]
+    assert err[-1].startswith("interrupted at step 2; "), err[-1]
+    assert err[-1].endswith(f"{out} was removed while the job ran: none of its checkpoints is left"), err[-1]
 
 
 WINDING_DOWN = """
 import atexit, os, signal, sys, threading
 from geartrain.trainer.run import exit_at_once_on_sigint
+
+# Python's own Ctrl-C handling, as in a terminal: a suite started in the background (nohup,
+# `make test &`) ignores SIGINT, its children inherit that, and Python then installs no handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def a_second_ctrl_c_while_winding_down():
     os.kill(os.getpid(), signal.SIGINT)
