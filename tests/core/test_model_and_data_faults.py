@@ -207,3 +207,15 @@ def test_a_model_past_the_address_space_limit_is_one_line(size: str, refused: bo
         assert "model: training the model's" in proc.stdout and "its address-space limit (ulimit -v)" in proc.stdout
     else:
         assert proc.returncode == 0 and proc.stdout.strip() == "passed", proc.stdout + proc.stderr
+
+
+def test_a_lora_adapter_given_as_the_model_is_named_as_such(tmp_path: Path) -> None:
+    """Issue 35, round 12: following the LoRA resume refusal's advice, model.path=<run>/hf
+    (for a LoRA run, a PEFT adapter directory) failed in transformers ("Unrecognized model")."""
+    adapter = tmp_path / "hf"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "tiny:qwen2", "peft_type": "LORA"}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    text = _problems(f"model.path={adapter}", "model.tiny=null")
+    assert f"model.path: '{adapter}' is a LoRA adapter (PEFT's adapter_config.json, base model 'tiny:qwen2')" in text
+    assert "actor.lora.export_merged = true" in text

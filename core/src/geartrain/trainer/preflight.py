@@ -6,6 +6,7 @@ over-long prompt before a batch draws it."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -222,6 +223,25 @@ def _tokenizer_problem(config: TrainConfig, exc: BaseException) -> str:
     return f"cannot load the tokenizer{f' of {source}' if source else ''}: {why}{hint}"
 
 
+def adapter_not_model_problem(path: str) -> str | None:
+    """What is wrong with ``path`` when it is a LoRA adapter directory (PEFT's
+    ``adapter_config.json`` and no model ``config.json``: a LoRA run's ``hf/`` export) given
+    where a model belongs, else ``None``; transformers says "Unrecognized model" there."""
+    directory = Path(os.path.expanduser(path))
+    if not (directory / "adapter_config.json").is_file() or (directory / "config.json").is_file():
+        return None
+    try:
+        adapter = json.loads((directory / "adapter_config.json").read_text(encoding="utf-8"))
+        base = adapter.get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    return (
+        f"'{path}' is a LoRA adapter (PEFT's adapter_config.json{f', base model {base!r}' if base else ''}), not a "
+        "model: give its base model as model.path (with actor.lora to train an adapter again), or the merged "
+        "model a LoRA run exports with actor.lora.export_merged = true (merged/, beside its adapter)"
+    )
+
+
 def _model_builds(config: TrainConfig, problems: list[tuple[str, str]], notes: list[str]) -> None:
     """The policy can be built as configured: its architecture builds (on the meta device:
     nothing is allocated; ``config_overrides`` of the wrong type are named; query heads a
@@ -413,6 +433,8 @@ def preflight(
                     )
                 ]
             )
+    if config.model.path is not None and (adapter := adapter_not_model_problem(config.model.path)) is not None:
+        raise ConfigError([("model.path", adapter)])  # its tokenizer or config would fail, naming neither
     try:
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
     except (OSError, ValueError) as exc:
