@@ -403,3 +403,16 @@ def test_a_template_emitting_megabytes_a_row_holds_one_row_at_a_time(tmp_path: P
     finally:
         tracemalloc.stop()
     assert peak < 6 * row_chars, f"peak {peak / 1e6:.0f} MB for rows of {row_chars / 1e6:.0f} MB"
+
+
+def test_an_empty_csv_cell_is_a_missing_value_as_jsonl_null_is(tmp_path: Path, tok) -> None:
+    """Issue 35, round 12: a CSV whose answer cell is empty (how pandas writes None) gave the
+    row the ground truth '' silently, where the same row in JSONL ("answer": null) is refused."""
+    (tmp_path / "e.csv").write_text("question,answer\n1+1=,2\n2+2=,\n")
+    with pytest.raises(DataError) as csv_error:
+        PromptDataset(tmp_path / "e.csv", tok, CFG)
+    (tmp_path / "e.jsonl").write_text('{"question": "1+1=", "answer": "2"}\n{"question": "2+2=", "answer": null}\n')
+    with pytest.raises(DataError) as jsonl_error:
+        PromptDataset(tmp_path / "e.jsonl", tok, CFG)
+    assert f"{tmp_path / 'e.csv'}, line 3:" in str(csv_error.value)
+    assert str(csv_error.value).split(", line 3: ")[1] == str(jsonl_error.value).split(", line 2: ")[1]

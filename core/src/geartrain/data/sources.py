@@ -255,7 +255,9 @@ def _csv(path: Path) -> Iterator[tuple[str, Any]]:
     finally:
         csv.field_size_limit(limit)
     for row_no, row in enumerate(rows, start=2):  # line 1 is the header
-        yield f"{path}, line {row_no}", dict(row)
+        # an empty cell is how pandas (and spreadsheets) write a missing value: null, as JSONL's
+        # null, not the text "" (an empty ground truth no response can match)
+        yield f"{path}, line {row_no}", {key: (None if value == "" else value) for key, value in row.items()}
 
 
 def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:
