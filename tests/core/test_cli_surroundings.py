@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from geartrain.testing.fakes import write_fake_job
 
 CHILD = """
 import signal, sys
@@ -31,15 +32,8 @@ sys.exit(rc)
 
 
 def test_a_job_whose_stdout_reader_left_finishes(tmp_path: Path) -> None:
-    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
     out = tmp_path / "run"
-    job = tmp_path / "job.toml"
-    job.write_text(
-        '[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "fake"\n'
-        '[rollout]\nbackend = "fake"\n'
-        '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
-        f'[trainer]\noutput_dir = "{out}"\ntotal_steps = 3\nsave_every = 1\nprogress = false\nexport_hf = false\n'
-    )
+    job = write_fake_job(tmp_path, out, "total_steps = 3\nsave_every = 1\nprogress = false\nexport_hf = false\n")
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(job), "trainer.print_completions=2"],
         stdout=subprocess.PIPE,
@@ -94,14 +88,11 @@ def test_a_run_directory_removed_under_the_job_names_no_checkpoint(tmp_path: Pat
     left to continue from."""
     out = tmp_path / "run"
     (tmp_path / "remover.py").write_text(REMOVER.format(out=str(out)))
-    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
-    job = tmp_path / "job.toml"
-    job.write_text(
-        '[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "fake"\n'
-        '[rollout]\nbackend = "fake"\n'
-        '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
-        f'[trainer]\noutput_dir = "{out}"\ntotal_steps = 4\nsave_every = 1\nprogress = false\nexport_hf = false\n'
-        'callbacks = ["remover.py:RemoveTheRun"]\n'
+    job = write_fake_job(
+        tmp_path,
+        out,
+        "total_steps = 4\nsave_every = 1\nprogress = false\nexport_hf = false\n"
+        'callbacks = ["remover.py:RemoveTheRun"]\n',
     )
     # in a child: the failed job's inline roles stay in its process (torch.distributed included)
     proc = subprocess.run(

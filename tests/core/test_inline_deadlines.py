@@ -20,7 +20,7 @@ from geartrain.cluster.deadlines import CallDeadlineExceeded
 from geartrain.cluster.worker_group import InlineWorkerGroup
 from geartrain.hookspecs import hookimpl
 from geartrain.testing import fakes as fake_module
-from geartrain.testing.fakes import FakeBackends
+from geartrain.testing.fakes import FakeBackends, write_fake_job
 
 #: a deadline the test's own calls never need (they return in microseconds when they return)
 SHORT = 0.5
@@ -142,14 +142,7 @@ def hanging_save(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeBackends]:
 def test_an_inline_job_whose_save_hangs_ends_with_one_line_and_exit_2(
     hanging_save: FakeBackends, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
-    job = tmp_path / "job.toml"
-    job.write_text(
-        '[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "fake"\n'
-        '[rollout]\nbackend = "fake"\n'
-        '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
-        f'[trainer]\noutput_dir = "{tmp_path / "run"}"\ntotal_steps = 4\nsave_every = 2\nexport_hf = false\n'
-    )
+    job = write_fake_job(tmp_path, tmp_path / "run", "total_steps = 4\nsave_every = 2\nexport_hf = false\n")
     # only the checkpoint phase is short: every other call keeps its default deadline
     rc = main(["train", str(job), "cluster.call_timeout_s.checkpoint=1", "trainer.progress=false"])
     err = capsys.readouterr().err

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from geartrain.cli import main
-from geartrain.testing.fakes import FakeBackends
+from geartrain.testing.fakes import FakeBackends, write_fake_job
 
 
 @pytest.fixture
@@ -24,15 +24,8 @@ def fakes() -> Iterator[FakeBackends]:
 
 
 def _job(tmp_path: Path) -> tuple[Path, Path]:
-    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
     out = tmp_path / "run"
-    job = tmp_path / "job.toml"
-    job.write_text(
-        '[model]\ntiny = "qwen2"\n[reward]\nfunction = "arithmetic"\n[actor.engine]\nbackend = "fake"\n'
-        '[rollout]\nbackend = "fake"\n'
-        '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
-        f'[trainer]\noutput_dir = "{out}"\ntotal_steps = 3\nsave_every = 1\nprogress = false\nexport_hf = false\n'
-    )
+    job = write_fake_job(tmp_path, out, "total_steps = 3\nsave_every = 1\nprogress = false\nexport_hf = false\n")
     return job, out
 
 

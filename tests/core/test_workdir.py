@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from geartrain.cli import main
 from geartrain.rewards.scoring import RewardScorer
-from geartrain.testing.fakes import FakeBackends
+from geartrain.testing.fakes import FakeBackends, write_fake_job
 from geartrain.workdir import WorkingDirectoryGuard
 
 
@@ -69,15 +69,11 @@ def test_a_run_with_a_relative_output_dir_stays_where_it_started(
 ) -> None:
     """The round's probe: a reward that chdirs on every call, ``trainer.output_dir`` relative."""
     elsewhere = work.parent / "elsewhere"
-    (work / "train.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
     (work / "moves.py").write_text(
         f"import os\n\ndef moves(response, ground_truth, **kw):\n    os.chdir({str(elsewhere)!r})\n    return 1.0\n"
     )
-    (work / "job.toml").write_text(
-        '[model]\ntiny = "qwen2"\n[reward]\nfunction = "moves.py:moves"\n[actor.engine]\nbackend = "fake"\n'
-        '[rollout]\nbackend = "fake"\n'
-        '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
-        '[trainer]\noutput_dir = "run"\ntotal_steps = 3\nsave_every = 1\nexport_hf = false\nprogress = false\n'
+    write_fake_job(
+        work, "run", "total_steps = 3\nsave_every = 1\nexport_hf = false\nprogress = false\n", reward="moves.py:moves"
     )
     assert main(["train", "job.toml"]) == 0, capsys.readouterr().err
     assert os.getcwd() == str(work)

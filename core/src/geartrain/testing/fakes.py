@@ -65,6 +65,7 @@ __all__ = [
     "FakeRolloutHandle",
     "GroupCall",
     "RecordingWorkerGroup",
+    "write_fake_job",
 ]
 
 #: The fake rollout's smallest sampled token id ("0" in the tiny character tokenizer).
@@ -357,3 +358,19 @@ class FakeBackends:
 
     def clear(self) -> None:
         self.calls.clear()
+
+
+def write_fake_job(directory: Path, output_dir: str | Path, trainer: str = "", reward: str = "arithmetic") -> Path:
+    """``directory/job.toml``: a job for the fake engine and rollout (registered by
+    :class:`FakeBackends`) on the tiny qwen2 model, over four ``1+1=`` rows written to
+    ``directory/train.jsonl`` in batches of 2, writing to ``output_dir``. ``trainer`` adds
+    lines to its ``[trainer]`` table (TOML), ``reward`` is ``reward.function``. Returns the path."""
+    (directory / "train.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n' * 4)
+    job = directory / "job.toml"
+    job.write_text(
+        f'[model]\ntiny = "qwen2"\n[reward]\nfunction = "{reward}"\n[actor.engine]\nbackend = "fake"\n'
+        '[rollout]\nbackend = "fake"\n'
+        '[data]\npath = "train.jsonl"\nbatch_size = 2\napply_chat_template = false\n'
+        f'[trainer]\noutput_dir = "{output_dir}"\n{trainer}'
+    )
+    return job
