@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -31,6 +32,8 @@ from geartrain.cluster.deadlines import CallWatchdog, call_deadlines, call_phase
 from geartrain.cluster.process_group import acquire_single_rank_group, release_single_rank_group
 from geartrain.errors import ConfigError
 from geartrain.types import EngineContext
+
+log = logging.getLogger(__name__)
 
 
 class Dispatch(enum.Enum):
@@ -226,6 +229,7 @@ class InlinePlacement(Placement):
 
     def __init__(self, cluster: Any = None) -> None:
         self.deadlines = call_deadlines(cluster) if cluster is not None else None
+        self._groups: list[InlineWorkerGroup] = []
 
     def group(
         self,
@@ -247,4 +251,20 @@ class InlinePlacement(Placement):
                     )
                 ]
             )
-        return InlineWorkerGroup(role, worker_cls, *args, seed=seed, deadlines=self.deadlines, **kwargs)
+        group = InlineWorkerGroup(role, worker_cls, *args, seed=seed, deadlines=self.deadlines, **kwargs)
+        self._groups.append(group)
+        return group
+
+    def close(self, graceful: bool = True) -> None:
+        """Shut down every group this placement made that is still up, newest first (shutting
+        one down twice does nothing). A job that ends well has shut its groups down already;
+        one that failed midway has not, and its engines and this process's torch.distributed
+        group would outlive it, tripping the next job run in the same process (the Python
+        API). A group whose close raises is logged and the others are still shut down: this
+        runs while another error is on its way to the caller."""
+        groups, self._groups = self._groups, []
+        for group in reversed(groups):
+            try:
+                group.shutdown()
+            except Exception as exc:  # noqa: BLE001 - the job's own error is the one to report
+                log.warning("closing the inline %s role failed: %s: %s", group.role, type(exc).__name__, exc)

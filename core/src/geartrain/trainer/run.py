@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from geartrain.checkpoint import CheckpointManager, export_disk_full, run_disk_full, step_dir_name
-from geartrain.cluster import Dispatch, InlineWorkerGroup, Placement, WorkerGroup, make_placement
+from geartrain.cluster import Dispatch, InlinePlacement, Placement, WorkerGroup, make_placement
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
 from geartrain.data import PromptBatch, PromptDataset, PromptLoader
@@ -193,9 +193,10 @@ class Job:
         self.ckpt_root = self.out / "checkpoints"
         self.algo_label = config.algorithm.name.upper()
         self.placement: Placement | None = None
+        self.driver = InlinePlacement()
+        """Roles that run in the driver whatever the placement (a rule reward), without call
+        deadlines (a reward has its own ``reward.timeout_s``)."""
         self.position = RunPosition(self.out)
-        self.roles: RLRoles | None = None
-        """The job's roles once built (released by :meth:`run` when a non-finite policy stops it)."""
         """The step in progress and the newest complete checkpoint (Ctrl-C names them)."""
 
     def _results_a_restart_replaces(self) -> list[str]:
@@ -469,7 +470,7 @@ class Job:
                 resources=cfg.reward.resources_per_worker,
             )
         elif cfg.reward.model is None:  # a rule function needs no model: it runs in the driver
-            reward = InlineWorkerGroup(
+            reward = self.driver.group(
                 "reward", RewardWorker, self.reward_fn, None, None, timeout_s=cfg.reward.timeout_s, seed=seed
             )
         else:
@@ -615,14 +616,14 @@ class Job:
             try:
                 result = self._run()
             except BaseException as exc:
-                if self.placement is not None:  # ranks may be mid-call: stop them without waiting
+                if self.placement is not None:
+                    # ranks may be mid-call: stop them without waiting. Inline roles hold this
+                    # process's engines and torch.distributed group: released here, so a job
+                    # run next in the same process starts clean
                     self.placement.close(graceful=False)
+                self.driver.close(graceful=False)
                 self._restore_overwritten()
                 if isinstance(exc, NonFiniteError):
-                    if self.placement is None and self.roles is not None:
-                        # inline roles hold this process's engines (an in-process vLLM its
-                        # torch.distributed state): release them, as a watchdog stop does
-                        _shutdown(self.roles)
                     raise non_finite_stop(exc, self.position.step, self.position.checkpoint) from None
                 full = run_disk_full(exc, self.out, self.position.checkpoint)
                 if full is not None:  # a full disk under any of the run's own writes is one line
@@ -630,6 +631,7 @@ class Job:
                 raise
             if self.placement is not None:
                 self.placement.close()
+            self.driver.close()
         finally:
             self.rundir.release()  # the directory's lock, held from claim() to the end
         return result
@@ -704,7 +706,7 @@ class Job:
             policy = self._sft(pre, jsonl, sinks) if latest is None else self._sft_model()
         else:
             policy = cfg.model
-        roles = self.roles = self.build_roles(policy)
+        roles = self.build_roles(policy)
         trainer = RLTrainer(cfg, roles, tokenizer, loader, val.rows if val is not None else None)
 
         def log(record: dict[str, Any]) -> None:
