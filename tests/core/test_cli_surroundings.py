@@ -108,6 +108,48 @@ def test_a_run_directory_removed_under_the_job_names_no_checkpoint(tmp_path: Pat
     assert err[-1].endswith(f"{out} was removed while the job ran: none of its checkpoints is left"), err[-1]
 
 
+REMOVER_ONLY = """
+import os, shutil
+
+
+class RemoveTheRun:
+    def on_step_end(self, step, metrics):
+        if step == 2:
+            shutil.rmtree({out!r})
+            if {again!r}:
+                os.mkdir({out!r})  # made again, empty: still not the run's directory
+"""
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["removed", "removed-and-made-again"])
+def test_a_run_directory_removed_under_the_job_stops_it_in_one_line(tmp_path: Path, again: bool) -> None:
+    """Issue 35 (known since round 11): after ``rm -rf`` of the output directory the job went
+    on, its next save made the directory again holding a checkpoint and nothing else, and
+    TensorBoard's writer thread failed with two tracebacks (exit 1) naming a file it could not
+    open. It stops at the next write, one line, exit 2, and writes nothing there again."""
+    out = tmp_path / "run"
+    (tmp_path / "remover.py").write_text(REMOVER_ONLY.format(out=str(out), again=again))
+    job = write_fake_job(
+        tmp_path,
+        out,
+        "total_steps = 5\nsave_every = 1\nprogress = false\nexport_hf = false\n"
+        'callbacks = ["remover.py:RemoveTheRun"]\n',
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(job)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        timeout=600,  # a hang guard only
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {out} was removed while the job ran (noticed at step 2): its checkpoints and metrics went "
+        "with it, so the job stopped; start it again"
+    ]
+    assert (list(out.iterdir()) == []) if again else not out.exists()
+
+
 WINDING_DOWN = """
 import atexit, os, signal, sys, threading
 from geartrain.trainer.run import exit_at_once_on_sigint

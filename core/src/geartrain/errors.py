@@ -76,6 +76,11 @@ class DataError(GeartrainError):
     """A dataset row is malformed; the message names the file and the row number."""
 
 
+class RunDirectoryRemovedError(GeartrainError):
+    """The job's output directory was removed while it ran: what it had written is gone, so
+    it stops rather than write a run with no beginning."""
+
+
 class CheckpointError(GeartrainError):
     """A checkpoint is missing, incomplete or does not match the model."""
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from geartrain.errors import GeartrainError
+
 logger = logging.getLogger("geartrain.metrics")
 
 
@@ -120,7 +122,12 @@ class TensorBoardLogger:
             if key in ("step", "phase") or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             if math.isfinite(float(value)):
-                self.writer.add_scalar(tag(phase, key), float(value), step)
+                try:
+                    self.writer.add_scalar(tag(phase, key), float(value), step)
+                except FileNotFoundError:
+                    raise GeartrainError(
+                        f"TensorBoard's directory {self.writer.log_dir} was removed while the job ran"
+                    ) from None
 
     def close(self) -> None:
         self.writer.close()
@@ -128,10 +135,11 @@ class TensorBoardLogger:
 
 def _quiet_full_disk_in_event_writers() -> None:
     """Install (once) a ``threading.excepthook`` that leaves unprinted a full disk (ENOSPC)
-    raised in TensorBoard's event-writer thread: the writer keeps the error and raises it in
-    the job's thread at its next write or close, where the run reports a full disk in one
-    line; printed by the default hook it was a traceback before that line. Every other
-    exception, in any thread, goes to the hook that was there before."""
+    or a removed directory (ENOENT) raised in TensorBoard's event-writer thread: the writer
+    keeps the error and raises it in the job's thread at its next write, where the run reports
+    it in one line (a full disk; the run directory or its ``tensorboard/`` removed); printed
+    by the default hook it was a traceback before that line. Every other exception, in any
+    thread, goes to the hook that was there before."""
     import errno
     import threading
 
@@ -142,7 +150,7 @@ def _quiet_full_disk_in_event_writers() -> None:
     def hook(args: threading.ExceptHookArgs) -> None:
         exc = args.exc_value
         writer = args.thread is not None and type(args.thread).__name__ == "_AsyncWriterThread"
-        if writer and isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        if writer and isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOENT):
             return
         previous(args)
 

@@ -29,7 +29,7 @@ from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
 from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
-from geartrain.errors import CheckpointError, ConfigError, GeartrainError, NonFiniteError
+from geartrain.errors import CheckpointError, ConfigError, GeartrainError, NonFiniteError, RunDirectoryRemovedError
 from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
 from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
 from geartrain.rewards import RewardResult
@@ -316,6 +316,7 @@ class Job:
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             record = {"phase": "sft", "step": step, **metrics}
+            self._stop_if_removed()
             jsonl.write(record)
             if tb is not None:
                 tb.write(record)
@@ -498,6 +499,7 @@ class Job:
         return PromptLoader.from_config(pre.datasets["data.path"]), pre.datasets.get("validation.path")
 
     def _save(self, roles: RLRoles, trainer: RLTrainer, step: int, accuracy_before: float | None) -> None:
+        self._stop_if_removed()
         keep = self.config.trainer.keep_last
         extra = {
             "step": step,
@@ -538,7 +540,7 @@ class Job:
         line that records it would otherwise name the one before)."""
         if not self.rundir.claimed or self.rundir.restored:  # what is there is not this run's
             return
-        if not self.out.is_dir():  # removed under the running job (rm -rf): none of it is left
+        if self.rundir.removed():  # removed under the running job (rm -rf): none of it is left
             self.position.gone = True
             self.position.checkpoint = None
             return
@@ -546,6 +548,17 @@ class Job:
         newest = CheckpointManager.step_of(latest) if latest is not None else None
         if newest is None or newest > (self.position.checkpoint or -1) or not self._saved(self.position.checkpoint):
             self.position.checkpoint = newest  # a newer one completed, or the one recorded was removed
+
+    def _stop_if_removed(self) -> None:
+        """Raise :class:`RunDirectoryRemovedError` when the output directory was removed under
+        the job (checked before each write of metrics and each save: a save would make a
+        directory of its own again, holding a checkpoint and no beginning)."""
+        if self.rundir.removed():
+            self.position.gone, self.position.checkpoint = True, None
+            raise RunDirectoryRemovedError(
+                f"{self.out} was removed while the job ran (noticed at step {self.position.step}): "
+                "its checkpoints and metrics went with it, so the job stopped; start it again"
+            )
 
     def _saved(self, step: int | None) -> bool:
         """Whether the actor's checkpoint of ``step`` is still complete on disk."""
@@ -710,6 +723,7 @@ class Job:
         trainer = RLTrainer(cfg, roles, tokenizer, loader, val.rows if val is not None else None)
 
         def log(record: dict[str, Any]) -> None:
+            self._stop_if_removed()
             jsonl.write(record)
             sinks.write(record)
 
@@ -802,6 +816,7 @@ class Job:
         if completions is not None:
             completions.close()
         sinks.close()
+        self._stop_if_removed()  # the export and the curves would make a directory of their own
         if cfg.trainer.export_hf:
             try:
                 path = self._export(roles, tokenizer, total, last_validation)

@@ -257,6 +257,9 @@ class RunDirectory:
         """Whether :meth:`restore` put the previous run back (what is in it is that run's)."""
         self.not_deleted: str | None = None
         """Why :meth:`commit` could not delete all that was set aside (``None``: it could)."""
+        self.identity: tuple[int, int] | None = None
+        """The claimed directory's (device, inode): one removed and made again under the job
+        (a save's ``mkdir -p`` after ``rm -rf``) is another directory."""
         self.set_aside: list[str] = []
         """The previous run's entries this job's claim moved into :data:`SET_ASIDE` (or found
         there, from a killed ``--overwrite``), until :meth:`commit` or :meth:`restore`."""
@@ -411,6 +414,17 @@ class RunDirectory:
                         "trainer.output_dir"
                     )
 
+    def removed(self) -> bool:
+        """Whether the directory :meth:`claim` took is no longer at its path (removed, or
+        removed and made again: what the job wrote there is gone either way)."""
+        if self.identity is None:
+            return False
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return True
+        return (stat.st_dev, stat.st_ino) != self.identity
+
     def claim(self) -> list[str]:
         """Create the directory; with ``overwrite``, move the previous run's entries (only
         those in :data:`RUN_ENTRIES`) into :data:`SET_ASIDE`, where they stay until
@@ -423,6 +437,8 @@ class RunDirectory:
         if self.lock is None:
             self.lock = RunLock.acquire(self.path)
         self.claimed = True
+        stat = self.path.stat()
+        self.identity = (stat.st_dev, stat.st_ino)
         if not self.overwrite:
             return []
         aside = self.path / SET_ASIDE
