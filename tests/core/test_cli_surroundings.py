@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from geartrain.testing.fakes import write_fake_job
@@ -186,3 +187,59 @@ def test_a_second_ctrl_c_after_the_jobs_last_line_says_nothing_more(mode: str) -
         assert proc.stderr == ""
     else:  # what the job's last line was followed by before
         assert "Exception ignored in atexit callback" in proc.stderr and "KeyboardInterrupt" in proc.stderr
+
+
+def _child(job: Path, *, stdout: Any, stderr: Any, env: dict[str, str] | None = None) -> int:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(job), "trainer.print_completions=2"],
+        stdout=stdout,
+        stderr=stderr,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {})),
+        timeout=600,  # a hang guard only
+    )
+    return proc.returncode
+
+
+def _last_step(out: Path) -> int:
+    return [json.loads(line).get("step") for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_standard_output_on_a_full_device_is_said_once_and_the_run_finishes(tmp_path: Path) -> None:
+    """Issue 35, round 13: `train ... > run.log` on a full disk stopped the run at step 0,
+    blaming the run directory's disk ("no space left on /dev/vda ... in <output_dir>"),
+    which had room: standard output was the culprit."""
+    out = tmp_path / "run"
+    job = write_fake_job(tmp_path, out, "total_steps = 3\nsave_every = 1\nprogress = false\nexport_hf = false\n")
+    with open("/dev/full", "w") as full, (tmp_path / "err.txt").open("w") as err:
+        rc = _child(job, stdout=full, stderr=err)
+    said = (tmp_path / "err.txt").read_text()
+    assert rc == 0, said
+    assert said.count("note: standard output cannot be written (No space left on device)") == 1, said
+    assert "Traceback" not in said, said
+    assert _last_step(out) == 3
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_standard_error_on_a_full_device_does_not_stop_the_run(tmp_path: Path) -> None:
+    """Issue 35, round 13: with stderr on a full device the progress bar's write failed with
+    ENOSPC, taken for the run directory's disk: the run stopped at step 0 (exit 1)."""
+    out = tmp_path / "run"
+    job = write_fake_job(tmp_path, out, "total_steps = 3\nsave_every = 1\nprogress = true\nexport_hf = false\n")
+    with open("/dev/full", "w") as full:
+        rc = _child(job, stdout=subprocess.DEVNULL, stderr=full)
+    assert rc == 0
+    assert _last_step(out) == 3
+
+
+def test_a_path_the_terminal_cannot_encode_is_written_escaped(tmp_path: Path) -> None:
+    """Issue 35, round 13: with PYTHONIOENCODING=ascii and an output_dir named run_é, the run
+    trained and exported, then its line "exported the policy to ..." raised
+    UnicodeEncodeError: a traceback, exit 1, and a finished run reported as failed."""
+    out = tmp_path / "run_\u00e9"
+    job = write_fake_job(tmp_path, out, "total_steps = 2\nprogress = false\nexport_hf = false\n")
+    with (tmp_path / "out.txt").open("w") as stdout, (tmp_path / "err.txt").open("w") as stderr:
+        rc = _child(job, stdout=stdout, stderr=stderr, env={"PYTHONIOENCODING": "ascii"})
+    assert rc == 0, (tmp_path / "err.txt").read_text()
+    assert "run_\\xe9" in (tmp_path / "out.txt").read_text()
+    assert _last_step(out) == 2

@@ -416,3 +416,52 @@ def test_an_empty_csv_cell_is_a_missing_value_as_jsonl_null_is(tmp_path: Path, t
         PromptDataset(tmp_path / "e.jsonl", tok, CFG)
     assert f"{tmp_path / 'e.csv'}, line 3:" in str(csv_error.value)
     assert str(csv_error.value).split(", line 3: ")[1] == str(jsonl_error.value).split(", line 2: ")[1]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("question,question,answer\n1+1=,zz,2\n", "line 1: column 'question' appears twice (columns 1 and 2)"),
+        ("question,answer\n1+1=,2\n2+2,=,4\n", "line 3: 3 cells where the header has 2"),
+        ("question,answer\n1+1=,2\n\n2+2=\n", "line 4: 1 cells where the header has 2"),
+    ],
+    ids=["header-names-a-column-twice", "a-cell-too-many", "a-cell-too-few"],
+)
+def test_a_csv_whose_cells_do_not_line_up_is_refused_naming_the_line(tmp_path: Path, tok, text: str, said: str) -> None:
+    """Issue 35, round 13: a header naming 'prompt' twice gave every row the last column's
+    cell, and a row with an unquoted comma in its prompt was read shifted (the third cell
+    dropped), both silently (``check``: ok)."""
+    (tmp_path / "d.csv").write_text(text)
+    with pytest.raises(DataError) as info:
+        PromptDataset(tmp_path / "d.csv", tok, CFG)
+    assert str(info.value).startswith(f"{tmp_path / 'd.csv'}, {said}"), str(info.value)
+
+
+def test_a_data_directory_names_what_looks_like_data_it_would_leave_out(tmp_path: Path, tok) -> None:
+    """Issue 35, round 13: a broken link named b.jsonl, a B.JSONL, a c.jsonl.gz and a sub/ of
+    .jsonl files were skipped without a word (10 rows of the 40 put there); a README or a
+    hidden file is still no data."""
+    data = tmp_path / "data"
+    data.mkdir()
+    line = json.dumps(ROWS[0]) + "\n"
+    (data / "a.jsonl").write_text(line)
+    (data / "README.md").write_text("about")
+    (data / ".hidden.jsonl").write_text("not json")
+    assert len(PromptDataset(data, tok, CFG).rows) == 1
+    (data / "b.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    (data / "B.JSONL").write_text(line)
+    (data / "c.jsonl.gz").write_bytes(b"\x1f\x8b")
+    (data / "sub").mkdir()
+    (data / "sub" / "d.jsonl").write_text(line)
+    with pytest.raises(DataError) as info:
+        PromptDataset(data, tok, CFG)
+    said = str(info.value)
+    assert said.startswith(f"{data}: a data directory is read from its .jsonl, .json, .parquet, .csv files only"), said
+    for why in (
+        "B.JSONL (give the suffix in lower case: .jsonl)",
+        "b.jsonl (a link to a file that does not exist)",
+        "c.jsonl.gz (compressed: decompress it)",
+        "sub/ (a subdirectory of data files",
+    ):
+        assert why in said, said
+    assert "README" not in said and "hidden" not in said, said

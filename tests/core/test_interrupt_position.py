@@ -131,3 +131,19 @@ def test_bad_input_found_mid_training_stays_the_clis_one_line(tmp_path, monkeypa
     monkeypatch.setattr(Job, "run", _failing_run(out, DataError("row 3: bad")))
     with pytest.raises(DataError, match="row 3: bad"):
         run_module.train_from_cli(str(MAIN_CONFIG), [f"trainer.output_dir={out}"])
+
+
+def test_sigusr1_stops_the_job_as_sigterm_does() -> None:
+    """Issue 35, round 13: SIGUSR1 (what Slurm's ``--signal=USR1@60`` sends before a job's
+    time limit) killed a run on the spot, exit 138, no line naming the step or the checkpoint,
+    its lock left behind. It takes SIGTERM's path, with its own words and 128 + 10."""
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        watch = InterruptWatch()
+        with pytest.raises(KeyboardInterrupt), watch:
+            signal.raise_signal(signal.SIGUSR1)
+        assert watch.seen and watch.terminated
+        assert watch.how.startswith("stopped by SIGUSR1") and watch.exit_status == 138
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL, "the watch puts the disposition back"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

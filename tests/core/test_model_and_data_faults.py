@@ -7,6 +7,7 @@ pickle refusal (torch's message carries bold on/off codes)."""
 from __future__ import annotations
 
 import fractions
+import json
 import os
 import subprocess
 import sys
@@ -219,3 +220,65 @@ def test_a_lora_adapter_given_as_the_model_is_named_as_such(tmp_path: Path) -> N
     text = _problems(f"model.path={adapter}", "model.tiny=null")
     assert f"model.path: '{adapter}' is a LoRA adapter (PEFT's adapter_config.json, base model 'tiny:qwen2')" in text
     assert "actor.lora.export_merged = true" in text
+
+
+def _saved_model(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    build_hf_model(
+        ModelConfig(tiny="qwen2", config_overrides={"hidden_size": 32, "num_hidden_layers": 1})
+    ).save_pretrained(model)
+    tiny_tokenizer().save_pretrained(model)
+    return model
+
+
+def _one_problem(text: str) -> str:
+    problem = text.split("problem(s)\n", 1)[1].strip()
+    assert "\n" not in problem, text
+    return problem
+
+
+def test_a_misspelled_config_override_is_named_with_the_setting_meant() -> None:
+    """Issue 35, round 13: ``model.config_overrides={hidden_sise=64}`` was taken silently: the
+    model was built with the default width and the typo written into the export's config."""
+    problem = _one_problem(_problems("model.config_overrides={hidden_sise=64}"))
+    assert problem == (
+        "model.config_overrides.hidden_sise: not a setting of the qwen2 model's config (nothing would read it); "
+        "did you mean 'hidden_size'?"
+    )
+
+
+def test_a_model_directory_without_weights_is_one_line(tmp_path: Path) -> None:
+    """Issue 35, round 13: config.json and the tokenizer without the weights: ``check`` said
+    ok, ``train`` was a 50-line traceback at the engine's load."""
+    model = _saved_model(tmp_path)
+    (model / "model.safetensors").unlink()
+    problem = _one_problem(_problems(f"model.path={model}", "model.tiny=null", "model.config_overrides={}"))
+    assert problem == (
+        f"model.path: {model} holds a model's config.json but no weight file (*.safetensors, pytorch_model.bin): "
+        "a model directory copied without its weights; copy them too"
+    )
+
+
+def test_a_config_json_that_does_not_describe_its_weights_is_one_line(tmp_path: Path) -> None:
+    """Issue 35, round 13: a config.json whose vocab_size disagrees with the weights: ``check``
+    said ok, ``train`` printed transformers' load report and a traceback."""
+    model = _saved_model(tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    rows = config["vocab_size"]
+    config["vocab_size"] = rows + 7
+    (model / "config.json").write_text(json.dumps(config))
+    problem = _one_problem(_problems(f"model.path={model}", "model.tiny=null", "model.config_overrides={}"))
+    assert problem.startswith(
+        f"model.path: model.safetensors: weight 'model.embed_tokens.weight' is [{rows}, 32] where the model its "
+        f"config.json describes has [{rows + 7}, 32]: the config does not match the weights"
+    ), problem
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_one_line() -> None:
+    """Issue 35, round 13: a ``model.tokenizer`` with 49,152 tokens on a model of 128: ``check``
+    said ok; ``train`` stopped at step 0 naming a prompt's token ids, not the tokenizer."""
+    rows = len(tiny_tokenizer()) - 3
+    problem = _one_problem(_problems(f"model.config_overrides.vocab_size={rows}"))
+    assert problem.startswith(
+        f"model: the tokenizer has {len(tiny_tokenizer())} tokens and the model embeds {rows} (its vocab_size)"
+    ), problem

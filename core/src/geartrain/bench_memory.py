@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -320,6 +321,9 @@ def argument_problem(args: argparse.Namespace, device: str) -> str | None:
         value = getattr(args, option)
         if value < 1:
             return f"--{option.replace('_', '-')} must be at least 1 (got {value})"
+    unknown = [name for name in getattr(args, "candidates", []) if name not in CANDIDATES]
+    if unknown:
+        return f"--candidates: unknown model(s) {', '.join(map(repr, unknown))}; choose from {', '.join(CANDIDATES)}"
     if args.rows % args.samples:
         return f"--rows ({args.rows}) must be a multiple of --samples ({args.samples}): rows are prompts x samples"
     kind, _, index = device.partition(":")
@@ -334,6 +338,43 @@ def argument_problem(args: argparse.Namespace, device: str) -> str | None:
         return f"--device {device}: this machine has no CUDA device; use --device cpu"
     if index and int(index) >= count:
         return f"--device {device}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
+    return None
+
+
+_SMALLER = "try fewer --rows, shorter --prompt-tokens/--response-tokens, or a smaller model"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:200] if lines else type(exc).__name__
+
+
+def memory_problem(name: str, device: str) -> str | None:
+    """Why ``name``'s update step cannot fit ``device`` = ``cpu`` before anything is
+    allocated (``None``: it may): its fp32 weights, gradients and Adam's two moments alone
+    (weights x 4, a lower bound) against this machine's memory and the process's address-space
+    limit (``ulimit -v``). A model that cannot fit was attempted and ended in a page of
+    allocation tracebacks, or the machine swapping."""
+    if device != "cpu":
+        return None
+    from geartrain.modeling import build_hf_model
+    from geartrain.trainer.preflight import address_space_left
+
+    module = build_hf_model(_model_config(name), meta=True)
+    need = 4 * sum(p.numel() for p in module.parameters()) * 4
+    limits = []
+    try:
+        limits.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    if (left := address_space_left()) is not None:
+        limits.append((left, "the address space this process may still map (ulimit -v)"))
+    for have, what in limits:
+        if need > have:
+            return (
+                f"{name}'s update step needs at least {need / 2**30:,.1f} GiB on cpu (fp32 weights, gradients and "
+                f"Adam's two moments) and {what} is {have / 2**30:,.1f} GiB; choose a smaller model"
+            )
     return None
 
 
@@ -356,15 +397,26 @@ def run(args: argparse.Namespace) -> int:
         response_tokens=args.response_tokens,
         micro_batch_tokens=args.micro_batch_tokens,
     )
-    report = measure(
-        args.model,
-        device=device,
-        param_dtype=args.param_dtype,
-        cpu_offload=args.cpu_offload,
-        gradient_checkpointing=args.gradient_checkpointing,
-        phases=args.phases,
-        **shape,
-    )
+    problem = memory_problem(args.model, device)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        report = measure(
+            args.model,
+            device=device,
+            param_dtype=args.param_dtype,
+            cpu_offload=args.cpu_offload,
+            gradient_checkpointing=args.gradient_checkpointing,
+            phases=args.phases,
+            **shape,
+        )
+    except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        if isinstance(exc, RuntimeError) and not any(w in str(exc) for w in ("allocate", "out of memory")):
+            raise
+        why = f"out of memory measuring {args.model} on {device} ({_first_line(exc)})"
+        print(f"error: {why}; {_SMALLER}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(asdict(report)))
         return 0

@@ -273,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # a character the terminal's encoding lacks (a path in PYTHONIOENCODING=ascii) is
+        # written escaped: a line about a run must not be what fails it
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     try:
         os.getcwd()
     except FileNotFoundError:  # else torch's import fails first, naming itself (MKL cannot load libtorch_cpu)

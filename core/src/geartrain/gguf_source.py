@@ -182,7 +182,15 @@ def materialize(gguf: Path) -> Path:
         raise GeartrainError(f"model.path {gguf} is a GGUF file; reading it needs the gguf package: {INSTALL_HINT}")
     from filelock import FileLock
 
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / f"{sha[:16]}.lock", "a"):  # can the lock (and so the model) be written here?
+            pass
+    except OSError as exc:
+        raise GeartrainError(
+            f"model.path {gguf}: the cache of dequantized models, {root}, cannot be written "
+            f"({exc.strerror or exc}); set GEARTRAIN_CACHE to a writable directory"
+        ) from None
     with FileLock(str(root / f"{sha[:16]}.lock")):
         if _record_matches(target, sha):  # another process made it while this one waited
             return target

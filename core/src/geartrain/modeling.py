@@ -107,6 +107,57 @@ def pickled_weights_problem(path: str) -> str | None:
     return None
 
 
+#: Files that hold a model's weights in the formats transformers loads.
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.msgpack", "*.h5", "*.ckpt")
+
+
+def missing_weights_problem(path: str) -> str | None:
+    """What is wrong when the local model directory ``path`` has a ``config.json`` and no
+    weight file (``None``: it has one, or is no local model directory): copied without its
+    weights, it is no model, and the build would fail only after the run began."""
+    directory = Path(path)
+    if not directory.is_dir() or not (directory / "config.json").is_file():
+        return None
+    if any(any(directory.glob(pattern)) for pattern in WEIGHT_FILES):
+        return None
+    return (
+        f"{directory} holds a model's config.json but no weight file (*.safetensors, pytorch_model.bin): "
+        "a model directory copied without its weights; copy them too"
+    )
+
+
+def weight_shapes_problem(path: str, module: torch.nn.Module) -> str | None:
+    """The first weight of the local model directory ``path``'s safetensors files whose shape
+    differs from the one ``module`` (built from its config, on the meta device) gives it, read
+    from the files' headers (``None``: every weight they share has its shape). A config.json
+    that does not describe its weights (another vocabulary size, width or depth) otherwise
+    fails in transformers' load, after the run began, in a long report."""
+    from safetensors import safe_open
+
+    directory = Path(path)
+    if not directory.is_dir():
+        return None
+    expected = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                for key in handle.keys():
+                    want = next(
+                        (expected[k] for k in (key, f"model.{key}", key.removeprefix("model.")) if k in expected),
+                        None,
+                    )
+                    shape = tuple(handle.get_slice(key).get_shape())
+                    if want is not None and shape != want:
+                        return (
+                            f"{file.name}: weight '{key}' is {list(shape)} where the model its config.json describes "
+                            f"has {list(want)}: the config does not match the weights (vocab_size, hidden_size, "
+                            "num_attention_heads, ... or model.config_overrides)"
+                        )
+        except Exception:  # noqa: BLE001 - an unreadable file is named by unreadable_safetensors_problem
+            continue
+    return None
+
+
 def unreadable_safetensors_problem(path: str) -> str | None:
     """What is wrong with the ``*.safetensors`` files of the local model directory ``path``,
     read from their headers only (no tensor is loaded): a damaged header, a file that is

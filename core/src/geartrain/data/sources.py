@@ -49,7 +49,8 @@ def read_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
     row 7"`` otherwise).
 
     A path is a ``.jsonl``, ``.json`` (an array of objects, or one object per line),
-    ``.parquet`` or ``.csv`` file, a directory of such files (read in name order), or a
+    ``.parquet`` or ``.csv`` file, a directory of such files (read in name order; hidden ones
+    skipped, and one that looks like data but would not be read refused), or a
     directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict``
     with a ``train`` split). Raises :class:`DataError` for a missing path (a hub id gets the
     hint to save it to disk first: nothing is downloaded), an unknown suffix or a row that
@@ -103,13 +104,47 @@ def _directory(path: Path) -> Iterator[tuple[str, Any]]:
     if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
         yield from _saved_dataset(path)
         return
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in SUFFIXES)
+    entries = sorted(path.iterdir())
+    # hidden files are no data (macOS's ._name copies, editors' swap files), as for datasets
+    files = [p for p in entries if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith(".")]
+    unread = [why for p in entries if (why := _unread_data(p)) is not None]
+    if unread:  # reading the rest would train on part of what was put there, without a word
+        raise DataError(
+            f"{path}: a data directory is read from its {', '.join(SUFFIXES)} files only, and these look like data "
+            f"it would leave out: {'; '.join(unread)}"
+        )
     if not files:
         raise DataError(
             f"{path}: a directory with no {', '.join(SUFFIXES)} files and no dataset saved by datasets' save_to_disk"
         )
     for file in files:
         yield from _file(file)
+
+
+#: Suffixes of compressed files (``train.jsonl.gz``): not read, so named when they hold data.
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
+
+
+def _unread_data(entry: Path) -> str | None:
+    """Why ``entry`` of a data directory, which looks like data, is not read (``None``: it is
+    read, or does not look like data: a README, a hidden file)."""
+    name = entry.name
+    if name.startswith("."):
+        return None
+    suffix = entry.suffix
+    if suffix in SUFFIXES and not entry.is_file():
+        if entry.is_dir():
+            return f"{name} (a directory)"
+        if entry.is_symlink():
+            return f"{name} (a link to a file that does not exist)"
+        return f"{name} (not a regular file)"
+    if suffix.lower() in SUFFIXES and suffix not in SUFFIXES:
+        return f"{name} (give the suffix in lower case: {suffix.lower()})"
+    if suffix.lower() in COMPRESSED and Path(entry.stem).suffix.lower() in SUFFIXES:
+        return f"{name} (compressed: decompress it)"
+    if entry.is_dir() and any(p.suffix.lower() in SUFFIXES for p in entry.iterdir()):
+        return f"{name}/ (a subdirectory of data files: only the top level is read; give it as a path of its own)"
+    return None
 
 
 def _saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
@@ -248,16 +283,37 @@ def _csv(path: Path) -> Iterator[tuple[str, Any]]:
     # a long prompt is a cell of any size (dropped later by data.max_prompt_length, as in
     # JSONL), not the csv module's 128 KiB refusal; the module's limit is put back at once
     csv.field_size_limit(sys.maxsize)
+    rows: list[tuple[int, dict[Any, Any]]] = []  # (the row's last line: blank lines are skipped, the row)
     try:
-        rows = list(reader)
+        header = reader.fieldnames or []
+        seen: dict[str, int] = {}
+        for column, name in enumerate(header, start=1):
+            if name in seen:  # DictReader keeps the last one's cells under the name: silently
+                raise DataError(
+                    f"{path}, line 1: column {name!r} appears twice (columns {seen[name]} and {column}); "
+                    "name each column once"
+                )
+            seen[name] = column
+        for row in reader:
+            rows.append((reader.line_num, row))
     except csv.Error as exc:
         raise DataError(f"{path}, line {reader.line_num}: not valid CSV ({exc})") from None
     finally:
         csv.field_size_limit(limit)
-    for row_no, row in enumerate(rows, start=2):  # line 1 is the header
+    for line_no, row in rows:
+        where = f"{path}, line {line_no}"
+        extra, cells = row.pop(None, None), len(header)
+        if extra is not None or any(value is None for value in row.values()):
+            # DictReader drops nothing visibly: a cell too many goes under a key None, a cell
+            # too few reads as missing (an unquoted comma in a prompt shifts every cell after it)
+            found = cells + len(extra) if extra is not None else sum(value is not None for value in row.values())
+            raise DataError(
+                f"{where}: {found} cells where the header has {cells}; "
+                'a cell holding a comma or a line break must be quoted ("like, this")'
+            )
         # an empty cell is how pandas (and spreadsheets) write a missing value: null, as JSONL's
         # null, not the text "" (an empty ground truth no response can match)
-        yield f"{path}, line {row_no}", {key: (None if value == "" else value) for key, value in row.items()}
+        yield where, {key: (None if value == "" else value) for key, value in row.items()}
 
 
 def _jsonl(path: Path) -> Iterator[tuple[str, Any]]:

@@ -23,6 +23,7 @@ a text table (``completions/train``, ``completions/validation``).
 from __future__ import annotations
 
 import random
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,26 @@ def pick(n: int, k: int, seed: int, step: int) -> list[int]:
     return sorted(random.Random(seed * 1_000_003 + step).sample(range(n), min(k, n)))
 
 
+def visible(text: str) -> str:
+    """``text`` safe to print on a terminal, on one line: a newline as ``⏎``, a tab as a
+    space, and every other control or format character (an escape sequence's ESC, a carriage
+    return, a right-to-left override) as its ``\\x1b`` / ``\\u202e`` escape. Prompts and
+    completions are data: printed raw, an escape sequence in them would drive the reader's
+    terminal (retitle it, clear it, on some write the clipboard)."""
+    out = []
+    for char in text:
+        if char == "\n":
+            out.append("⏎")
+        elif char == "\t":
+            out.append(" ")
+        elif unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 def console_table(records: list[dict[str, Any]], width: int = 100) -> str:
     """The records as a plain-text table for the console (TRL's completions table): step,
     prompt and completion (shortened to fit ``width``, newlines as ``⏎``), reward, each
@@ -146,7 +167,7 @@ def console_table(records: list[dict[str, Any]], width: int = 100) -> str:
     response_w = text_w - prompt_w
 
     def fit(text: str, w: int) -> str:
-        text = text.replace("\n", "⏎")
+        text = visible(text)
         return (text if len(text) <= w else text[: w - 1] + "…").ljust(w)
 
     head = [fit("step", step_w), fit("prompt", prompt_w), fit("completion", response_w)]

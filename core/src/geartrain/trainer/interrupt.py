@@ -19,8 +19,11 @@ from geartrain.errors import exception_chain
 EXIT_INTERRUPTED = 130
 #: ... by SIGTERM (128 + 15) ...
 EXIT_TERMINATED = 143
-#: ... and by SIGHUP (128 + 1).
+#: ... by SIGHUP (128 + 1) ...
 EXIT_HUNG_UP = 129
+#: ... and by SIGUSR1 (128 + 10), what Slurm's ``--signal=USR1@<seconds>`` sends before a
+#: job's time limit.
+EXIT_USR1 = 138
 
 #: for each signal the watch takes: its disposition before the watch (the one it replaces
 #: and puts back), the words of the one line, and the exit status
@@ -28,6 +31,8 @@ _STOPS: dict[int, tuple[object, str, int]] = {
     signal.SIGINT: (signal.default_int_handler, "interrupted", EXIT_INTERRUPTED),
     signal.SIGTERM: (signal.SIG_DFL, "terminated by SIGTERM", EXIT_TERMINATED),
     signal.SIGHUP: (signal.SIG_DFL, "stopped by SIGHUP (its terminal closed)", EXIT_HUNG_UP),
+    # by default SIGUSR1 kills a process on the spot; a scheduler sends it as a warning
+    signal.SIGUSR1: (signal.SIG_DFL, "stopped by SIGUSR1 (a scheduler's warning before its time limit?)", EXIT_USR1),
 }
 
 
@@ -69,7 +74,7 @@ def is_interrupt(exc: BaseException) -> bool:
 
 
 class InterruptWatch:
-    """Notes that SIGINT, SIGTERM or SIGHUP arrived while it is entered (main thread only), then
+    """Notes that SIGINT, SIGTERM, SIGHUP or SIGUSR1 arrived while it is entered (main thread only), then
     raises ``KeyboardInterrupt`` as Python's own SIGINT handler does. Code that swallows the
     ``KeyboardInterrupt`` and fails otherwise (C++ writing a checkpoint: torch.save's
     zip writer reports "unexpected pos" once a write was cut) still ends as an interrupt:
@@ -87,7 +92,7 @@ class InterruptWatch:
 
     @property
     def terminated(self) -> bool:
-        """Whether the signal was SIGTERM or SIGHUP, not Ctrl-C (whose KeyboardInterrupt
+        """Whether the signal was SIGTERM, SIGHUP or SIGUSR1, not Ctrl-C (whose KeyboardInterrupt
         the CLI reports itself)."""
         return self.signum is not None and self.signum != signal.SIGINT
 

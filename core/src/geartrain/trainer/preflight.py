@@ -6,6 +6,7 @@ over-long prompt before a batch draws it."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from geartrain.agents import EnvironmentRouter, chat_bridge, load_environments
+from geartrain.config import ModelConfig
 from geartrain.data import PromptDataset
 from geartrain.data.sources import HUB_HINT, DataSource, looks_like_hub_id
 from geartrain.errors import ConfigError, GeartrainError
@@ -242,18 +244,75 @@ def adapter_not_model_problem(path: str) -> str | None:
     )
 
 
-def _model_builds(config: TrainConfig, problems: list[tuple[str, str]], notes: list[str]) -> None:
+def _vocabulary_problem(model: ModelConfig, module: Any, tokenizer: Any) -> tuple[str, str] | None:
+    """A tokenizer with more tokens than the model has embedding rows: its ids past the last
+    row cannot be embedded, and the rollout refused the first prompt holding one, at step 0,
+    naming neither the tokenizer nor the model's size. (Fewer is fine: models round their
+    vocabulary up.)"""
+    embeddings = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    try:
+        tokens = len(tokenizer) if tokenizer is not None else None
+    except TypeError:
+        return None
+    if not isinstance(rows, int) or tokens is None or tokens <= rows:
+        return None
+    key = "model.tokenizer" if model.tokenizer is not None else "model"
+    return (
+        key,
+        f"the tokenizer has {tokens:,} tokens and the model embeds {rows:,} (its vocab_size): ids past {rows - 1:,} "
+        "cannot be embedded; use the model's own tokenizer, or a model whose vocab_size is at least the tokenizer's",
+    )
+
+
+def unknown_overrides(model: ModelConfig) -> list[tuple[str, str]]:
+    """A problem for each key of ``model.config_overrides`` its model's config does not have:
+    transformers keeps any key given to a config and nothing reads a misspelled one, so the
+    model was built with the default and the typo was written into the export's config.json."""
+    if not model.config_overrides:
+        return []
+    try:
+        base = hf_config(model.model_copy(update={"config_overrides": {}}))
+    except Exception:  # noqa: BLE001 - a config that cannot be read: named elsewhere
+        return []
+    settings = sorted(base.to_dict())
+    known = set(settings) | {name for name in dir(base) if not name.startswith("_")}
+    problems = []
+    for key in model.config_overrides:
+        if key not in known:
+            close = difflib.get_close_matches(key, settings, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            problems.append(
+                (
+                    f"model.config_overrides.{key}",
+                    f"not a setting of the {base.model_type} model's config (nothing would read it){hint}",
+                )
+            )
+    return problems
+
+
+def _model_builds(
+    config: TrainConfig, problems: list[tuple[str, str]], notes: list[str], tokenizer: Any = None
+) -> None:
     """The policy can be built as configured: its architecture builds (on the meta device:
     nothing is allocated; ``config_overrides`` of the wrong type are named; query heads a
     whole multiple of key/value heads), its safetensors files' headers read, an inline job's
     weights fit this machine's memory, and a local model's pickle weights hold only tensors
     (read without running code), and LoRA adapts layers of it (:func:`check_lora`). Each is
     one line before anything is claimed."""
-    from geartrain.modeling import build_hf_model, pickled_weights_problem, unreadable_safetensors_problem
+    from geartrain.modeling import (
+        build_hf_model,
+        missing_weights_problem,
+        pickled_weights_problem,
+        unreadable_safetensors_problem,
+        weight_shapes_problem,
+    )
 
     model = config.model
     if model.path is not None and (
-        problem := pickled_weights_problem(model.path) or unreadable_safetensors_problem(model.path)
+        problem := missing_weights_problem(model.path)
+        or pickled_weights_problem(model.path)
+        or unreadable_safetensors_problem(model.path)
     ):
         problems.append(("model.path", problem))
         return
@@ -263,12 +322,21 @@ def _model_builds(config: TrainConfig, problems: list[tuple[str, str]], notes: l
         return  # a model that cannot be read: the tokenizer's load (or the engine's) says so
     except Exception:  # noqa: BLE001 - a config that cannot be made: the build below names it
         pass
+    if unknown := unknown_overrides(model):
+        problems += unknown
+        return
     try:
         module = build_hf_model(model, meta=True)
     except Exception as exc:  # noqa: BLE001 - transformers' own validation: any failure is the config's
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         why = " ".join(lines[:2])[:300] or type(exc).__name__
         problems.append(("model", f"the model cannot be built as configured ({type(exc).__name__}: {why})"))
+        return
+    if model.path is not None and (problem := weight_shapes_problem(model.path, module)):
+        problems.append(("model.path", problem))
+        return
+    if (problem := _vocabulary_problem(model, module, tokenizer)) is not None:
+        problems.append(problem)
         return
     text = getattr(module.config, "text_config", None) or module.config
     heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
@@ -440,7 +508,7 @@ def preflight(
     except (OSError, ValueError) as exc:
         raise ConfigError([("model", _tokenizer_problem(config, exc))]) from None
     result = Preflight(tokenizer=tokenizer)
-    _model_builds(config, problems, result.notes)
+    _model_builds(config, problems, result.notes, tokenizer)
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)
@@ -538,7 +606,7 @@ def preflight(
     if "data.path" in result.datasets:
         _batch_fits(result.datasets["data.path"], config, problems)
     if problems:
-        raise ConfigError(problems, "the job's data and reward (nothing was trained or changed)")
+        raise ConfigError(problems, "the job's model, data and reward (nothing was trained or changed)")
     if config.sampling.n > LARGE_GROUP:
         result.notes.append(
             f"sampling.n={config.sampling.n} samples per prompt: each step generates and scores "
