@@ -159,3 +159,32 @@ def test_an_adapter_exported_from_a_gguf_model_names_a_base_peft_can_load(tmp_pa
     base = json.loads((export / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert base == hf_path(str(gguf)) and Path(base).is_absolute()
     assert AutoConfig.from_pretrained(base).model_type == "llama"
+
+
+def test_a_damaged_cache_entry_is_made_again(tmp_path: Path, cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 35, round 13: a dequantized copy whose model.safetensors was cut short (its
+    record intact) passed ``check`` and failed the engine's build in a 53-line traceback."""
+    gguf = write_llama_gguf(_tiny(), tmp_path / "tiny.gguf")
+    first = Path(hf_path(str(gguf)))
+    weights = first / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:100])
+    again = Path(hf_path(str(gguf)))
+    assert again == first and weights.read_bytes() == whole
+    assert "the dequantized copy is damaged, so it is made again" in caplog.text
+
+
+def test_a_cache_that_cannot_be_written_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35, round 13: GEARTRAIN_CACHE naming a file was reported as the tokenizer of the
+    GGUF failing to load ("Not a directory"), never naming GEARTRAIN_CACHE."""
+    gguf = write_llama_gguf(_tiny(), tmp_path / "tiny.gguf")
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("GEARTRAIN_CACHE", str(tmp_path / "afile"))
+    with pytest.raises(GeartrainError) as info:
+        hf_path(str(gguf))
+    assert str(info.value) == (
+        f"model.path {gguf}: the cache of dequantized models, {tmp_path / 'afile' / 'gguf'}, cannot be written "
+        "(Not a directory); set GEARTRAIN_CACHE to a writable directory"
+    )

@@ -125,3 +125,15 @@ def test_curves_smooth_noisy_series_and_draw_accuracy_from_0_to_1(
     assert faint and faint[0].get_alpha() < 0.5
     assert list(lines["val/reward_mean"].get_xdata()) == [0, 10, 20, 30, 40]
     assert list(lines["reward/correct/mean"].get_ydata()) == [0.0] * 40
+
+
+def test_sample_tables_escape_control_characters_from_the_data() -> None:
+    """Issue 35, round 13: prompts holding escape sequences (OSC 0 retitled the terminal,
+    ``ESC[2J`` cleared it, a carriage return or a right-to-left override hid text) were
+    printed raw by ``trainer.print_completions``."""
+    from geartrain.trainer.completions import console_table, visible
+
+    assert visible("\x1b]0;PWNED\x07ab\r\u202ecd\nef\tg é") == "\\x1b]0;PWNED\\x07ab\\x0d\\u202ecd⏎ef g é"
+    table = console_table([{"step": 1, "prompt": "\x1b[2Jab", "response": "ok\rno", "rewards": {}, "reward": 1.0}])
+    assert "\x1b" not in table and "\r" not in table
+    assert "\\x1b[2Jab" in table and "ok\\x0dno" in table

@@ -162,7 +162,16 @@ def _record_matches(directory: Path, sha: str) -> bool:
         record = json.loads((directory / RECORD).read_text())
     except (OSError, ValueError):
         return False
-    return record.get("sha256") == sha and (directory / "config.json").is_file()
+    if record.get("sha256") != sha or not (directory / "config.json").is_file():
+        return False
+    from geartrain.modeling import unreadable_safetensors_problem
+
+    if (problem := unreadable_safetensors_problem(str(directory))) is not None:
+        # a cache entry damaged since it was made (a disk error, a copy cut short): made again,
+        # where loading it failed at the engine's build, naming neither the cache nor the fix
+        logger.warning("the dequantized copy is damaged, so it is made again: %s", problem)
+        return False
+    return True
 
 
 def materialize(gguf: Path) -> Path:
