@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from geartrain.bench_memory import CANDIDATES, add_arguments, argument_problem, memory_problem
+from geartrain.bench_memory import CANDIDATES, _model_config, add_arguments, argument_problem, memory_problem
 from geartrain.modeling import build_hf_model
-from geartrain.bench_memory import _model_config
 
 
 def _args(*argv: str) -> argparse.Namespace:

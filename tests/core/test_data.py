@@ -283,10 +283,37 @@ def test_loader_resume_gives_exactly_the_same_next_batches(tmp_path, tok):
     resumed = PromptLoader.from_config(PromptDataset(path, tok, cfg))
     resumed.load_state_dict(state)
     assert [resumed.next_batch().indices for _ in range(5)] == expected
-    assert state == {"epoch": 1, "index": 3, "seed": 123, "shuffle": True, "num_prompts": 7}
+    assert {k: v for k, v in state.items() if k != "fingerprint"} == {
+        "epoch": 1,
+        "index": 3,
+        "seed": 123,
+        "shuffle": True,
+        "num_prompts": 7,
+    }
     other_seed = PromptLoader(PromptDataset(path, tok, cfg), 3, seed=5)
     with pytest.raises(DataError, match="seed 123 .now 5."):
         other_seed.load_state_dict(state)
+
+
+def test_loader_resume_over_other_prompts_of_the_same_number_is_refused(tmp_path, tok):
+    """Issue 35, round 13: a resume whose data file was rewritten with other rows of the same
+    number (or given other rows through ``run_job(data=...)``) went on without a word: only
+    the number of prompts was compared."""
+    rows = [{"prompt": f"{i}*2=", "ground_truth": str(2 * i)} for i in range(7)]
+    cfg = DataConfig(batch_size=3, seed=123)
+    first = PromptLoader.from_config(PromptDataset(write_jsonl(tmp_path / "a.jsonl", rows), tok, cfg))
+    first.next_batch()
+    state = json.loads(json.dumps(first.state_dict()))
+    same = PromptLoader.from_config(PromptDataset(write_jsonl(tmp_path / "b.jsonl", rows), tok, cfg))
+    same.load_state_dict(state)  # the same prompts from another file: nothing changed
+    other = [{"prompt": f"{i}*3=", "ground_truth": str(3 * i)} for i in range(7)]
+    changed = PromptLoader.from_config(PromptDataset(write_jsonl(tmp_path / "c.jsonl", other), tok, cfg))
+    with pytest.raises(
+        DataError, match=r"other prompts \(the same number, 7, with other contents or in another order\)"
+    ):
+        changed.load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "fingerprint"}  # a checkpoint from before fingerprints
+    changed.load_state_dict(older)
 
 
 def test_sample_meta_is_prompt_major(tok):

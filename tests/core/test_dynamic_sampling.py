@@ -70,3 +70,17 @@ def test_collect_informative_stops_at_the_cap():
     assert batch is first
     assert metrics["dynamic_sampling/short"] == 1.0 and metrics["dynamic_sampling/extra_rounds"] == 2.0
     assert metrics["dynamic_sampling/dropped_groups"] == 3.0
+
+
+def test_a_step_with_fewer_samples_than_mini_batches_steps_once_per_sample() -> None:
+    """Issue 35, round 13: when dynamic sampling kept fewer samples than
+    ``algorithm.mini_batches``, the empty mini-batches still stepped the optimizer (88 of 128
+    steps in one run), moving the weights on no gradient through Adam's moments."""
+    from geartrain.trainer.roles import plan_mini_batches
+
+    few = Batch({"x": torch.arange(3)})
+    parts = plan_mini_batches(few, epochs=2, mini_batches=8, seed=0)
+    assert [len(p) for p in parts] == [1, 1, 1, 1, 1, 1]
+    assert sorted(int(p["x"][0]) for p in parts[:3]) == [0, 1, 2], "each epoch still covers every sample once"
+    many = Batch({"x": torch.arange(16)})
+    assert [len(p) for p in plan_mini_batches(many, epochs=1, mini_batches=4, seed=0)] == [4, 4, 4, 4]

@@ -174,9 +174,7 @@ def test_a_damaged_cache_entry_is_made_again(tmp_path: Path, cache: Path, caplog
     assert "the dequantized copy is damaged, so it is made again" in caplog.text
 
 
-def test_a_cache_that_cannot_be_written_is_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_cache_that_cannot_be_written_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 35, round 13: GEARTRAIN_CACHE naming a file was reported as the tokenizer of the
     GGUF failing to load ("Not a directory"), never naming GEARTRAIN_CACHE."""
     gguf = write_llama_gguf(_tiny(), tmp_path / "tiny.gguf")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +93,7 @@ class PromptLoader:
         self.drop_last = drop_last
         self.epoch = 0
         self.index = 0
+        self._fingerprint: str | None = None
         self._order_epoch: int | None = None
         self._order: list[int] = []
 
@@ -151,7 +154,19 @@ class PromptLoader:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "num_prompts": len(self.dataset),
+            "fingerprint": self.fingerprint(),
         }
+
+    def fingerprint(self) -> str:
+        """A digest of the prompts in dataset order (their token ids and ground truths): a
+        resume over other data of the same size was noticed by nothing (computed once)."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for row in self.dataset.rows:
+                digest.update(json.dumps([row.prompt_ids, row.ground_truth], default=str).encode())
+                digest.update(b"\n")
+            self._fingerprint = digest.hexdigest()[:16]
+        return self._fingerprint
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position saved by :meth:`state_dict`. The dataset (its size after
@@ -162,6 +177,11 @@ class PromptLoader:
             for key, now in (("seed", self.seed), ("shuffle", self.shuffle), ("num_prompts", len(self.dataset)))
             if state.get(key) != now
         ]
+        if not mismatched and state.get("fingerprint", self.fingerprint()) != self.fingerprint():
+            # an older checkpoint has no fingerprint: nothing to compare
+            mismatched.append(
+                f"other prompts (the same number, {len(self.dataset)}, with other contents or in another order)"
+            )
         if mismatched:
             raise DataError(
                 f"{self.dataset.source}: cannot resume the prompt loader, the checkpoint was saved with "

@@ -42,6 +42,7 @@ from geartrain.config import (
     Section,
 )
 from geartrain.data.config import DataConfig
+from geartrain.errors import ConfigError
 from geartrain.limits import MAX_COEF, MAX_SEED, MAX_TIMEOUT_S
 from geartrain.trainer.trl_names import trl_key_hints
 from geartrain.trainer.watchdog import WatchdogConfig
@@ -1057,3 +1058,35 @@ def load_train_config(
     Raises :class:`geartrain.ConfigError` listing every problem with its path."""
     base = {"base_dir": str(Path(path).resolve().parent)} if path is not None else {}
     return load_config(TrainConfig, path, overrides, defaults=base, check_plugins=check_plugins)
+
+
+def revalidated(config: TrainConfig) -> TrainConfig:
+    """``config`` checked again as a whole, for a config changed after it was built (Python's
+    ``config.algorithm.mini_batches = 100000``: assignment checks the one field, not the rules
+    between fields, so a change the command line refuses ran: a step that never finished, GRPO
+    with no baseline, a stale learning-rate schedule). Returns ``config`` itself when checking
+    it again changes nothing; raises :class:`ConfigError` naming every problem."""
+    from geartrain.config import validate_config
+    from geartrain.validation import check_backends
+
+    source = "the TrainConfig given to run_job (changed after it was built?)"
+    data = config.model_dump(exclude_unset=True)
+    try:
+        fresh = validate_config(TrainConfig, data, source)
+    except ConfigError as exc:
+        # an optimizer's total_steps derived when the config was built disagrees with the
+        # steps the changed config takes: derived again (as for a config built anew); any
+        # other problem is what the change broke, named without that line in the way
+        stale = [path for path, _ in exc.problems if path.endswith("optim.total_steps")]
+        if not stale:
+            raise
+        for path in stale:
+            node: Any = data
+            for key in path.split(".")[:-1]:
+                node = node.get(key, {}) if isinstance(node, dict) else {}
+            if isinstance(node, dict):
+                node.pop("total_steps", None)
+        fresh = validate_config(TrainConfig, data, source)
+    if fresh.model_dump() == config.model_dump():
+        return config
+    return check_backends(fresh, source)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,7 +64,24 @@ def _python_reward_specs(
     """``run_job``'s ``reward_fn`` (one function or spec, or a list of them, TRL's
     ``reward_funcs``) with ``reward_weights`` (TRL's, one per function; default 1 each) as
     ``(key, spec, make_term's keywords)``; each term is named after its function (a
-    repeated name gets ``_2``, ``_3``...), so each is logged as ``reward/<name>/mean``."""
+    repeated name gets ``_2``, ``_3``...), so each is logged as ``reward/<name>/mean``. A
+    function that is neither callable nor a ``"file.py:name"`` spec, and a weight that is no
+    finite number, are problems under their argument's name."""
+    for i, weight in enumerate(weights or []):
+        try:
+            finite = math.isfinite(float(weight))
+        except (TypeError, ValueError):
+            finite = False
+        if not finite:
+            problems.append((f"reward_weights[{i}]", f"{weight!r} is not a finite number"))
+    if problems:
+        return []
+    for i, fn in enumerate(reward_fn if isinstance(reward_fn, list | tuple) else [reward_fn]):
+        if not (callable(fn) or isinstance(fn, str)):
+            key = f"reward_fn[{i}]" if isinstance(reward_fn, list | tuple) else "reward_fn"
+            problems.append((key, f"{fn!r} ({type(fn).__name__}) is neither a function nor a 'file.py:name' spec"))
+    if problems:
+        return []
     if not isinstance(reward_fn, list | tuple):
         if weights is not None and len(weights) != 1:
             problems.append(("reward_weights", f"{len(weights)} weights for one reward function"))
@@ -96,6 +114,8 @@ def _resolve_reward(
     reward = config.reward
     if reward_fn is not None:
         specs = _python_reward_specs(reward_fn, reward_weights, reward.batched, problems)
+        if not specs:  # the functions or their weights are wrong: named, nothing to probe
+            return None
     elif reward.model is not None:
         return None
     elif reward.functions:

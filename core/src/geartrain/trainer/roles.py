@@ -48,12 +48,16 @@ def _sum_metrics(into: dict[str, float], new: dict[str, float]) -> None:
 def plan_mini_batches(batch: Batch, epochs: int, mini_batches: int, seed: int) -> list[Batch]:
     """``epochs`` passes over ``batch`` in ``mini_batches`` shuffled mini-batches: one
     optimizer step each. Planned on the driver over the whole step's batch, so that every
-    mini-batch is the same set of samples however many data-parallel ranks share it."""
+    mini-batch is the same set of samples however many data-parallel ranks share it. A batch
+    of fewer samples than ``mini_batches`` (dynamic sampling kept few) makes one mini-batch per
+    sample: an empty one would step the optimizer on no gradient (Adam's moments still move
+    the weights)."""
     parts: list[Batch] = []
     generator = torch.Generator().manual_seed(seed)
+    pieces = max(1, min(mini_batches, len(batch)))
     for _ in range(epochs):
         order = torch.randperm(len(batch), generator=generator) if mini_batches > 1 else torch.arange(len(batch))
-        parts += batch.index(order).split(mini_batches)
+        parts += batch.index(order).split(pieces)
     return parts
 
 

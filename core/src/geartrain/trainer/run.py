@@ -37,7 +37,7 @@ from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.accuracy import Accuracy, accuracy_of
 from geartrain.trainer.callbacks import Callbacks, load_callbacks
 from geartrain.trainer.completions import CompletionsLogger, console_table, episodes, pick
-from geartrain.trainer.config import TrainConfig, load_train_config
+from geartrain.trainer.config import TrainConfig, load_train_config, revalidated
 from geartrain.trainer.config_diff import check_resume_config
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
 from geartrain.trainer.export import write_export_record
@@ -875,9 +875,10 @@ def run_job(
     :class:`~geartrain.trainer.callbacks.Callback`'s methods) run after those of
     ``trainer.callbacks``; ``data`` and
     ``validation_data`` (a ``datasets.Dataset``, a list of dicts or a path) replace
-    ``data.path`` and ``validation.path``."""
+    ``data.path`` and ``validation.path``. ``config`` is checked again as a whole first (it
+    may have been changed since it was built)."""
     return Job(
-        config,
+        revalidated(config),
         resume=resume,
         overwrite=overwrite,
         reward_fn=reward_fn,
