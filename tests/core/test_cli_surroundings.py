@@ -243,3 +243,45 @@ def test_a_path_the_terminal_cannot_encode_is_written_escaped(tmp_path: Path) ->
     assert rc == 0, (tmp_path / "err.txt").read_text()
     assert "run_\\xe9" in (tmp_path / "out.txt").read_text()
     assert _last_step(out) == 2
+
+
+def test_curves_that_cannot_be_drawn_do_not_fail_a_finished_run(tmp_path: Path) -> None:
+    """Issue 35, round 13: with an MPLBACKEND matplotlib does not know (a shell profile's
+    leftover) the run trained and exported, then the optional plot's import raised: a
+    traceback, exit 1, and a finished run reported as failed ("continue with --resume")."""
+    out = tmp_path / "run"
+    job = write_fake_job(tmp_path, out, "total_steps = 2\nprogress = false\nexport_hf = false\nplot = true\n")
+    with (tmp_path / "out.txt").open("w") as stdout, (tmp_path / "err.txt").open("w") as stderr:
+        rc = _child(job, stdout=stdout, stderr=stderr, env={"MPLBACKEND": "nonsense"})
+    said = (tmp_path / "out.txt").read_text()
+    assert rc == 0, (tmp_path / "err.txt").read_text()
+    assert "note: the curves were not drawn (ValueError: Key backend: 'nonsense'" in said, said
+    assert _last_step(out) == 2 and not (out / "curves.png").exists()
+
+
+def test_a_torch_logs_setting_torch_refuses_is_one_line() -> None:
+    """Issue 35, round 13: TORCH_LOGS=garbage printed torch's 38-line import traceback."""
+    job = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "grpo.toml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "geartrain.cli", "check", str(job)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TORCH_LOGS="garbage"),
+        timeout=600,  # a hang guard only
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: torch refuses TORCH_LOGS='garbage' (Invalid log settings: garbage, must be a comma separated list of "
+        "fully); unset it, or see TORCH_LOGS=help for valid names"
+    ], proc.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/mounts").is_file(), reason="needs Linux's mount table")
+def test_an_output_dir_on_a_pseudo_file_system_is_refused_by_the_checks() -> None:
+    """Issue 35, round 13: trainer.output_dir under /proc passed ``check``; ``train`` failed in
+    a 25-line traceback from mkdir, advising --overwrite."""
+    from geartrain.trainer.rundir import RunDirectory, RunDirectoryError
+
+    with pytest.raises(RunDirectoryError) as info:
+        RunDirectory(Path("/proc/geartrain_run")).check()
+    assert "is on a file system that stores no files (/proc" in str(info.value), str(info.value)

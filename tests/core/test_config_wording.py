@@ -327,3 +327,16 @@ def test_a_yaml_alias_bomb_is_refused_before_anything_expands_it(tmp_path: Path)
     # an alias used as aliases usually are (a shared list, a few times) is fine
     job.write_text(BOMB.split("    c:")[0])
     assert load_train_config(job, check_plugins=False).rollout.options["b"][0] == ["x"] * 10
+
+
+def test_a_job_file_that_is_a_loop_of_symbolic_links_is_one_line(tmp_path: Path) -> None:
+    """Issue 35, round 13: ``geartrain check a.toml`` where a.toml -> b.toml -> a.toml was a
+    33-line traceback (RuntimeError: Symlink loop), exit 1."""
+    from geartrain.errors import ConfigError
+    from geartrain.trainer import load_train_config
+
+    (tmp_path / "a.toml").symlink_to(tmp_path / "b.toml")
+    (tmp_path / "b.toml").symlink_to(tmp_path / "a.toml")
+    with pytest.raises(ConfigError) as info:
+        load_train_config(tmp_path / "a.toml")
+    assert "cannot be read (Symlink loop from" in str(info.value), str(info.value)

@@ -282,3 +282,21 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_one_line() -> None:
     assert problem.startswith(
         f"model: the tokenizer has {len(tiny_tokenizer())} tokens and the model embeds {rows} (its vocab_size)"
     ), problem
+
+
+def test_gdpo_reward_keys_naming_no_reward_function_are_one_line() -> None:
+    """Issue 35, round 13: ``gdpo_reward_keys = ["nonexistent"]`` passed ``check`` and failed at
+    step 1, pointing at a ``reward.terms`` setting that does not exist."""
+    problem = _one_problem(_problems("algorithm.advantage=gdpo", 'algorithm.gdpo_reward_keys=["nonexistent"]'))
+    assert problem.startswith(
+        "algorithm.gdpo_reward_keys: ['nonexistent'] name no reward function of the job; its functions: ["
+    ), problem
+
+
+def test_a_config_override_that_is_not_finite_is_named_and_a_legacy_name_is_read() -> None:
+    """Issue 35, round 13: ``rope_theta = nan`` in ``model.config_overrides`` passed ``check``
+    and the run's first step blamed overflowing weights and the learning rate. A legacy name
+    the config's constructor converts (``rope_theta`` into ``rope_parameters``) is no typo."""
+    problem = _one_problem(_problems("model.config_overrides.rope_theta=nan"))
+    assert problem == "model.config_overrides.rope_theta: nan holds a number that is not finite"
+    preflight(load_train_config(JOB, [*SMALL, "model.config_overrides.rope_theta=5000.0"], check_plugins=False))

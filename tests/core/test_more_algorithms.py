@@ -205,3 +205,16 @@ def test_gdpo_reads_the_reward_terms_the_config_names():
         reward_components(batch, ["len"])
     with pytest.raises(ValueError, match="gdpo_reward_weights needs gdpo_reward_keys, one weight per key"):
         AlgorithmConfig(advantage="gdpo", gdpo_reward_keys=["acc"], gdpo_reward_weights=[1.0, 2.0])
+
+
+def test_the_adaptive_kl_controller_without_its_target_is_refused_in_the_config() -> None:
+    """Issue 35, round 13: ``kl_controller = 'adaptive'`` without ``target_kl`` and
+    ``kl_horizon`` (or with ``target_kl = 0``) passed ``check`` and failed the run's start in a
+    traceback, leaving a run directory that needed --overwrite."""
+    from geartrain.trainer.config import AlgorithmConfig
+
+    with pytest.raises(ValueError, match="kl_controller 'adaptive' needs target_kl .* and kl_horizon"):
+        AlgorithmConfig(use_kl_in_reward=True, kl_controller="adaptive")
+    with pytest.raises(ValueError, match="target_kl"):
+        AlgorithmConfig(use_kl_in_reward=True, kl_controller="adaptive", target_kl=0.0, kl_horizon=100)
+    AlgorithmConfig(use_kl_in_reward=True, kl_controller="adaptive", target_kl=6.0, kl_horizon=10000)

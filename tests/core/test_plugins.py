@@ -282,6 +282,12 @@ def test_cli_lists_plugins_as_json_and_table(installed) -> None:
     assert table.returncode == 0 and "torch" in table.stdout and "broken" in table.stdout
     none = _cli("plugins", "--json", env={plugins.ALLOW_LIST_ENV: ""})
     assert [r for r in json.loads(none.stdout) if r["source"] == "entry-point"] == []
+    # issue 35, round 13: with the variable empty the table said "no plugins installed"
+    hidden = _cli("plugins", env={plugins.ALLOW_LIST_ENV: ",,,"})
+    assert "no plugins installed" not in hidden.stdout, hidden.stdout
+    assert hidden.stderr.strip().splitlines()[-1] == (
+        f"note: {plugins.ALLOW_LIST_ENV}=',,,' loads only the plugins it names; unset it to list every installed one"
+    )
 
 
 def test_a_plugin_printing_at_import_leaves_the_json_on_stdout_whole(installed, capsys) -> None:

@@ -16,13 +16,19 @@ from geartrain.errors import GeartrainError
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from geartrain.plugins import list_plugins
+    from geartrain.plugins import ALLOW_LIST_ENV, list_plugins
 
     infos = list_plugins()
+    allowed = os.environ.get(ALLOW_LIST_ENV)
     if args.json:
         print(json.dumps([i.as_dict() for i in infos], indent=2))
-        return 0
-    print(plugins_text(infos))
+    else:
+        print(plugins_text(infos) if infos or allowed is None else "no plugins loaded")
+    if allowed is not None:  # the list is what the variable lets load, not what is installed
+        print(
+            f"note: {ALLOW_LIST_ENV}={allowed!r} loads only the plugins it names; unset it to list every installed one",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -272,6 +278,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _torch_environment_problem() -> str | None:
+    """Why torch cannot be imported under this environment's ``TORCH_LOGS`` (``None``: it can,
+    or the variable is unset): torch checks it at import and raised a 38-line traceback."""
+    value = os.environ.get("TORCH_LOGS")
+    if value is None:
+        return None
+    try:
+        import torch  # noqa: F401 - the import is the check
+    except ValueError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"torch refuses TORCH_LOGS={value!r} ({first}); unset it, or see TORCH_LOGS=help for valid names"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         # a character the terminal's encoding lacks (a path in PYTHONIOENCODING=ascii) is
@@ -286,6 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cd to an existing directory and run the command again",
             file=sys.stderr,
         )
+        return 2
+    if problem := _torch_environment_problem():
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         rc = _main(argv)

@@ -98,9 +98,9 @@ class AlgorithmConfig(Section):
     """KL estimator of the reward penalty."""
     kl_controller: Literal["fixed", "adaptive"] = "fixed"
     """``fixed`` KL weight, or ``adaptive`` towards ``target_kl``."""
-    target_kl: float | None = None
+    target_kl: float | None = Field(None, gt=0)
     """Adaptive controller: the KL it steers towards."""
-    kl_horizon: int | None = None
+    kl_horizon: int | None = Field(None, gt=0)
     """Adaptive controller: its horizon in samples."""
     tis_cap: float | None = Field(None, gt=0)
     """Truncated importance sampling against the rollout's log-probs; ``None``: off."""
@@ -221,6 +221,11 @@ class AlgorithmConfig(Section):
             self.gdpo_reward_keys is None or len(self.gdpo_reward_weights) != len(self.gdpo_reward_keys)
         ):
             problems.append("gdpo_reward_weights needs gdpo_reward_keys, one weight per key")
+        if self.kl_controller == "adaptive" and (self.target_kl is None or self.kl_horizon is None):
+            problems.append(
+                "kl_controller 'adaptive' needs target_kl (the KL it steers towards, e.g. 6.0) and kl_horizon "
+                "(its horizon in samples, e.g. 10000)"
+            )
         if self.policy_loss == "dro" and self.dro_beta is None:
             problems.append("policy_loss 'dro' needs dro_beta (the weight of its quadratic penalty, e.g. 0.1)")
         if self.estimator == "gae" and self.name != "ppo":
@@ -1056,7 +1061,10 @@ def load_train_config(
     including each backend's own ``options`` against the installed plugin's schema (skip
     that with ``check_plugins=False``, e.g. to check a GPU job on a machine without vLLM).
     Raises :class:`geartrain.ConfigError` listing every problem with its path."""
-    base = {"base_dir": str(Path(path).resolve().parent)} if path is not None else {}
+    try:
+        base = {"base_dir": str(Path(path).resolve().parent)} if path is not None else {}
+    except (RuntimeError, OSError) as exc:  # a loop of symbolic links: Path.resolve's RuntimeError
+        raise ConfigError([("", f"cannot be read ({exc})")], str(path)) from None
     return load_config(TrainConfig, path, overrides, defaults=base, check_plugins=check_plugins)
 
 

@@ -285,8 +285,20 @@ def _vocabulary_problem(model: ModelConfig, module: Any, tokenizer: Any) -> tupl
     )
 
 
+def _read_under_another_name(model: ModelConfig, key: str, value: Any, base: dict[str, Any]) -> bool:
+    """Whether the override ``key`` changes another setting of the config it is given to (a
+    legacy name its constructor converts: ``rope_theta`` into ``rope_parameters``)."""
+    try:
+        one = hf_config(model.model_copy(update={"config_overrides": {key: value}})).to_dict()
+    except Exception:  # noqa: BLE001 - a config that cannot be made: the build names it
+        return True
+    missing = object()
+    return any(base.get(name, missing) != setting for name, setting in one.items() if name != key)
+
+
 def unknown_overrides(model: ModelConfig) -> list[tuple[str, str]]:
-    """A problem for each key of ``model.config_overrides`` its model's config does not have:
+    """A problem for each key of ``model.config_overrides`` its model's config does not have
+    or whose value is a non-finite number:
     transformers keeps any key given to a config and nothing reads a misspelled one, so the
     model was built with the default and the typo was written into the export's config.json."""
     if not model.config_overrides:
@@ -298,8 +310,12 @@ def unknown_overrides(model: ModelConfig) -> list[tuple[str, str]]:
     settings = sorted(base.to_dict())
     known = set(settings) | {name for name in dir(base) if not name.startswith("_")}
     problems = []
-    for key in model.config_overrides:
-        if key not in known:
+    for key, value in model.config_overrides.items():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            # a NaN rope_theta built a model whose first step blamed the learning rate
+            problems.append((f"model.config_overrides.{key}", f"{value!r} holds a number that is not finite"))
+        if key not in known and not _read_under_another_name(model, key, value, base.to_dict()):
             close = difflib.get_close_matches(key, settings, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             problems.append(
@@ -532,6 +548,17 @@ def preflight(
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)
+    keys = config.algorithm.gdpo_reward_keys
+    if keys and result.reward is not None:
+        names = [term.name for term in result.reward]
+        if unknown := [key for key in keys if key not in names]:
+            problems.append(
+                (
+                    "algorithm.gdpo_reward_keys",
+                    f"{unknown} name no reward function of the job; its functions: {names} (each "
+                    "[[reward.functions]] entry's name, or each function given to run_job by its name)",
+                )
+            )
     if config.reward.accuracy is not None and ":" in config.reward.accuracy:
         try:
             accuracy_of(config)

@@ -55,7 +55,7 @@ def reward_components(batch: Batch, keys: list[str] | None) -> torch.Tensor:
     if missing:
         raise GeartrainError(
             f"algorithm.gdpo_reward_keys: no score from reward term(s) {missing} for some samples "
-            f"(the reward's terms: {known}); name terms of reward.terms"
+            f"(the reward's functions: {known}); name [[reward.functions]] entries"
         )
     return torch.tensor([[float(row[k]) for k in keys] for row in terms], dtype=torch.float32)
 

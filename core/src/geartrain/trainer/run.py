@@ -827,12 +827,20 @@ class Job:
                 raise full from None
             self.echo(f"exported the policy to {path}")
         if cfg.trainer.plot:
-            png = plot_curves(
-                read_jsonl(self.out / "metrics.jsonl"),
-                self.out / "curves.png",
-                title=f"{self.algo_label} ({self.out.name})",
-            )
-            self.echo(f"curves: {png}")
+            try:
+                png = plot_curves(
+                    read_jsonl(self.out / "metrics.jsonl"),
+                    self.out / "curves.png",
+                    title=f"{self.algo_label} ({self.out.name})",
+                )
+                self.echo(f"curves: {png}")
+            except Exception as exc:  # noqa: BLE001 - an optional picture must not fail a finished run
+                # (an MPLBACKEND matplotlib does not know raises at its import)
+                if run_disk_full(exc, self.out, None) is not None:
+                    raise
+                self.echo(
+                    f"note: the curves were not drawn ({_failed(exc).removeprefix('failed (')}; the run is complete"
+                )
         _shutdown(roles)
         self._commit_overwrite()  # a job of no steps (total_steps = 0) ends here
         seconds = time.perf_counter() - started

@@ -181,6 +181,31 @@ def read_only(path: Path) -> bool:
         return False
 
 
+#: Pseudo file systems: a directory cannot be made there, or is no storage.
+PSEUDO_FILE_SYSTEMS = frozenset(
+    {"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "pstore", "bpf", "devpts"}
+)
+
+
+def _holds_no_files(directory: Path) -> bool:
+    """Whether ``directory`` is on a pseudo file system (``/proc``, ``/sys``, by the mount
+    table): making a directory there failed only once the run started."""
+    try:
+        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+        target = os.path.realpath(directory)
+    except OSError:
+        return False
+    best, fstype = "", ""
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype in PSEUDO_FILE_SYSTEMS
+
+
 class RunDirectoryError(GeartrainError):
     """The output directory cannot be used as asked (it holds a run, is not writable, or
     one of its entries is of the wrong kind)."""
@@ -296,6 +321,11 @@ class RunDirectory:
         if not os.access(existing, os.W_OK | os.X_OK):
             raise RunDirectoryError(
                 f"{where} is not writable ({existing} denies write access); choose another trainer.output_dir"
+            )
+        if _holds_no_files(existing):
+            raise RunDirectoryError(
+                f"{where} is on a file system that stores no files ({existing}: /proc, /sys or the like); "
+                "choose another trainer.output_dir"
             )
         for name, kind in RUN_ENTRIES.items():
             entry = self.path / name
@@ -433,7 +463,13 @@ class RunDirectory:
         (:class:`~geartrain.trainer.runlock.RunLockedError` if a live run holds it) and keeps
         it until :meth:`release`. Returns the names of the entries set aside."""
         self.check()
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # what the checks could not foresee: one line, nothing was changed
+            raise RunDirectoryError(
+                f"trainer.output_dir '{self.path}' cannot be created ({exc.strerror or exc}); "
+                "choose another trainer.output_dir"
+            ) from None
         if self.lock is None:
             self.lock = RunLock.acquire(self.path)
         self.claimed = True
