@@ -45,3 +45,18 @@ def test_a_checkpoint_copied_under_another_name_is_not_misnamed(tmp_path: Path, 
     shutil.copytree(tmp_path / "run" / "checkpoints" / "actor" / "step_00000004", copy)
     assert misnamed(copy) == []  # its name claims no step: engine.json's is the one
     assert misnamed(tmp_path / "run" / "checkpoints" / "actor" / "step_00000004") == []
+
+
+def test_export_of_a_run_whose_checkpoints_are_all_damaged_gives_an_exports_advice(tmp_path: Path) -> None:
+    """Issue 35, round 13: the refusal advised "start a fresh run with --overwrite" (training
+    advice, for an export) and did not mention the run's intact final export in hf/."""
+    run = tmp_path / "run"
+    _ppo_run(run)
+    (run / "checkpoints" / "actor" / "step_00000004" / "engine.json").write_text("{}")  # not what the manifest says
+    (run / "hf").mkdir()
+    (run / "hf" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError) as err:
+        run_of(run, echo=lambda line: None)
+    message = str(err.value)
+    assert "--overwrite" not in message and "fresh run" not in message, message
+    assert f"nothing to export from them; the run's final model is exported already, in {run / 'hf'}" in message

@@ -300,3 +300,17 @@ def test_a_config_override_that_is_not_finite_is_named_and_a_legacy_name_is_read
     problem = _one_problem(_problems("model.config_overrides.rope_theta=nan"))
     assert problem == "model.config_overrides.rope_theta: nan holds a number that is not finite"
     preflight(load_train_config(JOB, [*SMALL, "model.config_overrides.rope_theta=5000.0"], check_plugins=False))
+
+
+def test_a_long_run_that_saves_only_at_its_end_is_said() -> None:
+    """Issue 35, round 13: with save_every = 0, Ctrl-C at step 67 of 200 lost every step, and
+    nothing at the start said the run keeps no checkpoint before its end."""
+    notes = preflight(
+        load_train_config(JOB, [*SMALL, "trainer.save_every=0", "trainer.total_steps=60"], check_plugins=False)
+    ).notes
+    said = "trainer.save_every = 0: the run saves its only checkpoint after its last step (60)"
+    assert any(n.startswith(said) for n in notes), notes
+    kept = preflight(
+        load_train_config(JOB, [*SMALL, "trainer.save_every=10", "trainer.total_steps=60"], check_plugins=False)
+    ).notes
+    assert not any(n.startswith("trainer.save_every") for n in kept), kept

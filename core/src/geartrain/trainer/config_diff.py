@@ -115,7 +115,15 @@ def diff_configs(saved: dict[str, Any], new: dict[str, Any]) -> list[Change]:
             continue
         old, now = a.get(key, _MISSING), b.get(key, _MISSING)
         if old != now:
-            changes.append(Change(key, old, now, *_rule(key)))
+            verdict, why = _rule(key)
+            if (
+                key.startswith("sft.")
+                and key != "sft.enabled"
+                and not a.get("sft.enabled")
+                and not b.get("sft.enabled")
+            ):
+                verdict, why = "applied", "no effect: the run has no SFT warm start (sft.enabled = false)"
+            changes.append(Change(key, old, now, verdict, why))
     return changes
 
 

@@ -44,7 +44,17 @@ def run_of(checkpoint: Path, echo: Callable[[str], None] = print) -> tuple[Path,
             f"{checkpoint} does not exist; give a checkpoint (<output_dir>/checkpoints/actor/step_N) or a run directory"
         )
     if (checkpoint / "checkpoints" / "actor").is_dir():
-        latest = CheckpointManager(checkpoint / "checkpoints" / "actor").latest_intact(echo)
+        try:
+            latest = CheckpointManager(checkpoint / "checkpoints" / "actor").latest_intact(echo)
+        except CheckpointError as exc:  # its advice is for training ("start a fresh run"): not an export's
+            if "every checkpoint under" not in str(exc):
+                raise
+            hf = checkpoint / "hf"
+            kept = f"; the run's final model is exported already, in {hf}" if (hf / "config.json").is_file() else ""
+            raise CheckpointError(
+                f"every checkpoint under {checkpoint / 'checkpoints' / 'actor'} is damaged (see above): nothing to "
+                f"export from them{kept}; restore a checkpoint from a copy to export it"
+            ) from None
         if latest is None:
             raise CheckpointError(f"{checkpoint} holds no complete checkpoint to export")
         return latest, checkpoint

@@ -296,6 +296,10 @@ def _read_under_another_name(model: ModelConfig, key: str, value: Any, base: dic
     return any(base.get(name, missing) != setting for name, setting in one.items() if name != key)
 
 
+#: A run this long with no checkpoint before its end is said (an interrupt loses all of it).
+UNSAVED_STEPS = 50
+
+
 def unknown_overrides(model: ModelConfig) -> list[tuple[str, str]]:
     """A problem for each key of ``model.config_overrides`` its model's config does not have
     or whose value is a non-finite number:
@@ -654,6 +658,11 @@ def preflight(
         _batch_fits(result.datasets["data.path"], config, problems)
     if problems:
         raise ConfigError(problems, "the job's model, data and reward (nothing was trained or changed)")
+    if config.trainer.save_every == 0 and (steps := config.trainer.total_steps) >= UNSAVED_STEPS:
+        result.notes.append(
+            f"trainer.save_every = 0: the run saves its only checkpoint after its last step ({steps}); "
+            "stopped before (Ctrl-C, a crash) it starts over: set trainer.save_every to keep its progress"
+        )
     if config.sampling.n > LARGE_GROUP:
         result.notes.append(
             f"sampling.n={config.sampling.n} samples per prompt: each step generates and scores "

@@ -38,7 +38,7 @@ from geartrain.trainer.accuracy import Accuracy, accuracy_of
 from geartrain.trainer.callbacks import Callbacks, load_callbacks
 from geartrain.trainer.completions import CompletionsLogger, console_table, episodes, pick
 from geartrain.trainer.config import TrainConfig, load_train_config, revalidated
-from geartrain.trainer.config_diff import check_resume_config
+from geartrain.trainer.config_diff import check_resume_config, diff_configs
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
 from geartrain.trainer.export import write_export_record
 from geartrain.trainer.generation import stop_rules
@@ -257,13 +257,26 @@ class Job:
             self.echo(f"--resume: no complete checkpoint under {self.ckpt_root / 'actor'}; starting from scratch")
             return None
         saved = self.out / "config.json"
-        if saved.is_file():
-            try:
-                old = json.loads(saved.read_text(encoding="utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise CheckpointError(
-                    f"{saved} is unreadable ({exc}); cannot compare the config of the run to resume"
-                ) from None
+        recorded = self._recorded_config(latest)
+        if saved.is_file() or recorded is not None:
+            old = recorded
+            if saved.is_file():
+                try:
+                    written = json.loads(saved.read_text(encoding="utf-8"))
+                except (UnicodeDecodeError, ValueError) as exc:
+                    if recorded is None:
+                        raise CheckpointError(
+                            f"{saved} is unreadable ({exc}); cannot compare the config of the run to resume"
+                        ) from None
+                    written = recorded
+                if recorded is None:
+                    old = written
+                elif edited := [c.key for c in diff_configs(recorded, written) if c.verdict == "refused"]:
+                    self.echo(
+                        f"--resume: {saved} differs from the config {latest.name} was saved with in "
+                        f"{', '.join(edited[:5])}{', ...' if len(edited) > 5 else ''} (edited since?); "
+                        "the checkpoint's is the one compared"
+                    )
             changes = check_resume_config(old, self.config.model_dump(mode="json"), str(self.out))
             if changes:
                 self.echo(f"--resume: the config differs from the run's in {len(changes)} setting(s), all applied:")
@@ -512,6 +525,8 @@ class Job:
             "record": {
                 "base_model": self.config.model.model_dump(mode="json"),
                 "algorithm": self.config.algorithm.name,
+                # what --resume compares a new config with: config.json may be edited by hand
+                "config": self.config.model_dump(mode="json"),
             },
         }
         if roles.critic is not None:
@@ -548,6 +563,19 @@ class Job:
         newest = CheckpointManager.step_of(latest) if latest is not None else None
         if newest is None or newest > (self.position.checkpoint or -1) or not self._saved(self.position.checkpoint):
             self.position.checkpoint = newest  # a newer one completed, or the one recorded was removed
+
+    @staticmethod
+    def _recorded_config(checkpoint: Path) -> dict[str, Any] | None:
+        """The job config ``checkpoint`` was saved with (its engine record's ``config``;
+        ``None``: an older checkpoint that has none, or no readable record)."""
+        from geartrain.engine import ENGINE_RECORD
+
+        try:
+            record = json.loads((checkpoint / ENGINE_RECORD).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        config = record.get("config") if isinstance(record, dict) else None
+        return config if isinstance(config, dict) else None
 
     def _stop_if_removed(self) -> None:
         """Raise :class:`RunDirectoryRemovedError` when the output directory was removed under
