@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from geartrain.algorithms.aggregation import AggMode
 from geartrain.config import (
@@ -1068,6 +1068,33 @@ def load_train_config(
     return load_config(TrainConfig, path, overrides, defaults=base, check_plugins=check_plugins)
 
 
+def _explicit(model: BaseModel) -> dict[str, Any]:
+    """``model``'s settings that were given (to it, or to a section of it since: a section
+    left at its default whose field was then assigned counts), as plain data; what validators
+    derived is left out, to be derived again. (``model_dump(exclude_unset=True)`` drops a
+    default section whole, assigned fields and all.)"""
+    data: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            nested = _explicit(value)
+            if name in model.model_fields_set or nested:
+                data[name] = nested
+        elif name in model.model_fields_set:
+            data[name] = _plain(value)
+    return data
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def revalidated(config: TrainConfig) -> TrainConfig:
     """``config`` checked again as a whole, for a config changed after it was built (Python's
     ``config.algorithm.mini_batches = 100000``: assignment checks the one field, not the rules
@@ -1078,7 +1105,7 @@ def revalidated(config: TrainConfig) -> TrainConfig:
     from geartrain.validation import check_backends
 
     source = "the TrainConfig given to run_job (changed after it was built?)"
-    data = config.model_dump(exclude_unset=True)
+    data = _explicit(config)
     try:
         fresh = validate_config(TrainConfig, data, source)
     except ConfigError as exc:
