@@ -361,3 +361,17 @@ def test_a_reward_file_may_use_dataclasses_with_postponed_annotations(tmp_path: 
     assert fn("42", "42") == 1.0 and fn("x 42", "42") == 0.5 and fn("7", "42") == 0.0
     assert "geartrain_user_scored" not in sys.modules
     assert pickle.loads(cloudpickle.dumps(fn))("42", "42") == 1.0  # by value, as Ray sends it
+
+
+def test_an_extra_of_numpys_bool_or_a_one_element_tensor_is_a_number() -> None:
+    """Issue 35, round 14: ``{"score": ..., "acc": np.bool_(ok)}`` had its ``acc`` dropped
+    (numpy's bool is no ``numbers.Real``): accuracy fell back to "score > 0" and a run whose
+    every answer was wrong, with a 0.5 format credit, reported 100 %."""
+    import numpy as np
+    import torch
+    from geartrain.rewards.scoring import parse_output
+
+    _, extras = parse_output({"score": 0.5, "acc": np.bool_(False), "t": torch.tensor(1.0), "v": torch.ones(2)})
+    assert extras == {"acc": 0.0, "t": 1.0}
+    _, extras = parse_output({"score": 0.5, "acc": np.bool_(True), "n": np.int64(3), "d": np.float32(0.25)})
+    assert extras == {"acc": 1.0, "n": 3.0, "d": 0.25}

@@ -55,6 +55,32 @@ def write_manifest(directory: str | Path, *, exclude: frozenset[str] = frozenset
     return path
 
 
+def record_new_files(directory: str | Path, *, exclude: frozenset[str] = frozenset()) -> list[str]:
+    """Add the files under ``directory`` its manifest does not list yet (except ``exclude``)
+    to ``directory/MANIFEST.json``, written anew beside it and moved over it (a cut leaves the
+    old one whole); the files already listed are neither read nor hashed again. Returns the
+    names added (empty: nothing to add, or no readable manifest to add to)."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return []
+    new = [p for p in _files(directory, exclude | {MANIFEST}) if p.relative_to(directory).as_posix() not in files]
+    if not new:
+        return []
+    for p in new:
+        files[p.relative_to(directory).as_posix()] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+    tmp = directory / f".{MANIFEST}.tmp"
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return [p.relative_to(directory).as_posix() for p in new]
+
+
 #: written after the manifest (the checkpoint's ``COMPLETE`` marker), so never in it
 WRITTEN_AFTER = frozenset({"COMPLETE"})
 

@@ -233,10 +233,17 @@ def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
 
 
 def _finite_extra(value: Any) -> float | None:
-    """A dict output's extra ``value`` as a finite float, else ``None`` (left out of the metrics)."""
-    if not isinstance(value, Real):
-        return None
+    """A dict output's extra ``value`` as a finite float, else ``None`` (left out of the
+    metrics). The number types a score may be are numbers here too: numpy's bool (a
+    comparison's result: ``"acc": np.bool_(ok)``), a one-element tensor, a ``Decimal``;
+    dropped, an ``acc`` fell back to "score > 0" and a run that was always wrong read 100 %."""
     try:
+        if isinstance(value, torch.Tensor):
+            value = value.item() if value.numel() == 1 else None
+        elif type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+            value = bool(value)
+        if not isinstance(value, Real | Decimal):
+            return None
         number = float(value)
     except Exception:  # noqa: BLE001 - an int past the largest float, a float subclass that raises
         return None

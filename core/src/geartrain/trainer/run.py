@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from geartrain.checkpoint import CheckpointManager, export_disk_full, run_disk_full, step_dir_name
+from geartrain.checkpoint import MARKER, CheckpointManager, export_disk_full, run_disk_full, step_dir_name
 from geartrain.cluster import Dispatch, InlinePlacement, Placement, WorkerGroup, make_placement
 from geartrain.cluster.dispatch import prompt_batch
 from geartrain.config import ModelConfig
@@ -31,7 +31,7 @@ from geartrain.data import PromptBatch, PromptDataset, PromptLoader
 from geartrain.data.sources import DataSource
 from geartrain.errors import CheckpointError, ConfigError, GeartrainError, NonFiniteError, RunDirectoryRemovedError
 from geartrain.export import ModelCard, base_model_name, finish_adapter_export, finish_hf_export
-from geartrain.manifest import MANIFEST, verify_manifest, write_manifest
+from geartrain.manifest import MANIFEST, record_new_files, verify_manifest, write_manifest
 from geartrain.rewards import RewardResult
 from geartrain.stop_texts import cut_batch_at_stop_texts
 from geartrain.trainer.accuracy import Accuracy, accuracy_of
@@ -193,6 +193,7 @@ class Job:
         self.ckpt_root = self.out / "checkpoints"
         self.algo_label = config.algorithm.name.upper()
         self.placement: Placement | None = None
+        self._said_callback_files = False
         self.driver = InlinePlacement()
         """Roles that run in the driver whatever the placement (a rule reward), without call
         deadlines (a reward has its own ``reward.timeout_s``)."""
@@ -533,7 +534,17 @@ class Job:
             roles.critic.call("save_checkpoint", str(self.ckpt_root / "critic"), step, {"step": step}, keep)
         roles.actor.call("save_checkpoint", str(self.ckpt_root / "actor"), step, extra, keep)
         self.position.checkpoint = step  # only once the save returned: it is complete on disk
-        self.callbacks("on_save", step, self.ckpt_root / "actor" / step_dir_name(step))
+        saved = self.ckpt_root / "actor" / step_dir_name(step)
+        self.callbacks("on_save", step, saved)
+        # a callback keeping its own state in the checkpoint (as TRL's on_save users do) made
+        # it "damaged" (a file its manifest does not list): what callbacks add is recorded
+        added = record_new_files(saved, exclude=frozenset({MARKER}))
+        if added and not self._said_callback_files:
+            self._said_callback_files = True
+            self.echo(
+                f"note: the on_save callbacks added {', '.join(added[:3])}{', ...' if len(added) > 3 else ''} to "
+                f"{saved.name}: recorded in its manifest (a file changed after that makes the checkpoint damaged)"
+            )
 
     def _export(self, roles: RLRoles, tokenizer: Any, total: int, last_validation: dict[str, Any]) -> Path:
         """The final policy as ``<output_dir>/hf`` (a LoRA run: its adapter directory)."""
