@@ -102,3 +102,31 @@ def test_adamw_is_fused_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("geartrain.optim.fused_adamw", lambda types: True)  # as on a GPU machine
     build_optimizer([torch.nn.Parameter(torch.zeros(3))], OptimConfig(lr=0.1))  # fused CPU AdamW exists too
     assert seen == [None, True]
+
+
+def test_a_resume_with_a_longer_horizon_trains_its_next_step_at_the_new_schedules_rate() -> None:
+    """Issue 35, round 14: after ``--resume`` with a larger ``trainer.total_steps`` (the LR
+    horizon "applied"), the first step trained at the old schedule's rate (its end: the
+    minimum, from the optimizer's restored state) and only later steps at the new one's; an
+    uninterrupted run of the new length differed there."""
+    from geartrain.optim import load_scheduler_state
+
+    def run(total: int, steps: int) -> tuple[torch.nn.Parameter, torch.optim.Optimizer, object]:
+        param = torch.nn.Parameter(torch.ones(2))
+        cfg = OptimConfig(lr=1e-2, lr_schedule="linear", total_steps=total, min_lr_ratio=0.1)
+        optimizer, scheduler = build_optimizer([param], cfg)
+        for _ in range(steps):
+            param.grad = torch.ones(2)
+            clipped_step([param], optimizer, scheduler, clip=0.0)
+        return param, optimizer, scheduler
+
+    _, old_optimizer, old_scheduler = run(total=4, steps=4)
+    _, fresh_optimizer, _ = run(total=8, steps=4)  # the new length, uninterrupted
+    param, optimizer, scheduler = run(total=8, steps=0)  # the resumed engine: the new horizon
+    optimizer.load_state_dict(old_optimizer.state_dict())
+    load_scheduler_state(scheduler, old_scheduler.state_dict())
+    assert optimizer.param_groups[0]["lr"] == fresh_optimizer.param_groups[0]["lr"]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(
+        1e-2 * lr_factor(4, OptimConfig(lr=1e-2, lr_schedule="linear", total_steps=8, min_lr_ratio=0.1))
+    )
+    assert scheduler.get_last_lr() == [optimizer.param_groups[0]["lr"]]

@@ -34,7 +34,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from geartrain.config import OptimConfig
 
-__all__ = ["StepResult", "build_optimizer", "clipped_step", "fused_adamw", "lr_factor"]
+__all__ = ["StepResult", "build_optimizer", "clipped_step", "fused_adamw", "load_scheduler_state", "lr_factor"]
 
 
 def lr_factor(step: int, cfg: OptimConfig) -> float:
@@ -73,6 +73,20 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
     )
     scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
+
+
+def load_scheduler_state(scheduler: LambdaLR, state: dict) -> None:
+    """Restore ``scheduler``'s position from a checkpoint and set its optimizer's learning
+    rates to what this scheduler's schedule gives there. The optimizer's state restores the
+    rates the *saved* schedule set; after a resume that changed the schedule's horizon
+    (``trainer.total_steps``), the first step trained with the old schedule's rate (its end,
+    the minimum) and only the next ones with the new. Unchanged, the rates are the same."""
+    scheduler.load_state_dict(state)
+    position = scheduler.last_epoch
+    rates = [base * factor(position) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # noqa: SLF001 - what get_last_lr() reports, as step() would set it
 
 
 @dataclass(kw_only=True, slots=True)

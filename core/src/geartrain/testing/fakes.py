@@ -43,7 +43,7 @@ from geartrain.cluster import Dispatch, WorkerGroup
 from geartrain.config import EngineConfig, ModelConfig, RolloutConfig
 from geartrain.hookspecs import hookimpl
 from geartrain.layout import check_generate_inputs, rollout_batch
-from geartrain.optim import build_optimizer, clipped_step
+from geartrain.optim import build_optimizer, clipped_step, load_scheduler_state
 from geartrain.types import (
     Capability,
     EngineContext,
@@ -240,7 +240,7 @@ class _FakeEngine:
             model.theta.copy_(state["theta"])
         if model.optimizer is not None and "optimizer" in state:
             model.optimizer.load_state_dict(state["optimizer"])
-            model.scheduler.load_state_dict(state["scheduler"])
+            load_scheduler_state(model.scheduler, state["scheduler"])
         return state["extra"]
 
     @hookimpl

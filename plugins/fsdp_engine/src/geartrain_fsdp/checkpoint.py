@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from geartrain import load_state, safe_dcp_reader, safe_load_planner, save_state
 from geartrain.errors import CheckpointError
+from geartrain.optim import load_scheduler_state
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -210,7 +211,7 @@ def load(model: FSDPModel, path: Path) -> dict[str, Any]:
         if trainer.get("optimizer_fresh", False):  # saved before the first step: resume fresh
             model.optimizer.state.clear()
     if model.scheduler is not None and trainer["scheduler"] is not None:
-        model.scheduler.load_state_dict(trainer["scheduler"])
+        load_scheduler_state(model.scheduler, trainer["scheduler"])
     rng_file = path / "rng" / f"rank_{_rank(model)}.pt"
     if rng_file.exists():  # absent when resuming on more ranks than saved
         _set_rng_state(load_state(rng_file))
