@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from geartrain import EngineContext, ModelConfig, Rollout, RolloutConfig, SamplingParams
@@ -398,3 +399,40 @@ def test_an_environment_info_the_run_cannot_read_ends_only_its_episode(
     batch = episode_batch(episodes, tok.pad_token_id)
     metrics = episode_metrics([ep.record() for ep in episodes])
     assert len(batch) == 2 and metrics["agent/tool_calls"] == 1.0
+
+
+def _done_env(done: Any) -> type:
+    class BadDone(_Env):
+        def __init__(self) -> None:
+            self.task: dict[str, Any] = {}
+
+        def reset(self, task: dict[str, Any]) -> Any:
+            self.task = task
+            return ""
+
+        def step(self, action: str) -> StepResult:
+            return StepResult(done=done if self.task.get("i") == 1 else True)
+
+    return BadDone
+
+
+@pytest.mark.parametrize(
+    ("done", "said"),
+    [("False", "StepResult.done is 'False', not a bool"), (np.array([True, False]), "StepResult.done is array(")],
+    ids=["a-string", "an-array"],
+)
+def test_a_done_that_is_no_bool_ends_its_episode_naming_the_field(
+    rollout: Rollout, tok: Any, done: Any, said: str
+) -> None:
+    """Issue 35, round 14: ``done="False"`` (as a JSON environment server sends it) is true, so
+    every episode silently ended after one turn; an array raised inside the runner, blamed on
+    the environment's step. Either ends that episode, naming the field."""
+    episodes, _ = run_episodes(rollout, tok, _done_env(done), LIMITS)
+    assert [ep.finish for ep in episodes] == ["done", "error"]
+    assert said in (episodes[1].error or ""), episodes[1].error
+
+
+def test_numpys_bool_is_a_done() -> None:
+    from geartrain.agents.runner import _step_result_problem
+
+    assert _step_result_problem(StepResult(done=np.bool_(True))) is None

@@ -158,3 +158,14 @@ def test_cpu_engine_processes_start_with_the_configured_omp_threads(monkeypatch:
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a user's own value wins
     engine.start_engine({}, "cpu", 1)
     assert seen[-1] == "2"
+
+
+def test_engine_kwargs_that_geartrain_sets_itself_are_refused_naming_the_setting() -> None:
+    """Issue 35, round 14 (as for vLLM): an ``engine_kwargs`` key geartrain sets from a setting
+    of its own (``context_length``: ``rollout.max_model_len``) silently disagreed with it."""
+    import pydantic
+    from geartrain_sglang.options import SglangOptions
+
+    with pytest.raises(pydantic.ValidationError, match=r"context_length \(set rollout.max_model_len\)"):
+        SglangOptions(engine_kwargs={"context_length": 8})
+    assert SglangOptions(engine_kwargs={"disable_radix_cache": True}).engine_kwargs == {"disable_radix_cache": True}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from geartrain import ModelConfig, RolloutConfig, SamplingParams
 from geartrain_vllm.engine import engine_kwargs
 from geartrain_vllm.options import VllmOptions
@@ -41,3 +42,14 @@ def test_per_prompt_requests_carry_n_samples_and_no_seed() -> None:
     greedy = build_requests(prompts, SamplingParams(n=2, temperature=0.0, seed=1), per_prompt=True)
     assert len(greedy.owners) == 6  # vLLM refuses greedy n > 1: still one request per sample
     assert VllmOptions(seeded_requests="per_prompt").seeded_requests == "per_prompt"
+
+
+def test_engine_kwargs_that_geartrain_sets_itself_are_refused_naming_the_setting() -> None:
+    """Issue 35, round 14: ``engine_kwargs = {max_model_len = 8}`` silently overrode
+    ``rollout.max_model_len = 32``: ``check`` measured prompts against 32, and every response
+    was cut to 2 tokens (exit 0)."""
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match=r"max_model_len \(set rollout.max_model_len\)"):
+        VllmOptions(engine_kwargs={"max_model_len": 8})
+    assert VllmOptions(engine_kwargs={"block_size": 32}).engine_kwargs == {"block_size": 32}

@@ -232,8 +232,9 @@ class EpisodeRunner:
         or its last allowed turn), its ``final_reward`` too, so a slow score (a judge
         model) holds up only its own episode."""
         result = _within(self.step_timeout_s, "step", ep.env.step, text)
-        ending = isinstance(result, StepResult) and (result.done or ep.model_turns >= self.limits.max_turns)
-        if ending and _step_result_problem(result) is None:
+        # fields checked before they are read: a done that is no bool ("False", an array) is the episode's error
+        usable = isinstance(result, StepResult) and _step_result_problem(result) is None
+        if usable and (result.done or ep.model_turns >= self.limits.max_turns):
             self.final_rewards[id(ep)] = self._final_reward(ep)
         return result
 
@@ -612,6 +613,10 @@ def environment_stop_texts(env: Any) -> list[str]:
 
 def _step_result_problem(result: StepResult) -> str | None:
     """What is wrong with a :class:`StepResult`'s fields (``None``: nothing)."""
+    done = result.done
+    if not (isinstance(done, bool) or (type(done).__module__ == "numpy" and type(done).__name__ in ("bool", "bool_"))):
+        # "False" from a JSON environment server is true: every episode ended after one turn
+        return f"StepResult.done is {short_repr(done)}, not a bool"
     obs = result.observation
     if not (
         obs is None or isinstance(obs, str) or (isinstance(obs, (list, tuple)) and all(isinstance(o, str) for o in obs))

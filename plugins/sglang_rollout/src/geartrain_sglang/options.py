@@ -4,7 +4,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: ``sglang.Engine`` arguments geartrain sets from a setting of its own: given in
+#: ``engine_kwargs`` they would silently disagree with it (the prompt-length checks measure
+#: against ``rollout.max_model_len``).
+OWNED_ENGINE_KWARGS: dict[str, str] = {
+    "model_path": "model.path",
+    "context_length": "rollout.max_model_len",
+    "dtype": "rollout.dtype",
+    "max_running_requests": "rollout.max_num_seqs",
+    "tp_size": "rollout.tensor_parallel_size",
+    "random_seed": "rollout.options.seed",
+    "mem_fraction_static": "rollout.gpu_memory_utilization",
+    "trust_remote_code": "model.trust_remote_code",
+    "attention_backend": "rollout.options.attention_backend",
+    "max_total_tokens": "rollout.options.max_total_tokens",
+    "log_level": "rollout.options.log_level",
+    "skip_tokenizer_init": "nothing: geartrain passes token ids and needs it on",
+}
 
 
 class SglangOptions(BaseModel):
@@ -44,4 +62,13 @@ class SglangOptions(BaseModel):
     log_level: str = "error"
     """SGLang's log level."""
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra keyword arguments for ``sglang.Engine`` (they override the ones geartrain sets)."""
+    """Extra keyword arguments for ``sglang.Engine`` (those geartrain sets from a setting of its own
+    are refused, naming the setting: :data:`OWNED_ENGINE_KWARGS`)."""
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_owned(cls, value: dict[str, Any]) -> dict[str, Any]:
+        owned = [f"{key} (set {OWNED_ENGINE_KWARGS[key]})" for key in value if key in OWNED_ENGINE_KWARGS]
+        if owned:
+            raise ValueError(f"geartrain sets these itself from its own settings: {'; '.join(owned)}")
+        return value

@@ -4,7 +4,26 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: ``vllm.LLM`` arguments geartrain sets from a setting of its own: given in ``engine_kwargs``
+#: they would silently disagree with it (``max_model_len=8`` cut every response to 2 tokens
+#: while the checks measured prompts against ``rollout.max_model_len``).
+OWNED_ENGINE_KWARGS: dict[str, str] = {
+    "model": "model.path",
+    "max_model_len": "rollout.max_model_len",
+    "dtype": "rollout.dtype",
+    "max_num_seqs": "rollout.max_num_seqs",
+    "tensor_parallel_size": "rollout.tensor_parallel_size",
+    "seed": "rollout.options.seed",
+    "enable_prefix_caching": "rollout.options.enable_prefix_caching",
+    "enforce_eager": "rollout.options.enforce_eager",
+    "max_num_batched_tokens": "rollout.options.max_num_batched_tokens",
+    "kv_cache_memory_bytes": "rollout.kv_cache_bytes",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "trust_remote_code": "model.trust_remote_code",
+    "skip_tokenizer_init": "nothing: geartrain passes token ids and needs it on",
+}
 
 
 class VllmOptions(BaseModel):
@@ -50,7 +69,16 @@ class VllmOptions(BaseModel):
     pad_token_id: int | None = None
     """Id written into padding positions; default: the model config's ``pad_token_id``, else 0."""
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra keyword arguments for ``vllm.LLM`` (they override the ones geartrain sets)."""
+    """Extra keyword arguments for ``vllm.LLM`` (those geartrain sets from a setting of its own
+    are refused, naming the setting: :data:`OWNED_ENGINE_KWARGS`)."""
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_owned(cls, value: dict[str, Any]) -> dict[str, Any]:
+        owned = [f"{key} (set {OWNED_ENGINE_KWARGS[key]})" for key in value if key in OWNED_ENGINE_KWARGS]
+        if owned:
+            raise ValueError(f"geartrain sets these itself from its own settings: {'; '.join(owned)}")
+        return value
 
     def eager(self, device: str) -> bool:
         """``enforce_eager`` for an engine on ``device``: as set, else on CPU only."""
