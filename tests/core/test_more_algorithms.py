@@ -218,3 +218,20 @@ def test_the_adaptive_kl_controller_without_its_target_is_refused_in_the_config(
     with pytest.raises(ValueError, match="target_kl"):
         AlgorithmConfig(use_kl_in_reward=True, kl_controller="adaptive", target_kl=0.0, kl_horizon=100)
     AlgorithmConfig(use_kl_in_reward=True, kl_controller="adaptive", target_kl=6.0, kl_horizon=10000)
+
+
+def test_a_critic_warm_up_as_long_as_the_run_is_named_as_such() -> None:
+    """Issue 35, round 14: PPO with ``critic_warmup_steps >= total_steps`` (the actor never
+    trains) was refused as "actor.engine.optim.total_steps: None disagrees with the 0 optimizer
+    steps ... leave it unset" about a setting the user had left unset."""
+    from pathlib import Path
+
+    from geartrain.errors import ConfigError
+    from geartrain.trainer import load_train_config
+
+    job = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "ppo.toml"
+    with pytest.raises(ConfigError) as info:
+        load_train_config(job, ["trainer.total_steps=20", "algorithm.critic_warmup_steps=20"], check_plugins=False)
+    assert "algorithm.critic_warmup_steps: 20 warm-up steps of the critic leave none of the 20 steps" in str(info.value)
+    assert "optim.total_steps" not in str(info.value).split("\n")[1]
+    load_train_config(job, ["trainer.total_steps=20", "algorithm.critic_warmup_steps=19"], check_plugins=False)

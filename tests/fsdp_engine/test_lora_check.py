@@ -22,7 +22,7 @@ from .common import rank_context
 ROOT = Path(__file__).resolve().parents[2]
 LORA_JOB = ROOT / "examples" / "arithmetic" / "grpo_lora.toml"
 MODEL = ModelConfig(tiny="qwen2", seed=3)
-LAYERS = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"
+LAYERS = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
 
 
 def engine_refusal(lora: LoraConfig) -> str:
@@ -104,3 +104,19 @@ def test_check_prints_the_rank_note(tmp_path: Path, capsys: Any) -> None:
     out = capsys.readouterr().out
     assert rc == 0
     assert "note: lora.rank=100000 is larger than the smaller side of every adapted layer" in out
+
+
+@pytest.mark.parametrize("targets", [["lm_head"], ["q_proj", "lm_head"]])
+def test_an_adapter_on_the_output_layer_is_refused(targets: list[str]) -> None:
+    """Issue 35, round 14: ``target_modules = ["lm_head"]`` (listed then among the linear
+    layers a refusal suggested) passed ``check``; training failed at step 1 ("element 0 of
+    tensors does not require grad"): log-probs come from the output layer's weight directly,
+    so its adapter was never used."""
+    findings = check_lora(build_hf_model(MODEL, meta=True), LoraConfig(rank=8, target_modules=targets))
+    assert findings.problems == [
+        (
+            "lora.target_modules",
+            "'lm_head' is the output layer: log-probs are computed from its weight directly, so an adapter there "
+            "would never be used; target the attention and MLP projections (e.g. all-linear)",
+        )
+    ]

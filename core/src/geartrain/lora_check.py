@@ -32,12 +32,21 @@ class LoraFindings:
     notes: list[str] = field(default_factory=list)
 
 
+def _output_layer_name(module: nn.Module) -> str | None:
+    """The name of ``module``'s output embedding layer (``lm_head``), if it has one."""
+    get = getattr(module, "get_output_embeddings", None)
+    out = get() if callable(get) else None
+    return next((name for name, m in module.named_modules() if m is out), None) if out is not None else None
+
+
 def linear_names(module: nn.Module) -> list[str]:
     """The distinct last name parts of ``module``'s linear layers (``q_proj``, ``down_proj``...),
-    as ``target_modules`` names them, in model order."""
+    as ``target_modules`` names them, in model order; not the output layer (no adapter there
+    is used: :func:`check_lora`)."""
     seen: dict[str, None] = {}
+    output = _output_layer_name(module)
     for name, layer in module.named_modules():
-        if isinstance(layer, nn.Linear) and name:
+        if isinstance(layer, nn.Linear) and name and name != output:
             seen.setdefault(name.rsplit(".", 1)[-1], None)
     return list(seen)
 
@@ -77,6 +86,23 @@ def check_lora(module: nn.Module, lora: LoraConfig) -> LoraFindings:
             wrapped = get_peft_model(module, peft_config)
     except ValueError as exc:  # PEFT's refusals of the targets are ValueErrors (NoMatchingPeftModuleError is one)
         findings.problems.append(("lora.target_modules", target_problem(layers, lora.target_modules, exc)))
+        return findings
+    output = _output_layer_name(module)
+    on_output = [
+        name
+        for name, layer in wrapped.named_modules()
+        if isinstance(layer, LoraLayer) and output and (name == output or name.endswith("." + output))
+    ]
+    if on_output:
+        # engines compute log-probs from the output layer's weight directly (chunked): an
+        # adapter on it is never used, and a run adapting only it had no gradient at step 1
+        findings.problems.append(
+            (
+                "lora.target_modules",
+                f"'{output}' is the output layer: log-probs are computed from its weight directly, so an adapter "
+                "there would never be used; target the attention and MLP projections (e.g. all-linear)",
+            )
+        )
         return findings
     widths = [
         min(layer.in_features, layer.out_features)

@@ -853,7 +853,16 @@ class TrainConfig(Section):
             if "backend" not in section.model_fields_set and section.backend != actor_backend:
                 object.__setattr__(section, "backend", actor_backend)
         problems = []
+        algo, total = self.algorithm, self.trainer.total_steps
+        if algo.name == "ppo" and algo.critic_warmup_steps and total and algo.critic_warmup_steps >= total:
+            problems.append(
+                f"algorithm.critic_warmup_steps: {algo.critic_warmup_steps} warm-up steps of the critic leave none of "
+                f"the {total} steps (trainer.total_steps) to the actor, which would never train; lower it below "
+                "trainer.total_steps"
+            )
         for path, (optim, steps, how) in self.optimizer_steps().items():
+            if problems:
+                break
             if optim.total_steps is None and steps > 0:
                 object.__setattr__(optim, "total_steps", steps)
             elif optim.total_steps != steps:
