@@ -314,3 +314,15 @@ def test_a_long_run_that_saves_only_at_its_end_is_said() -> None:
         load_train_config(JOB, [*SMALL, "trainer.save_every=10", "trainer.total_steps=60"], check_plugins=False)
     ).notes
     assert not any(n.startswith("trainer.save_every") for n in kept), kept
+
+
+def test_a_critic_model_with_a_smaller_vocabulary_than_the_tokenizer_is_one_line() -> None:
+    """Issue 35, round 14: PPO with a ``critic.model`` of vocab_size 50 under a 100-token
+    tokenizer passed ``check`` and failed at step 1 in an 80-line IndexError."""
+    ppo = JOB.parent / "ppo.toml"
+    overrides = [*SMALL, "critic.model.tiny=qwen2", "critic.model.config_overrides.vocab_size=50"]
+    with pytest.raises(ConfigError) as info:
+        preflight(load_train_config(ppo, overrides, check_plugins=False))
+    problem = _one_problem(str(info.value))
+    assert problem.startswith("critic.model: the tokenizer has "), problem
+    assert "tokens and the critic's model embeds 50 (its vocab_size)" in problem, problem

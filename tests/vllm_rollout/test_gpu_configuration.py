@@ -53,3 +53,19 @@ def test_engine_kwargs_that_geartrain_sets_itself_are_refused_naming_the_setting
     with pytest.raises(pydantic.ValidationError, match=r"max_model_len \(set rollout.max_model_len\)"):
         VllmOptions(engine_kwargs={"max_model_len": 8})
     assert VllmOptions(engine_kwargs={"block_size": 32}).engine_kwargs == {"block_size": 32}
+
+
+def test_what_vllms_cpu_backend_cannot_start_is_named_before_it_starts() -> None:
+    """Issue 35, round 14: ``rollout.kv_cache_bytes = 1`` ended in an 80-line vLLM traceback
+    advising gpu_memory_utilization; ``rollout.tensor_parallel_size = 2`` on a machine of one
+    NUMA node in vLLM's AssertionError. Each is one line naming the setting."""
+    from geartrain.errors import ConfigError
+    from geartrain_vllm.engine import _numa_nodes, check_supported
+
+    model = ModelConfig(tiny="qwen2", config_overrides={"num_attention_heads": 2, "num_key_value_heads": 1})
+    with pytest.raises(ConfigError, match=r"kv_cache_bytes: 1 bytes hold less than one sequence"):
+        check_supported(model, "cpu", RolloutConfig(backend="vllm", max_model_len=32, kv_cache_bytes=1))
+    check_supported(model, "cpu", RolloutConfig(backend="vllm", max_model_len=32, kv_cache_bytes=1 << 20))
+    too_many = _numa_nodes() + 1
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size: .* NUMA node"):
+        check_supported(model, "cpu", RolloutConfig(backend="vllm", tensor_parallel_size=too_many))

@@ -300,6 +300,24 @@ def _read_under_another_name(model: ModelConfig, key: str, value: Any, base: dic
 UNSAVED_STEPS = 50
 
 
+def _critic_reads_the_tokens(config: TrainConfig, problems: list[tuple[str, str]], tokenizer: Any) -> None:
+    """A PPO critic of a model of its own (``critic.model``) embeds the policy's tokens: one
+    with a smaller vocabulary failed at step 1 in an 80-line IndexError."""
+    from geartrain.modeling import build_hf_model
+
+    critic = config.critic.model
+    if config.algorithm.name != "ppo" or critic is None:
+        return
+    try:
+        module = build_hf_model(critic.model_copy(update={"value_head": True}), meta=True)
+    except Exception as exc:  # noqa: BLE001 - transformers' own validation: any failure is the config's
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        problems.append(("critic.model", f"the critic cannot be built as configured ({' '.join(lines[:2])[:300]})"))
+        return
+    if (problem := _vocabulary_problem(critic, module, tokenizer)) is not None:
+        problems.append(("critic.model", problem[1].replace("the model embeds", "the critic's model embeds")))
+
+
 def unknown_overrides(model: ModelConfig) -> list[tuple[str, str]]:
     """A problem for each key of ``model.config_overrides`` its model's config does not have
     or whose value is a non-finite number:
@@ -549,6 +567,7 @@ def preflight(
         raise ConfigError([("model", _tokenizer_problem(config, exc))]) from None
     result = Preflight(tokenizer=tokenizer)
     _model_builds(config, problems, result.notes, tokenizer)
+    _critic_reads_the_tokens(config, problems, tokenizer)
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)

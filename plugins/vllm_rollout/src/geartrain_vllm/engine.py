@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import glob
 import logging
 import os
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from geartrain.config import ModelConfig, RolloutConfig
-from geartrain.errors import GeartrainError
+from geartrain.errors import ConfigError, GeartrainError
 from geartrain.modeling import hf_config
 
 from geartrain_vllm.options import VllmOptions
@@ -33,6 +34,8 @@ CPU_TINY_OVERRIDES: dict[str, dict[str, int]] = {
 #: ``max_num_seqs`` full-length sequences need, clamped to this range.
 CPU_KV_CACHE_MIN_BYTES = 32 << 20
 CPU_KV_CACHE_MAX_BYTES = 2 << 30
+#: vLLM's KV-cache block on CPU, in tokens (its default; ``engine_kwargs`` may set another).
+CPU_BLOCK_SIZE = 128
 
 
 def configure_environment() -> None:
@@ -61,10 +64,46 @@ def default_cpu_kv_cache_bytes(config: RolloutConfig, model: ModelConfig) -> int
     return int(min(max(need, CPU_KV_CACHE_MIN_BYTES), CPU_KV_CACHE_MAX_BYTES))
 
 
-def check_supported(model: ModelConfig, device: str) -> None:
-    """Refuse, with the fix, a model vLLM's CPU kernels cannot run."""
+def _numa_nodes() -> int:
+    """This machine's NUMA nodes (1 where Linux's list of them cannot be read)."""
+    nodes = glob.glob("/sys/devices/system/node/node[0-9]*")
+    return max(1, len(nodes))
+
+
+def check_supported(
+    model: ModelConfig, device: str, config: RolloutConfig | None = None, options: VllmOptions | None = None
+) -> None:
+    """Refuse, with the fix, what vLLM's CPU backend cannot run: a model's head size its
+    kernels lack, a tensor-parallel size above the machine's NUMA nodes (it places one rank
+    on each: an AssertionError deep in its start), a KV cache too small for one sequence of
+    ``rollout.max_model_len`` (its start failed advising gpu_memory_utilization)."""
     if device != "cpu":
         return
+    if config is not None and config.tensor_parallel_size > (nodes := _numa_nodes()):
+        raise ConfigError(
+            [
+                (
+                    "tensor_parallel_size",
+                    f"{config.tensor_parallel_size}: vLLM's CPU backend puts each tensor-parallel rank on a NUMA "
+                    f"node of its own and this machine has {nodes}; set it to at most {nodes} (1 on most machines)",
+                )
+            ]
+        )
+    if config is not None and config.kv_cache_bytes is not None:
+        block = int((options.engine_kwargs if options is not None else {}).get("block_size", CPU_BLOCK_SIZE))
+        tokens = -(-config.max_model_len // block) * block
+        need = tokens * kv_cache_bytes_per_token(model, 4 if config.dtype == "float32" else 2)
+        if config.kv_cache_bytes < need:
+            raise ConfigError(
+                [
+                    (
+                        "kv_cache_bytes",
+                        f"{config.kv_cache_bytes:,} bytes hold less than one sequence of rollout.max_model_len="
+                        f"{config.max_model_len} tokens ({tokens} in blocks of {block}: {need:,} bytes for this "
+                        "model); give at least that, or leave it unset for a size that fits max_num_seqs sequences",
+                    )
+                ]
+            )
     size = head_size(model)
     if size not in CPU_HEAD_SIZES:
         raise GeartrainError(

@@ -39,7 +39,7 @@ class VllmRollout:
         self.ctx = ctx
         self.options = options
         self.device = "cuda" if ctx.device.startswith("cuda") else "cpu"
-        engine.check_supported(model, self.device)
+        engine.check_supported(model, self.device, config, options)
         self._owns_work_dir = options.work_dir is None
         self.work_dir = Path(options.work_dir or tempfile.mkdtemp(prefix="geartrain-vllm-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
