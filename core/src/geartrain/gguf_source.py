@@ -164,7 +164,7 @@ def _record_matches(directory: Path, sha: str) -> bool:
         return False
     if record.get("sha256") != sha or not (directory / "config.json").is_file():
         return False
-    from geartrain.modeling import unreadable_safetensors_problem
+    from geartrain.weight_files import unreadable_safetensors_problem
 
     if (problem := unreadable_safetensors_problem(str(directory))) is not None:
         # a cache entry damaged since it was made (a disk error, a copy cut short): made again,

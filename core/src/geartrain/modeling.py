@@ -13,7 +13,6 @@ in any process. The CPU main job trains them; tests and the conformance suites u
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 from typing import Any, Literal
@@ -155,39 +154,6 @@ def weight_shapes_problem(path: str, module: torch.nn.Module) -> str | None:
                         )
         except Exception:  # noqa: BLE001 - an unreadable file is named by unreadable_safetensors_problem
             continue
-    return None
-
-
-def unreadable_safetensors_problem(path: str) -> str | None:
-    """What is wrong with the ``*.safetensors`` files of the local model directory ``path``,
-    read from their headers only (no tensor is loaded): a damaged header, a file that is
-    not safetensors, a sharded model's index that is damaged or names a shard the directory
-    lacks (``None``: every file opens, or ``path`` is no local directory)."""
-    from safetensors import safe_open
-
-    directory = Path(path)
-    if not directory.is_dir():
-        return None
-    for index in sorted(directory.glob("*.safetensors.index.json")):
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            shards = sorted({str(name) for name in weight_map.values()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            return f"{index} cannot be read ({type(exc).__name__}: {exc}): the sharded model's index is damaged"
-        missing = [name for name in shards if not (directory / name).is_file()]
-        if missing:
-            return (
-                f"{index} names {len(missing)} of its {len(shards)} weight files that are not in {directory} "
-                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): the model is incomplete (a shard "
-                "was not downloaded or copied); copy the whole model directory"
-            )
-    for file in sorted(directory.glob("*.safetensors")):
-        try:
-            with safe_open(str(file), framework="pt", device="cpu") as handle:
-                handle.keys()
-        except Exception as exc:  # noqa: BLE001 - safetensors' own error types; any is the file's
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return f"{file} cannot be read ({why}): it is damaged or not a safetensors file; restore it from a copy"
     return None
 
 
