@@ -60,3 +60,21 @@ def test_export_of_a_run_whose_checkpoints_are_all_damaged_gives_an_exports_advi
     message = str(err.value)
     assert "--overwrite" not in message and "fresh run" not in message, message
     assert f"nothing to export from them; the run's final model is exported already, in {run / 'hf'}" in message
+
+
+def test_a_new_export_of_the_run_clears_what_the_previous_one_wrote(tmp_path: Path) -> None:
+    """Issue 35, round 14: a LoRA run exported with ``export_merged = true`` and resumed with
+    it off wrote the step-6 adapter beside step 4's ``merged/``, which the new export's record
+    then listed as its own."""
+    from geartrain.trainer.export import EXPORT_RECORD, clear_previous_export, write_export_record
+
+    hf = tmp_path / "hf"
+    (hf / "merged").mkdir(parents=True)
+    (hf / "merged" / "model.safetensors").write_bytes(b"step 4")
+    (hf / "adapter_model.safetensors").write_bytes(b"step 4")
+    write_export_record(hf, 4, tmp_path)
+    (hf / "NOTES.md").write_text("the user's own")  # written after the export: not the export's
+    assert clear_previous_export(hf) == ["adapter_model.safetensors", "merged"]
+    assert sorted(p.name for p in hf.iterdir()) == ["NOTES.md"]
+    assert not (hf / EXPORT_RECORD).exists()
+    assert clear_previous_export(tmp_path / "nothing-here") == []

@@ -196,6 +196,19 @@ def write_export_record(out: Path, step: int, source: Path) -> None:
     (out / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
+def clear_previous_export(out: Path) -> list[str]:
+    """Remove what the export recorded in ``out`` wrote (its :data:`EXPORT_RECORD` lists it),
+    before a new export is written there: a file the new one does not write again (a LoRA
+    run's ``merged/`` when ``export_merged`` was turned off on ``--resume``) stayed beside it,
+    and the new record listed it as its own. Files it did not write stay. Returns the names
+    removed."""
+    names = sorted(_recorded_files(out))
+    _remove([out / name for name in names if os.path.lexists(out / name)])
+    if (out / EXPORT_RECORD).is_file():
+        (out / EXPORT_RECORD).unlink()
+    return names
+
+
 def _an_export_dir(resolved: Path, run: Path) -> bool:
     """``<run>/hf``: the run's own export, which ``--overwrite`` may replace."""
     return resolved == (run / "hf").resolve()
@@ -277,7 +290,8 @@ def check_models(built: dict[str, Any]) -> None:
     """Raise :class:`ExportError` in one line when a model the checkpoint records (its
     policy or its base) names a local directory whose weights cannot be read, or a path or
     hub id whose config cannot be read (the engine's load would fail with a traceback)."""
-    from geartrain.modeling import hf_config, unreadable_safetensors_problem
+    from geartrain.modeling import hf_config
+    from geartrain.weight_files import unreadable_safetensors_problem
 
     for key, model in (("model", built["policy"]), ("base_model", built["base"])):
         if model.path is None:

@@ -362,9 +362,9 @@ def _model_builds(
         build_hf_model,
         missing_weights_problem,
         pickled_weights_problem,
-        unreadable_safetensors_problem,
         weight_shapes_problem,
     )
+    from geartrain.weight_files import unreadable_safetensors_problem
 
     model = config.model
     if model.path is not None and (

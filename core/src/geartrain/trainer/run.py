@@ -40,7 +40,7 @@ from geartrain.trainer.completions import CompletionsLogger, console_table, epis
 from geartrain.trainer.config import TrainConfig, load_train_config, revalidated
 from geartrain.trainer.config_diff import check_resume_config, diff_configs
 from geartrain.trainer.episodes import annotate_episodes, episode_prompt_batch
-from geartrain.trainer.export import write_export_record
+from geartrain.trainer.export import clear_previous_export, write_export_record
 from geartrain.trainer.generation import stop_rules
 from geartrain.trainer.interrupt import (
     InterruptWatch,
@@ -547,7 +547,9 @@ class Job:
             )
 
     def _export(self, roles: RLRoles, tokenizer: Any, total: int, last_validation: dict[str, Any]) -> Path:
-        """The final policy as ``<output_dir>/hf`` (a LoRA run: its adapter directory)."""
+        """The final policy as ``<output_dir>/hf`` (a LoRA run: its adapter directory), in
+        place of what an earlier export of the run wrote there."""
+        clear_previous_export(self.out / "hf")
         path = Path(roles.actor.call("export_hf", str(self.out / "hf"), tokenizer))
         if (path / "adapter_config.json").is_file():
             finish_adapter_export(path)
