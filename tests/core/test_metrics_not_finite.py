@@ -39,3 +39,20 @@ def test_a_non_finite_metric_is_written_as_null_and_said_once_per_metric(
         "metrics.jsonl, rl step 5: actor/skipped = nan is not finite, written as null "
         "(JSON has no NaN or infinity); said once per metric",
     ]
+
+
+def test_a_nested_non_finite_value_is_null_and_the_line_stays_json(tmp_path: Path, caplog) -> None:
+    """Issue 35, round 14: a reward's ``log_extra`` NaN reached completions.jsonl as a bare
+    ``NaN`` (no JSON reader but Python's accepts it), where metrics.jsonl wrote null and said so."""
+    path = tmp_path / "completions.jsonl"
+    log = JsonlLogger(path)
+    with caplog.at_level("WARNING"):
+        log.write({"kind": "train", "step": 1, "rewards": {"fmt": float("nan")}, "columns": [1.0, float("inf")]})
+    log.close()
+    line = path.read_text().strip()
+    assert "NaN" not in line and "Infinity" not in line
+    assert json.loads(line) == {"kind": "train", "step": 1, "rewards": {"fmt": None}, "columns": [1.0, None]}
+    assert caplog.messages == [
+        "completions.jsonl, train step 1: rewards.fmt = nan, columns[1] = inf are not finite, written as null "
+        "(JSON has no NaN or infinity); said once per metric"
+    ]

@@ -25,6 +25,28 @@ def _not_finite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
+def _non_finite_paths(value: Any, path: str) -> list[str]:
+    """``"path = value"`` for each non-finite float in ``value`` (dicts and lists, at any depth)."""
+    if _not_finite(value):
+        return [f"{path} = {value}"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite_paths(v, f"{path}.{k}")]
+    if isinstance(value, list | tuple):
+        return [p for i, v in enumerate(value) for p in _non_finite_paths(v, f"{path}[{i}]")]
+    return []
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float, at any depth, as ``None``."""
+    if _not_finite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 class JsonlLogger:
     """Appends one JSON object per line to ``path``. JSON has no NaN or infinity: such a
     value is written as ``null``, and the first time each metric holds one it is said in the
@@ -68,18 +90,21 @@ class JsonlLogger:
         tmp.replace(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
-        bad = [k for k, v in record.items() if _not_finite(v) and k not in self._said_not_finite]
+        # nested too: a completions record's reward columns (a reward's log_extra NaN was a
+        # bare NaN in completions.jsonl, which JSON readers refuse)
+        found = [p for k, v in record.items() for p in _non_finite_paths(v, k)]
+        bad = [p for p in found if p.split(" = ")[0] not in self._said_not_finite]
         if bad:
-            self._said_not_finite.update(bad)
+            self._said_not_finite.update(p.split(" = ")[0] for p in bad)
             logger.warning(
-                "metrics.jsonl, %s step %s: %s %s not finite, written as null (JSON has no NaN or infinity); "
-                "said once per metric",
-                record.get("phase", "?"),
+                "%s, %s step %s: %s %s not finite, written as null (JSON has no NaN or infinity); said once per metric",
+                self.path.name,
+                record.get("phase", record.get("kind", "?")),
                 record.get("step", "?"),
-                ", ".join(f"{k} = {record[k]}" for k in bad),
+                ", ".join(bad[:5]) + (", ..." if len(bad) > 5 else ""),
                 "is" if len(bad) == 1 else "are",
             )
-        self._file.write(json.dumps({k: None if _not_finite(v) else v for k, v in record.items()}) + "\n")
+        self._file.write(json.dumps(_json_safe(record), allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
