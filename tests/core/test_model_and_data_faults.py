@@ -326,3 +326,18 @@ def test_a_critic_model_with_a_smaller_vocabulary_than_the_tokenizer_is_one_line
     problem = _one_problem(str(info.value))
     assert problem.startswith("critic.model: the tokenizer has "), problem
     assert "tokens and the critic's model embeds 50 (its vocab_size)" in problem, problem
+
+
+def test_async_settings_without_the_async_rollout_and_validation_on_the_training_data_are_said() -> None:
+    """Issue 35, round 14: ``trainer.max_staleness`` without ``trainer.async_rollout`` was
+    ignored without a word, and ``validation.path`` equal to ``data.path`` (the "held-out"
+    accuracy measured on training prompts) passed silently."""
+    notes = preflight(
+        load_train_config(
+            JOB, [*SMALL, "trainer.max_staleness=2", "validation.path=./data/train.jsonl"], check_plugins=False
+        )
+    ).notes
+    assert any(n.startswith("trainer.max_staleness set the async rollout, which is off") for n in notes), notes
+    assert any(n.startswith("validation.path is data.path (") for n in notes), notes
+    quiet = preflight(load_train_config(JOB, SMALL, check_plugins=False)).notes
+    assert not any("async rollout" in n or "validation.path is" in n for n in quiet), quiet

@@ -64,8 +64,32 @@ def load_callbacks(specs: Sequence[Any], base_dir: str | None) -> list[Any]:
                 raise GeartrainError(f"{key}: {spec} could not be built with no arguments: {exc}") from None
         if not any(callable(getattr(target, name, None)) for name in EVENTS):
             raise GeartrainError(f"{key}: {spec!r} has none of the callback methods {', '.join(EVENTS)}")
+        _callable_as_events(target, key)
         callbacks.append(target)
     return callbacks
+
+
+def _callable_as_events(target: Any, key: str) -> None:
+    """Raise :class:`GeartrainError` when one of ``target``'s event methods cannot take the two
+    arguments a run passes it (a ``transformers.TrainerCallback``'s ``on_step_end(args, state,
+    control)`` failed after the first step, naming a method the user had not written)."""
+    import inspect
+
+    for event in EVENTS:
+        method = getattr(target, event, None)
+        if not callable(method):
+            continue
+        try:
+            inspect.signature(method).bind(1, {})
+        except TypeError:
+            name = type(target).__name__
+            raise GeartrainError(
+                f"{key}: {name}.{event}{inspect.signature(method)} cannot be called as {event}(step, metrics) as a "
+                "run calls it; geartrain's callbacks are not transformers' TrainerCallback: write the methods of "
+                "geartrain.trainer.callbacks.Callback (docs/guide.md)"
+            ) from None
+        except ValueError:  # a builtin without a signature: it is called as it is
+            continue
 
 
 def _import(spec: str, key: str) -> Any:

@@ -26,6 +26,7 @@ from geartrain.modeling import hf_config, load_tokenizer
 from geartrain.rewards import RewardTerm, make_term, probe_term
 from geartrain.rewards.terms import takes_environments
 from geartrain.trainer.accuracy import accuracy_of
+from geartrain.trainer.callbacks import load_callbacks
 from geartrain.trainer.config import TrainConfig, silent_default_problems
 from geartrain.trainer.sft import sft_dataset
 from geartrain.user_code import is_file_spec, load_from_file
@@ -571,6 +572,11 @@ def preflight(
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)
+    if config.trainer.callbacks:  # as the run loads them: `check` said ok to callbacks train refused
+        try:
+            load_callbacks(config.trainer.callbacks, config.base_dir)
+        except GeartrainError as exc:
+            problems.append(("trainer.callbacks", str(exc)))
     keys = config.algorithm.gdpo_reward_keys
     if keys and result.reward is not None:
         names = [term.name for term in result.reward]
@@ -677,6 +683,20 @@ def preflight(
         _batch_fits(result.datasets["data.path"], config, problems)
     if problems:
         raise ConfigError(problems, "the job's model, data and reward (nothing was trained or changed)")
+    unused = [k for k in ("max_staleness", "async_tis_cap") if k in config.trainer.model_fields_set]
+    if unused and not config.trainer.async_rollout:  # ignored without a word before
+        result.notes.append(
+            f"trainer.{' and trainer.'.join(unused)} set the async rollout, which is off (trainer.async_rollout = "
+            "false): they have no effect"
+        )
+    same = config.data.path is not None and config.validation.path is not None
+    if same and os.path.realpath(config.resolve(config.validation.path)) == os.path.realpath(
+        config.resolve(config.data.path)
+    ):
+        result.notes.append(
+            f"validation.path is data.path ({config.data.path}): the validation accuracy is measured on training "
+            "prompts, not held-out ones"
+        )
     if config.trainer.save_every == 0 and (steps := config.trainer.total_steps) >= UNSAVED_STEPS:
         result.notes.append(
             f"trainer.save_every = 0: the run saves its only checkpoint after its last step ({steps}); "
