@@ -54,3 +54,15 @@ def test_a_warm_start_setting_of_a_run_without_one_is_no_reason_to_refuse() -> N
     on = {"sft": {"enabled": True, "seed": 0}}
     assert diff_configs(on, {"sft": {"enabled": True, "seed": 7}})[0].verdict == "refused"
     assert diff_configs(saved, {"sft": {"enabled": True, "seed": 0}})[0].verdict == "refused"
+
+
+def test_the_options_of_a_new_rollout_backend_are_one_line_of_the_diff() -> None:
+    """Issue 35, round 14: switching rollout.backend from torch to vllm on --resume listed 24
+    changes, 22 of them rollout.options keys the user never set (each backend's defaults)."""
+    saved = {"rollout": {"backend": "torch", "options": {"a": 1, "b": 2}}, "trainer": {"total_steps": 3}}
+    new = {"rollout": {"backend": "vllm", "options": {"seed": 0, "c": 3, "d": 4}}, "trainer": {"total_steps": 4}}
+    changes = diff_configs(saved, new)
+    assert [c.key for c in changes] == ["rollout.backend", "rollout.options", "trainer.total_steps"]
+    assert (changes[1].old, changes[1].new) == ("torch's (2 settings)", "vllm's (3 settings)")
+    same = {"rollout": {"backend": "torch", "options": {"a": 1, "b": 5}}, "trainer": {"total_steps": 3}}
+    assert [c.key for c in diff_configs(saved, same)] == ["rollout.options.b"], "the same backend: each change"

@@ -124,6 +124,29 @@ def diff_configs(saved: dict[str, Any], new: dict[str, Any]) -> list[Change]:
             ):
                 verdict, why = "applied", "no effect: the run has no SFT warm start (sft.enabled = false)"
             changes.append(Change(key, old, now, verdict, why))
+    return _options_of_a_new_backend(changes)
+
+
+def _options_of_a_new_backend(changes: list[Change]) -> list[Change]:
+    """A section whose backend changed gets the new backend's options: its ``options.*``
+    differences (every default of both, 22 lines for torch -> vllm) are one line."""
+    for backend in [c for c in changes if c.key.endswith(".backend")]:
+        section = backend.key.removesuffix(".backend")
+        options = [c for c in changes if c.key.startswith(f"{section}.options.")]
+        if len(options) < 2:
+            continue
+        verdicts = {c.verdict for c in options}
+        verdict: Verdict = "refused" if "refused" in verdicts else "applied"
+        why = next(c.reason for c in options if c.verdict == verdict)
+        merged = Change(
+            f"{section}.options",
+            f"{backend.old}'s ({len([c for c in options if c.old != _MISSING])} settings)",
+            f"{backend.new}'s ({len([c for c in options if c.new != _MISSING])} settings)",
+            verdict,
+            why,
+        )
+        changes = [c for c in changes if c not in options]
+        changes.insert(changes.index(backend) + 1, merged)
     return changes
 
 
