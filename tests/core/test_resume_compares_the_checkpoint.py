@@ -66,3 +66,19 @@ def test_the_options_of_a_new_rollout_backend_are_one_line_of_the_diff() -> None
     assert (changes[1].old, changes[1].new) == ("torch's (2 settings)", "vllm's (3 settings)")
     same = {"rollout": {"backend": "torch", "options": {"a": 1, "b": 5}}, "trainer": {"total_steps": 3}}
     assert [c.key for c in diff_configs(saved, same)] == ["rollout.options.b"], "the same backend: each change"
+
+
+def test_a_run_resumed_with_tensorboard_off_can_still_be_overwritten(
+    fakes: FakeBackends, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35, round 14: after a resume with ``trainer.tensorboard = false`` (applied),
+    ``--overwrite`` called the run's own tensorboard/ "what no training run wrote there" and
+    refused: config.json no longer said the run wrote it. Its checkpoints' configs do."""
+    out = tmp_path / "run"
+    job = write_fake_job(tmp_path, out, "total_steps = 2\nsave_every = 1\nprogress = false\nexport_hf = false\n")
+    assert main(["train", str(job), "trainer.tensorboard=true"]) == 0, capsys.readouterr().err
+    assert any((out / "tensorboard").iterdir())
+    resumed = ["--resume", "trainer.tensorboard=false", "trainer.total_steps=3"]
+    assert main(["train", str(job), *resumed]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["train", str(job), "--overwrite", "trainer.tensorboard=false"]) == 0, capsys.readouterr().err

@@ -119,6 +119,19 @@ def foreign_checkpoints(path: Path) -> str | None:
     return None
 
 
+def _checkpoint_trainer_sections(path: Path) -> list[dict[str, object]]:
+    """The ``trainer`` sections of the job configs the run's checkpoints were saved with."""
+    sections = []
+    for record in sorted(path.glob("checkpoints/*/step_*/engine.json")):
+        try:
+            config = json.loads(record.read_text(encoding="utf-8")).get("config")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(config, dict) and isinstance(config.get("trainer"), dict):
+            sections.append(config["trainer"])
+    return sections
+
+
 def _run_writes(trainer: dict[str, object], name: str) -> bool:
     """Whether a run whose config's ``trainer`` section is ``trainer`` writes the entry
     ``name`` of its directory (``True`` where the section does not say: an older run's)."""
@@ -156,13 +169,16 @@ def foreign_entry(path: Path) -> tuple[str, str] | None:
     if (config := _run_config(path / "config.json")) is not None:
         section = config["trainer"]
         trainer = section if isinstance(section, dict) else {}
+    # a resume may have turned a logger off: the configs its checkpoints were saved with (in
+    # their engine.json) say what the run wrote before
+    earlier = _checkpoint_trainer_sections(path) if trainer is not None else []
     for name in ("hf", "tensorboard", "wandb", "mlruns"):
         entry = path / name
         if not entry.is_dir() or entry.is_symlink() or not any(entry.iterdir()):
             continue
         if name == "hf" and _an_export(entry):
             continue
-        if trainer is not None and not _run_writes(trainer, name):
+        if trainer is not None and not any(_run_writes(t, name) for t in [trainer, *earlier]):
             return name, "the run there does not write it (its config.json turns that off)"
         if trainer is None:
             return name, (
