@@ -465,3 +465,20 @@ def test_a_data_directory_names_what_looks_like_data_it_would_leave_out(tmp_path
     ):
         assert why in said, said
     assert "README" not in said and "hidden" not in said, said
+
+
+def test_a_directory_of_a_hubs_train_and_test_files_trains_on_the_train_split(tmp_path: Path, tok, caplog) -> None:
+    """Issue 35, round 15: a hub snapshot's data/ (train-*.parquet and test-*.parquet) as
+    data.path read both splits as training prompts (180 + 20 rows), saying nothing."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:3]))
+    (data / "test-00000-of-00001.jsonl").write_text(json.dumps(ROWS[3]) + "\n")
+    with caplog.at_level("WARNING"):
+        dataset = PromptDataset(data, tok, CFG)
+    assert [r.prompt for r in dataset.rows] == [r["question"] for r in ROWS[:3]]
+    assert "its file names give the splits test, train: training reads the train split's 1 file(s)" in caplog.text
+    (data / "train-00000-of-00001.jsonl").unlink()
+    (data / "validation.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    with pytest.raises(DataError, match="give the splits test, validation and no train split"):
+        PromptDataset(data, tok, CFG)

@@ -341,3 +341,15 @@ def test_async_settings_without_the_async_rollout_and_validation_on_the_training
     assert any(n.startswith("validation.path is data.path (") for n in notes), notes
     quiet = preflight(load_train_config(JOB, SMALL, check_plugins=False)).notes
     assert not any("async rollout" in n or "validation.path is" in n for n in quiet), quiet
+
+
+def test_an_output_dir_among_the_data_is_refused(tmp_path: Path) -> None:
+    """Issue 35, round 15: trainer.output_dir equal to the data directory: the run wrote
+    metrics.jsonl and completions.jsonl among the data (read as data by the next run, which
+    then refused the directory naming hf/ as a subdirectory of data files)."""
+    data = JOB.parent / "data"
+    for out in (data, data / "run"):
+        overrides = [*SMALL, f"data.path={data}", f"trainer.output_dir={out}"]
+        problem = _one_problem(_problems(*overrides[len(SMALL) :]))
+        assert problem.startswith(f"trainer.output_dir: {out} is "), problem
+        assert f"data directory of data.path ({data})" in problem, problem

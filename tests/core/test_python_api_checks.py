@@ -68,3 +68,35 @@ def test_rewards_that_are_no_functions_and_weights_that_are_no_numbers_are_named
         run_job(_config(tmp_path), reward_fn=reward_fn, reward_weights=weights)
     problems = str(info.value).split("problem(s)\n", 1)[1].strip().splitlines()
     assert problems == [f"  {said}"] or problems == [said], str(info.value)
+
+
+def test_a_second_job_in_the_same_process_while_one_runs_is_refused(fakes: FakeBackends, tmp_path: Path) -> None:
+    """Issue 35, round 15: two run_job calls in threads of one process (a notebook sweep) both
+    "succeeded", neither equal to the same job run alone (they share the process's random
+    generators and torch state), without a word."""
+    import threading
+
+    from geartrain.errors import GeartrainError
+
+    started, release = threading.Event(), threading.Event()
+
+    def waits(response: str, ground_truth: str) -> float:
+        started.set()
+        release.wait(timeout=600)  # a hang guard only: the test releases it
+        return 1.0
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _config(tmp_path / "a")
+    outcome: list[object] = []
+    worker = threading.Thread(target=lambda: outcome.append(run_job(first, reward_fn=waits)))
+    worker.start()
+    try:
+        assert started.wait(timeout=600)
+        with pytest.raises(GeartrainError, match="another job is running in this process"):
+            run_job(_config(tmp_path / "b"))
+    finally:
+        release.set()
+        worker.join(timeout=600)
+    assert outcome and getattr(outcome[0], "steps", None) == 2
+    assert run_job(_config(tmp_path / "b")).steps == 2  # one after another: fine

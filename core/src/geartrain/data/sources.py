@@ -5,6 +5,7 @@ number (the line number for JSONL and CSV) for error messages. No downloads."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from geartrain.errors import DataError, without_python_advice
+
+logger = logging.getLogger(__name__)
 
 #: What a dataset can be built from: a file path, a ``datasets.Dataset`` or rows in memory.
 DataSource = str | Path | Any
@@ -117,8 +120,38 @@ def _directory(path: Path) -> Iterator[tuple[str, Any]]:
         raise DataError(
             f"{path}: a directory with no {', '.join(SUFFIXES)} files and no dataset saved by datasets' save_to_disk"
         )
+    files = _train_split(path, files)
     for file in files:
         yield from _file(file)
+
+
+#: A file name's split, as a hub snapshot names its files (``train-00000-of-00001.parquet``).
+_SPLIT = re.compile(r"^(train|test|validation|valid|dev|eval)(?=[-_.])", re.IGNORECASE)
+
+
+def _train_split(path: Path, files: list[Path]) -> list[Path]:
+    """The files of a data directory a run trains on: all of them, unless their names give
+    more than one split (a hub snapshot's train-*.parquet and test-*.parquet), then the train
+    split's, the others named once (read as one, the test split became training prompts,
+    silently). Several splits and no train split: :class:`DataError`."""
+    split_of = {f: (m.group(1).lower() if (m := _SPLIT.match(f.name)) else None) for f in files}
+    splits = sorted({s for s in split_of.values() if s is not None})
+    if len(splits) < 2:
+        return files
+    if "train" not in splits:
+        raise DataError(
+            f"{path}: its file names give the splits {', '.join(splits)} and no train split; give the directory "
+            "(or file) of the split to train on"
+        )
+    left = [f.name for f, s in split_of.items() if s != "train"]
+    logger.warning(
+        "%s: its file names give the splits %s: training reads the train split's %d file(s), not %s",
+        path,
+        ", ".join(splits),
+        len(files) - len(left),
+        ", ".join(left[:5]) + (", ..." if len(left) > 5 else ""),
+    )
+    return [f for f, s in split_of.items() if s == "train"]
 
 
 #: Suffixes of compressed files (``train.jsonl.gz``): not read, so named when they hold data.

@@ -319,6 +319,32 @@ def _critic_reads_the_tokens(config: TrainConfig, problems: list[tuple[str, str]
         problems.append(("critic.model", problem[1].replace("the model embeds", "the critic's model embeds")))
 
 
+def _output_among_data(config: TrainConfig) -> list[tuple[str, str]]:
+    """``trainer.output_dir`` equal to, or inside, a data directory of the job: the run's
+    metrics.jsonl and completions.jsonl would be read as data by the next run, which then
+    refused the directory for its run's subdirectories."""
+    out = os.path.realpath(os.path.expanduser(config.trainer.output_dir))  # as the job takes it
+    problems = []
+    for key, value in (
+        ("data.path", config.data.path),
+        ("validation.path", config.validation.path),
+        ("sft.path", config.sft.path),
+        ("sft.dev_path", config.sft.dev_path),
+    ):
+        if not isinstance(value, str):
+            continue
+        data = os.path.realpath(os.path.expanduser(config.resolve(value) or value))
+        if os.path.isdir(data) and (out == data or out.startswith(data.rstrip(os.sep) + os.sep)):
+            problems.append(
+                (
+                    "trainer.output_dir",
+                    f"{out} is {'the' if out == data else 'inside the'} data directory of {key} ({data}): the run's "
+                    "files (metrics.jsonl, completions.jsonl...) would be read as data; choose a directory elsewhere",
+                )
+            )
+    return problems
+
+
 def unknown_overrides(model: ModelConfig) -> list[tuple[str, str]]:
     """A problem for each key of ``model.config_overrides`` its model's config does not have
     or whose value is a non-finite number:
@@ -572,6 +598,7 @@ def preflight(
     _positions_fit(config, problems)
     _loggers_installed(config, problems)
     result.reward = _resolve_reward(config, reward_fn, problems, reward_weights)
+    problems += _output_among_data(config)
     if config.trainer.callbacks:  # as the run loads them: `check` said ok to callbacks train refused
         try:
             load_callbacks(config.trainer.callbacks, config.base_dir)

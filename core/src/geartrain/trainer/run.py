@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -925,7 +926,44 @@ def run_job(
     ``trainer.callbacks``; ``data`` and
     ``validation_data`` (a ``datasets.Dataset``, a list of dicts or a path) replace
     ``data.path`` and ``validation.path``. ``config`` is checked again as a whole first (it
-    may have been changed since it was built)."""
+    may have been changed since it was built). One job runs in a process at a time: a second
+    started while one runs (another thread) is refused, as the two would share the process's
+    random generators and torch state and neither would be the job it seeds."""
+    if not _ONE_JOB.acquire(blocking=False):
+        raise GeartrainError(
+            "another job is running in this process: jobs share the process's random generators and torch "
+            "state, so two at once would both be wrong; run them one after another, or in processes of their own"
+        )
+    try:
+        return _run_job(
+            config,
+            resume=resume,
+            overwrite=overwrite,
+            reward_fn=reward_fn,
+            reward_weights=reward_weights,
+            data=data,
+            validation_data=validation_data,
+            callbacks=callbacks,
+        )
+    finally:
+        _ONE_JOB.release()
+
+
+#: Held while a job runs (see :func:`run_job`).
+_ONE_JOB = threading.Lock()
+
+
+def _run_job(
+    config: TrainConfig,
+    *,
+    resume: bool,
+    overwrite: bool,
+    reward_fn: Callable[..., Any] | Sequence[Any] | None,
+    reward_weights: Sequence[float] | None,
+    data: DataSource | None,
+    validation_data: DataSource | None,
+    callbacks: Sequence[Any],
+) -> JobResult:
     return Job(
         revalidated(config),
         resume=resume,
