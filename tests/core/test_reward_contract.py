@@ -375,3 +375,43 @@ def test_an_extra_of_numpys_bool_or_a_one_element_tensor_is_a_number() -> None:
     assert extras == {"acc": 0.0, "t": 1.0}
     _, extras = parse_output({"score": 0.5, "acc": np.bool_(True), "n": np.int64(3), "d": np.float32(0.25)})
     assert extras == {"acc": 1.0, "n": 3.0, "d": 0.25}
+
+
+def test_two_reward_files_importing_their_own_sibling_module_of_one_name_are_refused(tmp_path: Path) -> None:
+    """Issue 35, round 15: ``a/ra.py`` and ``b/rb.py`` each ``import helpers`` of its own
+    directory: the second got the first's module (one process holds one module per name) and
+    scored with it, silently."""
+    import sys
+
+    from geartrain.user_code import load_from_file
+
+    name = "gt_probe15_helpers"
+    for sub, value in (("a", 1.0), ("b", -1.0)):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / f"{name}.py").write_text(f"def value():\n    return {value}\n")
+        (tmp_path / sub / f"r{sub}.py").write_text(
+            f"import {name}\n\ndef f(response, ground_truth):\n    return {name}.value()\n"
+        )
+    try:
+        assert load_from_file("a/ra.py:f", str(tmp_path), what="reward function", key="k")("x", "y") == 1.0
+        with pytest.raises(GeartrainError) as err:
+            load_from_file("b/rb.py:f", str(tmp_path), what="reward function", key="k")
+        assert f"imports '{name}', meant as its sibling {tmp_path / 'b' / (name + '.py')}" in str(err.value)
+        assert str(tmp_path / "a" / f"{name}.py") in str(err.value)
+    finally:
+        sys.modules.pop(name, None)
+        for sub in ("a", "b"):
+            if str(tmp_path / sub) in sys.path:
+                sys.path.remove(str(tmp_path / sub))
+
+
+@pytest.mark.parametrize("acc", ["0", "yes", float("nan"), [1]])
+def test_an_acc_that_is_no_number_is_an_error_not_dropped(acc: object) -> None:
+    """Issue 35, round 15: ``{"score": 0.5, "acc": "0"}`` had its acc dropped: accuracy fell
+    back to "score > 0" and an always-wrong run read 100 %; the warning said the function
+    returned no acc. An acc that is no finite number is the output's error."""
+    from geartrain.rewards.scoring import parse_output
+
+    with pytest.raises(ValueError, match="reward 'acc' is .* not a number or bool"):
+        parse_output({"score": 0.5, "acc": acc})
+    assert parse_output({"score": 0.5, "acc": None}) == (0.5, {})  # None: the sample has no accuracy

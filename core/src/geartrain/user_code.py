@@ -60,11 +60,41 @@ def load_from_file(spec: str, base_dir: str | None, *, what: str, key: str) -> A
             sys.modules.pop(module_name, None)
         else:
             sys.modules[module_name] = previous
+    _siblings_imported_as_such(path, what)
     if not hasattr(module, name):
         raise GeartrainError(
             f"{what} file '{path}' has no {'function' if what.endswith('function') else 'attribute'} '{name}'"
         )
     return getattr(module, name)
+
+
+def _siblings_imported_as_such(path: Path, what: str) -> None:
+    """Raise :class:`GeartrainError` when a module ``path`` imports by a name it has a file of
+    beside it (``import helpers`` next to ``helpers.py``) came from elsewhere: one process
+    holds one module of a name, so two user files each importing its own ``helpers`` both got
+    the first one imported (the second reward scored with the first's helpers, silently)."""
+    import ast
+
+    directory = path.resolve().parent
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level
+    }
+    for name in sorted(names - {path.stem}):  # a file importing its own name means another module
+        sibling = directory / f"{name}.py" if (directory / f"{name}.py").is_file() else directory / name
+        if not (sibling.suffix == ".py" or (sibling / "__init__.py").is_file()):
+            continue
+        loaded = getattr(sys.modules.get(name), "__file__", None)
+        if loaded is not None and not Path(loaded).resolve().is_relative_to(directory):
+            raise GeartrainError(
+                f"{what} file '{path}' imports '{name}', meant as its sibling {sibling}, but the process already "
+                f"holds another module of that name ({loaded}, imported first); one process has one module per "
+                "name: rename one of the two"
+            )
 
 
 def _where(exc: BaseException, path: Path) -> str:

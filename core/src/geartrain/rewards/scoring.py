@@ -229,6 +229,9 @@ def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
     if not math.isfinite(score):
         raise _BadOutput(f"reward score is not finite ({score})")
     numeric = {k: f for k, v in extras.items() if (f := _finite_extra(v)) is not None}
+    if extras.get("acc") is not None and "acc" not in numeric:
+        # dropped, accuracy fell back to "score > 0": an always-wrong run with a format credit read 100 %
+        raise _BadOutput(f"reward 'acc' is {type(extras['acc']).__name__} {extras['acc']!r:.60}, not a number or bool")
     return score, numeric
 
 
