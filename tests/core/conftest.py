@@ -1,4 +1,5 @@
-"""Fixtures for the core's tests: fake installed distributions for plugin discovery."""
+"""Fixtures for the core's tests: fake installed distributions for plugin discovery, and the
+fake engine and rollout registered (``fakes``, for jobs that test the core's plumbing)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from geartrain import plugins
+from geartrain.testing.fakes import FakeBackends
 
 
 @pytest.fixture
@@ -40,3 +42,10 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
         if name.startswith("gtfake_"):
             del sys.modules[name]
     plugins.clear_cache()
+
+
+@pytest.fixture
+def fakes() -> Iterator[FakeBackends]:
+    """The fake engine and rollout (``backend = "fake"``), registered for the test."""
+    with FakeBackends().registered() as backends:
+        yield backends

@@ -5,7 +5,6 @@ recorded in the manifest; a file changed afterwards is still damage."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,6 @@ class KeepState:
     def on_save(self, step, path):
         (Path(path) / "my_state.json").write_text(json.dumps({"step": step}))
 """
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeBackends]:
-    with FakeBackends().registered() as backends:
-        yield backends
 
 
 def test_files_an_on_save_callback_adds_keep_the_checkpoint_intact(

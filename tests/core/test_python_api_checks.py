@@ -5,19 +5,12 @@ silently), and rewards that are no functions or weights that are no finite numbe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from geartrain.errors import ConfigError
 from geartrain.testing.fakes import FakeBackends, write_fake_job
 from geartrain.trainer import load_train_config, run_job
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeBackends]:
-    with FakeBackends().registered() as backends:
-        yield backends
 
 
 def _config(tmp_path: Path):  # noqa: ANN202 - a TrainConfig

@@ -7,19 +7,12 @@ reason to refuse."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from geartrain.cli import main
 from geartrain.testing.fakes import FakeBackends, write_fake_job
 from geartrain.trainer.config_diff import diff_configs
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeBackends]:
-    with FakeBackends().registered() as backends:
-        yield backends
 
 
 def test_resume_compares_with_the_checkpoints_config_and_names_a_hand_edit(

@@ -9,18 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from geartrain.cli import main
 from geartrain.testing.fakes import FakeBackends, write_fake_job
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeBackends]:
-    with FakeBackends().registered() as backends:
-        yield backends
 
 
 def _job(tmp_path: Path) -> tuple[Path, Path]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,12 +55,6 @@ def test_a_directory_moved_to_and_removed_is_left_too(work: Path, caplog: pytest
     assert os.getcwd() == str(work)
     assert "to a directory since removed" in caplog.text
     assert guard.restore("a test") is False  # nothing to undo now
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeBackends]:
-    with FakeBackends().registered() as backends:
-        yield backends
 
 
 def test_a_run_with_a_relative_output_dir_stays_where_it_started(

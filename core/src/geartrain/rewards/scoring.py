@@ -210,10 +210,7 @@ def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
         score, extras = output, {}
     kind = type(score).__name__
     try:
-        if isinstance(score, torch.Tensor) and score.numel() == 1:
-            score = score.item()  # a meta tensor has no value: refused below
-        if type(score).__module__ == "numpy" and type(score).__name__ in ("bool", "bool_"):
-            score = bool(score)  # numpy's bool (a comparison's result), as a Python bool is: True is 1.0
+        score = _plain_number(score)
         if isinstance(score, Decimal):  # a number too (numbers.Real leaves it out); sNaN has no float
             if not score.is_finite():
                 raise _BadOutput(f"reward score is not finite ({score})")
@@ -235,16 +232,24 @@ def parse_output(output: RewardOutput) -> tuple[float, dict[str, float]]:
     return score, numeric
 
 
+def _plain_number(value: Any) -> Any:
+    """``value`` with the number types a reward may return as Python's: a one-element tensor's
+    item (a meta tensor has no value: it raises), numpy's bool (a comparison's result) as a
+    bool; anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    return value
+
+
 def _finite_extra(value: Any) -> float | None:
     """A dict output's extra ``value`` as a finite float, else ``None`` (left out of the
     metrics). The number types a score may be are numbers here too: numpy's bool (a
     comparison's result: ``"acc": np.bool_(ok)``), a one-element tensor, a ``Decimal``;
     dropped, an ``acc`` fell back to "score > 0" and a run that was always wrong read 100 %."""
     try:
-        if isinstance(value, torch.Tensor):
-            value = value.item() if value.numel() == 1 else None
-        elif type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
-            value = bool(value)
+        value = _plain_number(value)
         if not isinstance(value, Real | Decimal):
             return None
         number = float(value)

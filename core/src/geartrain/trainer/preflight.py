@@ -265,7 +265,9 @@ def adapter_not_model_problem(path: str) -> str | None:
     )
 
 
-def _vocabulary_problem(model: ModelConfig, module: Any, tokenizer: Any) -> tuple[str, str] | None:
+def _vocabulary_problem(
+    model: ModelConfig, module: Any, tokenizer: Any, what: str = "the model"
+) -> tuple[str, str] | None:
     """A tokenizer with more tokens than the model has embedding rows: its ids past the last
     row cannot be embedded, and the rollout refused the first prompt holding one, at step 0,
     naming neither the tokenizer nor the model's size. (Fewer is fine: models round their
@@ -281,7 +283,7 @@ def _vocabulary_problem(model: ModelConfig, module: Any, tokenizer: Any) -> tupl
     key = "model.tokenizer" if model.tokenizer is not None else "model"
     return (
         key,
-        f"the tokenizer has {tokens:,} tokens and the model embeds {rows:,} (its vocab_size): ids past {rows - 1:,} "
+        f"the tokenizer has {tokens:,} tokens and {what} embeds {rows:,} (its vocab_size): ids past {rows - 1:,} "
         "cannot be embedded; use the model's own tokenizer, or a model whose vocab_size is at least the tokenizer's",
     )
 
@@ -315,8 +317,8 @@ def _critic_reads_the_tokens(config: TrainConfig, problems: list[tuple[str, str]
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         problems.append(("critic.model", f"the critic cannot be built as configured ({' '.join(lines[:2])[:300]})"))
         return
-    if (problem := _vocabulary_problem(critic, module, tokenizer)) is not None:
-        problems.append(("critic.model", problem[1].replace("the model embeds", "the critic's model embeds")))
+    if (problem := _vocabulary_problem(critic, module, tokenizer, "the critic's model")) is not None:
+        problems.append(("critic.model", problem[1]))
 
 
 def _output_among_data(config: TrainConfig) -> list[tuple[str, str]]:

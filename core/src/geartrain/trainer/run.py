@@ -63,7 +63,7 @@ from geartrain.trainer.metrics import (
 from geartrain.trainer.preflight import Preflight, preflight
 from geartrain.trainer.rl import RLRoles, RLTrainer
 from geartrain.trainer.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker, SFTWorker
-from geartrain.trainer.rundir import SET_ASIDE, RunDirectory, RunDirectoryError
+from geartrain.trainer.rundir import SET_ASIDE, RunDirectory, RunDirectoryError, recorded_config
 from geartrain.trainer.separate import RolloutReplica, TrainerWorker, VersionedGroup
 from geartrain.trainer.sft import observation_renderer, run_sft
 from geartrain.trainer.stdout import reader_may_leave
@@ -259,7 +259,7 @@ class Job:
             self.echo(f"--resume: no complete checkpoint under {self.ckpt_root / 'actor'}; starting from scratch")
             return None
         saved = self.out / "config.json"
-        recorded = self._recorded_config(latest)
+        recorded = recorded_config(latest)
         if saved.is_file() or recorded is not None:
             old = recorded
             if saved.is_file():
@@ -577,19 +577,6 @@ class Job:
         newest = CheckpointManager.step_of(latest) if latest is not None else None
         if newest is None or newest > (self.position.checkpoint or -1) or not self._saved(self.position.checkpoint):
             self.position.checkpoint = newest  # a newer one completed, or the one recorded was removed
-
-    @staticmethod
-    def _recorded_config(checkpoint: Path) -> dict[str, Any] | None:
-        """The job config ``checkpoint`` was saved with (its engine record's ``config``;
-        ``None``: an older checkpoint that has none, or no readable record)."""
-        from geartrain.engine import ENGINE_RECORD
-
-        try:
-            record = json.loads((checkpoint / ENGINE_RECORD).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            return None
-        config = record.get("config") if isinstance(record, dict) else None
-        return config if isinstance(config, dict) else None
 
     def _stop_if_removed(self) -> None:
         """Raise :class:`RunDirectoryRemovedError` when the output directory was removed under
@@ -935,8 +922,8 @@ def run_job(
             "state, so two at once would both be wrong; run them one after another, or in processes of their own"
         )
     try:
-        return _run_job(
-            config,
+        return Job(
+            revalidated(config),
             resume=resume,
             overwrite=overwrite,
             reward_fn=reward_fn,
@@ -944,36 +931,13 @@ def run_job(
             data=data,
             validation_data=validation_data,
             callbacks=callbacks,
-        )
+        ).run()
     finally:
         _ONE_JOB.release()
 
 
 #: Held while a job runs (see :func:`run_job`).
 _ONE_JOB = threading.Lock()
-
-
-def _run_job(
-    config: TrainConfig,
-    *,
-    resume: bool,
-    overwrite: bool,
-    reward_fn: Callable[..., Any] | Sequence[Any] | None,
-    reward_weights: Sequence[float] | None,
-    data: DataSource | None,
-    validation_data: DataSource | None,
-    callbacks: Sequence[Any],
-) -> JobResult:
-    return Job(
-        revalidated(config),
-        resume=resume,
-        overwrite=overwrite,
-        reward_fn=reward_fn,
-        reward_weights=reward_weights,
-        data=data,
-        validation_data=validation_data,
-        callbacks=callbacks,
-    ).run()
 
 
 def _failed(exc: BaseException) -> str:

@@ -119,17 +119,23 @@ def foreign_checkpoints(path: Path) -> str | None:
     return None
 
 
+def recorded_config(checkpoint: Path) -> dict[str, object] | None:
+    """The job config ``checkpoint`` was saved with (its engine record's ``config``; ``None``:
+    an older checkpoint that has none, or no readable record)."""
+    from geartrain.engine import ENGINE_RECORD
+
+    try:
+        record = json.loads((checkpoint / ENGINE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    config = record.get("config") if isinstance(record, dict) else None
+    return config if isinstance(config, dict) else None
+
+
 def _checkpoint_trainer_sections(path: Path) -> list[dict[str, object]]:
     """The ``trainer`` sections of the job configs the run's checkpoints were saved with."""
-    sections = []
-    for record in sorted(path.glob("checkpoints/*/step_*/engine.json")):
-        try:
-            config = json.loads(record.read_text(encoding="utf-8")).get("config")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(config, dict) and isinstance(config.get("trainer"), dict):
-            sections.append(config["trainer"])
-    return sections
+    configs = [recorded_config(step) for step in sorted(path.glob("checkpoints/*/step_*"))]
+    return [c["trainer"] for c in configs if c is not None and isinstance(c.get("trainer"), dict)]
 
 
 def _run_writes(trainer: dict[str, object], name: str) -> bool:
